@@ -1,0 +1,42 @@
+# The two commands a new user needs: `make demo` runs the system, `make test` runs the tests.
+# Both set everything up first (scripts/setup): a venv in .venv, the project, PostgreSQL binaries.
+SHELL := /bin/bash
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.setup-done
+PYTEST_ARGS ?=
+
+.PHONY: setup demo up test test-fast lint format schema bench chaos clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml scripts/setup
+	scripts/setup
+	@touch $(STAMP)
+
+demo: setup
+	$(BIN)/cos demo
+
+up: setup
+	$(BIN)/cos up
+
+test: setup lint
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+test-fast: setup
+	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+format: setup
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+schema: setup
+	$(BIN)/cos schema export proto/schema
+
+clean:
+	rm -rf $(VENV) .cos .pytest_cache .mypy_cache .ruff_cache bench/out

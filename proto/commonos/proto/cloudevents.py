@@ -1,0 +1,89 @@
+"""CloudEvents 1.0 NATS protocol binding, binary content mode.
+
+Context attributes travel as `ce-<name>` headers; the body is the event's JSON. Header values are
+percent-encoded as the CloudEvents HTTP binding (§3.1.3.2), which the NATS binding follows, says:
+space, `"`, `%` and every character outside printable ASCII (U+0021–U+007E) become `%XX` of their
+UTF-8 bytes; a receiver decodes them.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Final
+from urllib.parse import unquote
+
+from commonos.proto.events import _Event, event_type
+
+SPECVERSION: Final = "1.0"
+CONTENT_TYPE: Final = "application/json"
+MSG_ID: Final = "Nats-Msg-Id"
+DEFAULT_SOURCE: Final = "urn:commonos:unknown"
+REQUIRED: Final = ("ce-specversion", "ce-id", "ce-source", "ce-type")
+
+
+class HeaderError(ValueError):
+    """Headers that are not a valid CloudEvents binary-mode envelope."""
+
+
+def _must_encode(ch: str) -> bool:
+    return ch in ' "%' or not ("\u0021" <= ch <= "\u007e")
+
+
+def percent_encode(value: str) -> str:
+    if not any(_must_encode(ch) for ch in value):
+        return value
+    out: list[str] = []
+    for ch in value:
+        if _must_encode(ch):
+            out.extend(f"%{b:02X}" for b in ch.encode("utf-8"))
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def percent_decode(value: str) -> str:
+    return unquote(value, encoding="utf-8", errors="strict") if "%" in value else value
+
+
+def ce_type(type_name: str, version: int = 1) -> str:
+    return f"cos.{type_name}.v{version}"
+
+
+def _rfc3339(ts: datetime) -> str:
+    return ts.isoformat().replace("+00:00", "Z")
+
+
+def event_headers(event: _Event, source: str = DEFAULT_SOURCE) -> dict[str, str]:
+    """Headers for publishing `event`; `Nats-Msg-Id` = event id lets JetStream drop a republish."""
+    event_id = str(event.event_id)
+    raw = {
+        "ce-specversion": SPECVERSION,
+        "ce-id": event_id,
+        "ce-source": source,
+        "ce-type": ce_type(event_type(event)),
+        "ce-time": _rfc3339(event.occurred_at),
+        "ce-subject": str(event.session_id),
+    }
+    headers = {k: percent_encode(v) for k, v in raw.items()}
+    headers["content-type"] = CONTENT_TYPE
+    headers[MSG_ID] = event_id
+    return headers
+
+
+def decode_headers(headers: dict[str, str] | None) -> dict[str, str]:
+    """The CloudEvents attributes of a message (names without `ce-`), percent-decoded."""
+    if not headers:
+        raise HeaderError("no headers: not a CloudEvents binary-mode message")
+    missing = [h for h in REQUIRED if h not in headers]
+    if missing:
+        raise HeaderError(f"missing CloudEvents headers: {', '.join(missing)}")
+    attrs: dict[str, str] = {}
+    for name, value in headers.items():
+        if name.startswith("ce-"):
+            try:
+                attrs[name[3:]] = percent_decode(value)
+            except UnicodeDecodeError as exc:
+                raise HeaderError(f"header {name}: bad percent-encoding ({exc.reason})") from None
+    if attrs["specversion"] != SPECVERSION:
+        raise HeaderError(f"unsupported ce-specversion {attrs['specversion']!r}")
+    return attrs

@@ -1,0 +1,236 @@
+"""Every event of the system: one frozen msgspec Struct per type, a tagged union on `type`.
+
+Evolution rules (msgspec's schema-evolution guide): a new field gets a default; an existing
+field never changes type; a breaking change is a new tag (`<type>_v2`). Golden payloads of every
+published version stay decodable (tests/golden).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from decimal import Decimal
+from enum import StrEnum
+from typing import Annotated, Any, Final
+
+import msgspec
+
+from commonos.proto.ids import new_id
+from commonos.proto.messages import Message
+
+TAG_PATTERN: Final = r"^[a-z0-9_-]+:[A-Za-z0-9_.-]+$"
+PROFILE_ID_PATTERN: Final = r"^[a-z0-9_-]{1,64}$"
+#: Profile-level events belong to no session; they use the nil UUID.
+NO_SESSION: Final = uuid.UUID(int=0)
+
+Tag = Annotated[str, msgspec.Meta(pattern=TAG_PATTERN, max_length=256)]
+ProfileId = Annotated[str, msgspec.Meta(pattern=PROFILE_ID_PATTERN)]
+Count = Annotated[int, msgspec.Meta(ge=0)]
+Seq = Annotated[int, msgspec.Meta(ge=1)]
+AwareDatetime = Annotated[datetime, msgspec.Meta(tz=True)]
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class TurnStatus(StrEnum):
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    INTERRUPTED = "interrupted"
+
+
+class Risk(StrEnum):
+    LOW = "low"
+    HIGH = "high"
+
+
+class ApprovalStatus(StrEnum):
+    APPROVED = "approved"
+    DENIED = "denied"
+    TIMED_OUT = "timed_out"
+
+
+class MemoryTarget(StrEnum):
+    MEMORY = "memory"
+    USER = "user"
+
+
+class MemoryOp(StrEnum):
+    ADD = "add"
+    REPLACE = "replace"
+    REMOVE = "remove"
+
+
+class _Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    """Fields every event carries."""
+
+    event_id: uuid.UUID = msgspec.field(default_factory=new_id)
+    occurred_at: AwareDatetime = msgspec.field(default_factory=utcnow)
+    profile_id: ProfileId
+    session_id: uuid.UUID
+
+
+class ProfileUpserted(_Event, frozen=True, kw_only=True, tag="profile_upserted"):
+    session_id: uuid.UUID = NO_SESSION
+    tags: tuple[Tag, ...] = ()
+
+
+class SessionCreated(_Event, frozen=True, kw_only=True, tag="session_created"):
+    #: Where it came from: `web`, `cli`, `subagent`, or an importer's vendor.
+    source: str
+    title: str | None = None
+    tags: tuple[Tag, ...] = ()
+    parent_session_id: uuid.UUID | None = None
+
+
+class TurnStarted(_Event, frozen=True, kw_only=True, tag="turn_started"):
+    """The whole TurnInfo, and the frozen context on a session's first turn."""
+
+    turn_id: uuid.UUID
+    parent_turn_id: uuid.UUID | None = None
+    tags: tuple[Tag, ...] = ()
+    depth: Count = 0
+    context_snapshot: dict[str, Any] | None = None
+
+
+class MessageAppended(_Event, frozen=True, kw_only=True, tag="message_appended"):
+    turn_id: uuid.UUID
+    message_id: uuid.UUID = msgspec.field(default_factory=new_id)
+    #: Per session, from 1, gap-free.
+    seq: Seq
+    content: Message
+
+    @property
+    def role(self) -> str:
+        return type(self.content).__struct_config__.tag  # type: ignore[return-value]
+
+
+class MessageDeactivated(_Event, frozen=True, kw_only=True, tag="message_deactivated"):
+    """Messages compacted away: they stay for history and search, inactive."""
+
+    message_ids: tuple[uuid.UUID, ...]
+
+
+class ToolCallRecorded(_Event, frozen=True, kw_only=True, tag="tool_call_recorded"):
+    turn_id: uuid.UUID
+    tool_call_id: uuid.UUID = msgspec.field(default_factory=new_id)
+    #: The model's id for the call (`tool_calls[].id`).
+    call_id: str
+    name: str
+    args: dict[str, Any] = {}
+    result: str | None = None
+    is_error: bool = False
+    risk: Risk = Risk.LOW
+    started_at: AwareDatetime
+    finished_at: AwareDatetime
+    approval: ApprovalStatus | None = None
+
+
+class ApprovalDecided(_Event, frozen=True, kw_only=True, tag="approval_decided"):
+    turn_id: uuid.UUID
+    tool_call_id: uuid.UUID
+    call_id: str
+    status: ApprovalStatus
+    decided_at: AwareDatetime
+    #: `policy`, `timeout`, or who answered (`cli:<user>`).
+    decided_by: str
+
+
+class MemoryChanged(_Event, frozen=True, kw_only=True, tag="memory_changed"):
+    turn_id: uuid.UUID | None = None
+    target: MemoryTarget
+    op: MemoryOp
+    #: Position in the target's ordered list (0-based) the change applies to.
+    position: Count
+    content: str | None = None
+
+
+class ModelCallCompleted(_Event, frozen=True, kw_only=True, tag="model_call_completed"):
+    """One successful model call.
+
+    Token convention: the four input buckets are disjoint — `input_tokens` excludes cache-read and
+    cache-write tokens; `output_tokens` includes `reasoning_tokens`.
+    """
+
+    turn_id: uuid.UUID | None = None
+    provider: str
+    model: str
+    request_id: str | None = None
+    input_tokens: Count = 0
+    output_tokens: Count = 0
+    cache_read_tokens: Count = 0
+    cache_write_5m_tokens: Count = 0
+    cache_write_1h_tokens: Count = 0
+    reasoning_tokens: Count = 0
+    speed: str | None = None
+    latency_s: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    stop_reason: str | None = None
+    #: The turn's resolved tags.
+    tags: tuple[Tag, ...] = ()
+    #: Cost the provider reported itself, when it did.
+    reported_cost_usd: Decimal | None = None
+    #: True when the token counts were estimated, not reported.
+    usage_estimated: bool = False
+
+
+class TurnFinished(_Event, frozen=True, kw_only=True, tag="turn_finished"):
+    turn_id: uuid.UUID
+    status: TurnStatus
+    error: str | None = None
+
+
+class TranscriptImported(_Event, frozen=True, kw_only=True, tag="transcript_imported"):
+    """A session graph (or the part of it that is new) read from a vendor transcript."""
+
+    vendor: str
+    source_ref: str | None = None
+    tags: tuple[Tag, ...] = ()
+    graph: dict[str, Any]
+
+
+Event = (
+    ProfileUpserted
+    | SessionCreated
+    | TurnStarted
+    | MessageAppended
+    | MessageDeactivated
+    | ToolCallRecorded
+    | ApprovalDecided
+    | MemoryChanged
+    | ModelCallCompleted
+    | TurnFinished
+    | TranscriptImported
+)
+
+EVENT_TYPES: Final[tuple[type[_Event], ...]] = Event.__args__
+EVENT_TYPE_NAMES: Final[frozenset[str]] = frozenset(str(t.__struct_config__.tag) for t in EVENT_TYPES)
+
+_decoder: Final = msgspec.json.Decoder(Event)
+_encoder: Final = msgspec.json.Encoder(decimal_format="string")
+
+
+class EventDecodeError(ValueError):
+    """A payload that is not a valid event; the message says why."""
+
+
+def event_type(event: _Event) -> str:
+    return str(event.__struct_config__.tag)
+
+
+def encode_event(event: _Event) -> bytes:
+    return _encoder.encode(event)
+
+
+def decode_event(payload: bytes | memoryview) -> Event:
+    try:
+        return _decoder.decode(payload)
+    except msgspec.DecodeError as exc:
+        raise EventDecodeError(str(exc)) from exc
+
+
+def event_json_schema() -> dict[str, Any]:
+    """JSON Schema of the whole event union (committed under proto/schema/)."""
+    return msgspec.json.schema(Event)

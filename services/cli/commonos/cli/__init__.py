@@ -1,0 +1,1 @@
+"""`cos`, the umbrella command line."""

@@ -1,0 +1,17 @@
+"""argparse with one-line errors: a bad argument is a sentence, never a traceback or a usage dump."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import NoReturn
+
+
+class CliError(Exception):
+    """An error to print as one line and exit with status 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+        raise SystemExit(2)

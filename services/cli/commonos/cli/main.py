@@ -1,0 +1,56 @@
+"""Entry point of `cos`. Each service contributes its own sub-commands."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from commonos.cli.args import CliError, Parser
+from commonos.runtime.settings import ConfigError
+
+#: Modules with a `register(subparsers)` function, in the order `cos --help` lists them.
+COMMAND_MODULES = (
+    "commonos.cli.up",
+    "commonos.cli.schema",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="cos",
+        description="CommonOS events: an event-sourced backend for AI agents "
+        "on NATS JetStream and PostgreSQL.",
+        epilog="Configuration comes from COS_* environment variables (COS_NATS_URL, COS_DATABASE_URL, "
+        "COS_DATA_DIR, ...); with no URLs, commands use the embedded system that `cos up` started.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "handler", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.handler(args) or 0)
+    except (CliError, ConfigError) as exc:
+        print(f"cos: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

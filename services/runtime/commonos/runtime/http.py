@@ -1,0 +1,91 @@
+"""Each service's own HTTP port: `/metrics` (Prometheus), `/healthz` (liveness), `/readyz`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+
+
+class Health:
+    """Liveness is a heartbeat from the service's main loop; readiness is a set of named checks."""
+
+    def __init__(self, stale_after_s: float = 30.0) -> None:
+        self.stale_after_s = stale_after_s
+        self._beat = time.monotonic()
+        self._not_ready: dict[str, str] = {"starting": "the service has not finished starting"}
+
+    def beat(self) -> None:
+        self._beat = time.monotonic()
+
+    def set_ready(self, check: str, ok: bool, reason: str = "") -> None:
+        if ok:
+            self._not_ready.pop(check, None)
+        else:
+            self._not_ready[check] = reason or check
+
+    @property
+    def ready(self) -> bool:
+        return not self._not_ready
+
+    @property
+    def alive(self) -> bool:
+        return time.monotonic() - self._beat < self.stale_after_s
+
+    def reasons(self) -> dict[str, str]:
+        return dict(self._not_ready)
+
+
+class HttpServer:
+    def __init__(
+        self,
+        health: Health,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        registry: CollectorRegistry = REGISTRY,
+        extra_routes: Callable[[web.Application], None] | None = None,
+    ) -> None:
+        self.health = health
+        self.host = host
+        self.port = port
+        self.registry = registry
+        self._runner: web.AppRunner | None = None
+        self._app = web.Application()
+        self._app.router.add_get("/metrics", self._metrics)
+        self._app.router.add_get("/healthz", self._healthz)
+        self._app.router.add_get("/readyz", self._readyz)
+        if extra_routes is not None:
+            extra_routes(self._app)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body = generate_latest(self.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        if self.health.alive:
+            return web.json_response({"status": "ok"})
+        return web.json_response({"status": "stalled"}, status=503)
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        if self.health.ready:
+            return web.json_response({"status": "ready"})
+        return web.json_response({"status": "not ready", "reasons": self.health.reasons()}, status=503)
+
+    async def start(self) -> int:
+        self._runner = web.AppRunner(self._app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        server = site._server
+        assert server is not None
+        sockets = getattr(server, "sockets", None) or []
+        if sockets:
+            self.port = int(sockets[0].getsockname()[1])
+        return self.port
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None

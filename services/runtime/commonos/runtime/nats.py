@@ -1,0 +1,102 @@
+"""NATS connection and the JetStream streams every service relies on (created idempotently)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import nats
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import BadRequestError
+
+from commonos.proto.subjects import DLQ_ALL, DLQ_STREAM, EVENTS_ALL, EVENTS_STREAM
+from commonos.runtime.settings import Settings
+
+log = logging.getLogger(__name__)
+
+#: Republishing an event inside this window is dropped by JetStream (Nats-Msg-Id).
+DUPLICATE_WINDOW_S = 600.0
+
+
+def events_stream_config(replicas: int = 1) -> StreamConfig:
+    return StreamConfig(
+        name=EVENTS_STREAM,
+        subjects=[EVENTS_ALL],
+        storage=StorageType.FILE,
+        retention=RetentionPolicy.LIMITS,
+        discard=DiscardPolicy.OLD,
+        num_replicas=replicas,
+        duplicate_window=DUPLICATE_WINDOW_S,
+        allow_direct=True,
+    )
+
+
+def dlq_stream_config(replicas: int = 1) -> StreamConfig:
+    return StreamConfig(
+        name=DLQ_STREAM,
+        subjects=[DLQ_ALL],
+        storage=StorageType.FILE,
+        retention=RetentionPolicy.LIMITS,
+        num_replicas=replicas,
+        duplicate_window=DUPLICATE_WINDOW_S,
+    )
+
+
+async def connect(settings: Settings, name: str, **overrides: Any) -> Client:
+    """Connect with unlimited reconnects: a NATS restart is an outage to wait out, not a crash."""
+    if not settings.nats_url:
+        raise ValueError("no NATS URL configured")
+
+    async def on_error(exc: Exception) -> None:
+        log.warning("nats: %s", exc)
+
+    async def on_disconnected() -> None:
+        log.warning("nats: disconnected")
+
+    async def on_reconnected() -> None:
+        log.info("nats: reconnected")
+
+    options: dict[str, Any] = {
+        "servers": [u.strip() for u in settings.nats_url.split(",")],
+        "name": name,
+        "max_reconnect_attempts": -1,
+        "reconnect_time_wait": 0.5,
+        "connect_timeout": 5,
+        "allow_reconnect": True,
+        "error_cb": on_error,
+        "disconnected_cb": on_disconnected,
+        "reconnected_cb": on_reconnected,
+    }
+    if settings.nats_creds:
+        options["user_credentials"] = str(settings.nats_creds)
+    if settings.nats_user:
+        options["user"] = settings.nats_user
+        options["password"] = settings.nats_password or ""
+    if settings.nats_tls_ca or settings.nats_tls_cert:
+        import ssl
+
+        ctx = ssl.create_default_context(cafile=str(settings.nats_tls_ca) if settings.nats_tls_ca else None)
+        if settings.nats_tls_cert:
+            ctx.load_cert_chain(
+                str(settings.nats_tls_cert), str(settings.nats_tls_key) if settings.nats_tls_key else None
+            )
+        options["tls"] = ctx
+    options.update(overrides)
+    return await nats.connect(**options)
+
+
+async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
+    """Create the stream, or update it to `config`; safe to run from every service at start."""
+    try:
+        await js.add_stream(config)
+    except BadRequestError as exc:
+        if exc.err_code != 10058:  # stream name already in use with a different configuration
+            raise
+        await js.update_stream(config)
+
+
+async def ensure_streams(js: JetStreamContext, replicas: int = 1) -> None:
+    await ensure_stream(js, events_stream_config(replicas))
+    await ensure_stream(js, dlq_stream_config(replicas))

@@ -1,0 +1,145 @@
+"""Configuration from `COS_*` environment variables; a bad value is a one-line `ConfigError`."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+from urllib.parse import urlparse
+
+PREFIX: Final = "COS_"
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot be used; the message names the variable."""
+
+
+def _int(env: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
+    raw = env.get(PREFIX + name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{PREFIX}{name}={raw!r} is not a whole number") from None
+    if not lo <= value <= hi:
+        raise ConfigError(f"{PREFIX}{name}={value} is out of range ({lo} to {hi})")
+    return value
+
+
+def _float(env: Mapping[str, str], name: str, default: float, lo: float, hi: float) -> float:
+    raw = env.get(PREFIX + name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{PREFIX}{name}={raw!r} is not a number") from None
+    if not lo <= value <= hi:
+        raise ConfigError(f"{PREFIX}{name}={value} is out of range ({lo} to {hi})")
+    return value
+
+
+def _url(env: Mapping[str, str], name: str, schemes: tuple[str, ...]) -> str | None:
+    raw = env.get(PREFIX + name)
+    if not raw:
+        return None
+    for part in raw.split(","):
+        parsed = urlparse(part.strip())
+        if parsed.scheme not in schemes or not parsed.hostname:
+            raise ConfigError(
+                f"{PREFIX}{name}={part.strip()!r} is not a URL of the form {schemes[0]}://host:port"
+            )
+        try:
+            _ = parsed.port
+        except ValueError:
+            raise ConfigError(f"{PREFIX}{name}={part.strip()!r} has a bad port") from None
+    return raw
+
+
+def _path(env: Mapping[str, str], name: str) -> Path | None:
+    raw = env.get(PREFIX + name)
+    return Path(raw).expanduser() if raw else None
+
+
+def _secret_or_file(env: Mapping[str, str], name: str) -> str | None:
+    """A secret from `COS_<NAME>` or from the file named by `COS_<NAME>_FILE`."""
+    direct = env.get(PREFIX + name)
+    if direct:
+        return direct
+    file_name = env.get(PREFIX + name + "_FILE")
+    if not file_name:
+        return None
+    try:
+        return Path(file_name).read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"{PREFIX}{name}_FILE={file_name!r}: {exc.strerror}") from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """Everything a service reads from its environment. URLs left unset mean "embedded"."""
+
+    nats_url: str | None = None
+    database_url: str | None = None
+    nats_creds: Path | None = None
+    nats_user: str | None = None
+    nats_password: str | None = field(default=None, repr=False)
+    nats_tls_ca: Path | None = None
+    nats_tls_cert: Path | None = None
+    nats_tls_key: Path | None = None
+    stream_replicas: int = 1
+    http_host: str = "127.0.0.1"
+    http_port: int = 0
+    data_dir: Path = Path(".cos")
+    profiles_dir: Path = Path("profiles")
+    batch_size: int = 500
+    batch_timeout_s: float = 0.05
+    drain_timeout_s: float = 10.0
+    partitions: int = 1
+    partition: int | None = None
+    price_file: Path | None = None
+    billing_config: Path | None = None
+    log_level: str = "INFO"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, *, http_port: int = 0) -> Settings:
+        env = os.environ if env is None else env
+        level = env.get(PREFIX + "LOG_LEVEL", "INFO").upper()
+        if level not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
+            raise ConfigError(f"{PREFIX}LOG_LEVEL={level!r} is not DEBUG, INFO, WARNING or ERROR")
+        partitions = _int(env, "PARTITIONS", 1, 1, 1024)
+        raw_partition = env.get(PREFIX + "PARTITION")
+        partition = None if not raw_partition else _int(env, "PARTITION", 0, 0, partitions - 1)
+        return cls(
+            nats_url=_url(env, "NATS_URL", ("nats", "tls", "ws", "wss")),
+            database_url=_url(env, "DATABASE_URL", ("postgresql", "postgres")),
+            nats_creds=_path(env, "NATS_CREDS"),
+            nats_user=env.get(PREFIX + "NATS_USER") or None,
+            nats_password=_secret_or_file(env, "NATS_PASSWORD"),
+            nats_tls_ca=_path(env, "NATS_TLS_CA"),
+            nats_tls_cert=_path(env, "NATS_TLS_CERT"),
+            nats_tls_key=_path(env, "NATS_TLS_KEY"),
+            stream_replicas=_int(env, "STREAM_REPLICAS", 1, 1, 5),
+            http_host=env.get(PREFIX + "HTTP_HOST", "127.0.0.1"),
+            http_port=_int(env, "HTTP_PORT", http_port, 0, 65535),
+            data_dir=_path(env, "DATA_DIR") or Path(".cos"),
+            profiles_dir=_path(env, "PROFILES_DIR") or Path("profiles"),
+            batch_size=_int(env, "BATCH_SIZE", 500, 1, 10000),
+            batch_timeout_s=_float(env, "BATCH_TIMEOUT_S", 0.05, 0.001, 60.0),
+            drain_timeout_s=_float(env, "DRAIN_TIMEOUT_S", 10.0, 0.1, 600.0),
+            partitions=partitions,
+            partition=partition,
+            price_file=_path(env, "PRICE_FILE"),
+            billing_config=_path(env, "BILLING_CONFIG"),
+            log_level=level,
+        )
+
+    def require_urls(self) -> tuple[str, str]:
+        if not self.nats_url:
+            raise ConfigError(f"{PREFIX}NATS_URL is not set (or run everything embedded with `cos up`)")
+        if not self.database_url:
+            raise ConfigError(f"{PREFIX}DATABASE_URL is not set (or run everything embedded with `cos up`)")
+        return self.nats_url, self.database_url

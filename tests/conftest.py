@@ -1,0 +1,89 @@
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import nats
+import pytest
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+
+from commonos.runtime.embedded import NatsServer
+from tests.harness import ExternalServer, PgServer, cleanup, make_temp_root, new_nats, start_pg, stop_pg
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def corpus_dir() -> Path:
+    """Real transcripts live beside the clone (../shared/corpus), never inside the repository."""
+    env = os.environ.get("COS_CORPUS_DIR")
+    return Path(env) if env else REPO.parent / "shared" / "corpus"
+
+
+@pytest.fixture(scope="session")
+def server_root() -> Iterator[Path]:
+    root = make_temp_root("cos-test-")
+    yield root
+    cleanup(root)
+
+
+@pytest.fixture(scope="session")
+def pg_server(server_root: Path) -> Iterator[PgServer]:
+    server = start_pg(server_root)
+    yield server
+    stop_pg(server)
+
+
+@pytest.fixture
+async def database_url(pg_server: PgServer) -> AsyncIterator[str]:
+    """A fresh, empty database for each test."""
+    name = f"test_{uuid.uuid4().hex[:12]}"
+    conn = await asyncpg.connect(pg_server.admin_url)
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    yield pg_server.dsn(name)
+    if pg_server.cluster is not None and not pg_server.cluster.running:
+        pg_server.cluster.start()
+    conn = await asyncpg.connect(pg_server.admin_url)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+async def nats_server(server_root: Path) -> AsyncIterator[NatsServer | ExternalServer]:
+    """A nats-server of the test's own (it starts in milliseconds), or the external one, emptied."""
+    server = new_nats(server_root)
+    if isinstance(server, ExternalServer):
+        nc = await nats.connect(server.url)
+        js = nc.jetstream()
+        for name in await js.streams_info():
+            if name.config.name and name.config.name.startswith("COS_"):
+                await js.delete_stream(name.config.name)
+        await nc.close()
+    yield server
+    if isinstance(server, NatsServer):
+        server.kill()
+
+
+@pytest.fixture
+def nats_url(nats_server: NatsServer | ExternalServer) -> str:
+    return nats_server.url
+
+
+@pytest.fixture
+async def nc(nats_url: str) -> AsyncIterator[Client]:
+    client = await nats.connect(nats_url, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+    yield client
+    await client.close()
+
+
+@pytest.fixture
+def js(nc: Client) -> JetStreamContext:
+    return nc.jetstream()
