@@ -1,1 +1,1 @@
-
+"""The journal-writer: projects the event stream into the core PostgreSQL tables."""

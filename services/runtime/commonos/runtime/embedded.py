@@ -314,9 +314,7 @@ class PostgresCluster:
             check=False,
         )
         if result.returncode != 0:
-            raise ServerStartError(
-                f"initdb failed (exit {result.returncode}):\n{result.stderr}{result.stdout}"
-            )
+            raise ServerStartError(f"initdb failed (exit {result.returncode}):\n{result.stderr}{result.stdout}")
 
     def start(self) -> PostgresCluster:
         self.init()

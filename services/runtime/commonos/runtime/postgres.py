@@ -12,6 +12,10 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
+
+#: A connection of its own or one borrowed from a pool.
+Conn = asyncpg.Connection | PoolConnectionProxy
 
 #: Key of the advisory lock taken while any schema is applied ("cosschem").
 SCHEMA_LOCK_KEY: Final = 0x636F737363686D

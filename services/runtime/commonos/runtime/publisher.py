@@ -59,9 +59,7 @@ class EventPublisher:
                         f"event {event.event_id} ({subject}) not acknowledged within {self.deadline_s:.0f}s: "
                         f"{type(exc).__name__}"
                     ) from exc
-                log.warning(
-                    "publish of %s not acknowledged (%s); retrying", event.event_id, type(exc).__name__
-                )
+                log.warning("publish of %s not acknowledged (%s); retrying", event.event_id, type(exc).__name__)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
 

@@ -49,9 +49,7 @@ def _url(env: Mapping[str, str], name: str, schemes: tuple[str, ...]) -> str | N
     for part in raw.split(","):
         parsed = urlparse(part.strip())
         if parsed.scheme not in schemes or not parsed.hostname:
-            raise ConfigError(
-                f"{PREFIX}{name}={part.strip()!r} is not a URL of the form {schemes[0]}://host:port"
-            )
+            raise ConfigError(f"{PREFIX}{name}={part.strip()!r} is not a URL of the form {schemes[0]}://host:port")
         try:
             _ = parsed.port
         except ValueError:

@@ -1,0 +1,3 @@
+from commonos.journal_writer.service import main
+
+raise SystemExit(main())

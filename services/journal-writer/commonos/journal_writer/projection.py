@@ -1,0 +1,211 @@
+"""Pure projection: events -> the row operations of the core tables. No I/O here.
+
+A batch of events becomes one `Plan`: for each statement, the argument tuples in stream order.
+The store runs the statements in a fixed parent-before-child order (`STATEMENTS`), which keeps
+every dependency of one session's events, because an event only ever depends on earlier events of
+kinds that come before it in that order (a session before its turns, a turn before its messages
+and tool calls, a message before its deactivation, a turn's start before its finish).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import msgspec
+
+from commonos.proto import events as ev
+from commonos.proto.identity import title_from_text
+from commonos.proto.messages import UserMessage
+
+_content_encoder: Final = msgspec.json.Encoder()
+
+#: Statements in the order they run; every one is idempotent (natural keys, ON CONFLICT).
+STATEMENTS: Final[dict[str, str]] = {
+    "profile_upsert": """
+        INSERT INTO profiles (id, tags, created_at, updated_at) VALUES ($1, $2, $3, $3)
+        ON CONFLICT (id) DO UPDATE SET tags = EXCLUDED.tags, updated_at = EXCLUDED.updated_at
+        WHERE profiles.updated_at <= EXCLUDED.updated_at""",
+    "profile_ensure": """
+        INSERT INTO profiles (id, tags, created_at, updated_at) VALUES ($1, '{}', $2, $2)
+        ON CONFLICT (id) DO NOTHING""",
+    "session_insert": """
+        INSERT INTO sessions (id, profile_id, source, title, tags, parent_session_id, created_at, updated_at)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $7)
+        ON CONFLICT (id) DO NOTHING""",
+    "turn_insert": """
+        INSERT INTO turns (id, session_id, profile_id, parent_turn_id, tags, depth, started_at)
+        VALUES ($1, $2, $3, $4, $5, $6, $7)
+        ON CONFLICT (id) DO NOTHING""",
+    "session_snapshot": """
+        UPDATE sessions SET context_snapshot = $2::text::jsonb, updated_at = greatest(updated_at, $3)
+        WHERE id = $1 AND context_snapshot IS NULL""",
+    "message_insert": """
+        INSERT INTO messages (id, session_id, turn_id, profile_id, seq, role, content, created_at)
+        VALUES ($1, $2, $3, $4, $5, $6, $7::text::jsonb, $8)
+        ON CONFLICT (id) DO NOTHING""",
+    "session_title": """
+        UPDATE sessions SET title = $2 WHERE id = $1 AND title IS NULL""",
+    "message_deactivate": """
+        UPDATE messages SET active = false WHERE id = ANY($1::uuid[]) AND session_id = $2 AND active""",
+    "tool_call_insert": """
+        INSERT INTO tool_calls (id, turn_id, session_id, profile_id, call_id, name, args, result, is_error,
+                                risk, approval, started_at, finished_at)
+        VALUES ($1, $2, $3, $4, $5, $6, $7::text::jsonb, $8, $9, $10, $11, $12, $13)
+        ON CONFLICT (id) DO NOTHING""",
+    "approval_insert": """
+        INSERT INTO approvals (id, tool_call_id, turn_id, profile_id, status, decided_by, decided_at)
+        VALUES ($1, $2, $3, $4, $5, $6, $7)
+        ON CONFLICT (tool_call_id) DO NOTHING""",
+    "turn_finish": """
+        UPDATE turns SET status = $2, error = $3, finished_at = $4
+        WHERE id = $1 AND finished_at IS NULL""",
+}
+
+
+class InvariantViolation(ValueError):
+    """An event that is well-formed but cannot be true (it goes to the dead-letter stream)."""
+
+
+@dataclass
+class Plan:
+    rows: dict[str, list[tuple[Any, ...]]] = field(default_factory=lambda: {k: [] for k in STATEMENTS})
+    events: int = 0
+
+    def add(self, statement: str, row: tuple[Any, ...]) -> None:
+        self.rows[statement].append(row)
+
+
+def plan_events(events: Sequence[ev.Event]) -> Plan:
+    plan = Plan()
+    for event in events:
+        plan_event(plan, event)
+    return plan
+
+
+def _json(value: Any) -> str:
+    return _content_encoder.encode(value).decode()
+
+
+def check_event(event: ev.Event) -> None:
+    """Raise `InvariantViolation` for an event that is well-formed but cannot be true."""
+    match event:
+        case ev.SessionCreated() if event.parent_session_id == event.session_id:
+            raise InvariantViolation("a session cannot be its own parent")
+        case ev.TurnStarted() if (event.depth == 0) != (event.parent_turn_id is None):
+            raise InvariantViolation("a turn has a parent turn exactly when its depth is above 0")
+        case ev.ToolCallRecorded() if event.finished_at < event.started_at:
+            raise InvariantViolation("a tool call cannot finish before it starts")
+        case ev.TurnFinished() if event.status == ev.TurnStatus.RUNNING:
+            raise InvariantViolation("a finished turn cannot have status 'running'")
+        case ev.MessageDeactivated() if not event.message_ids:
+            raise InvariantViolation("message_deactivated names no message")
+        case _:
+            pass
+
+
+def plan_event(plan: Plan, event: ev.Event) -> None:
+    """Add the row operations of one event to `plan` (the core's events only; others add nothing).
+
+    Call `check_event` first: this function assumes the event's invariants hold.
+    """
+    plan.events += 1
+    match event:
+        case ev.ProfileUpserted():
+            plan.add("profile_upsert", (event.profile_id, list(event.tags), event.occurred_at))
+        case ev.SessionCreated():
+            plan.add("profile_ensure", (event.profile_id, event.occurred_at))
+            title = title_from_text(event.title) if event.title else None
+            plan.add(
+                "session_insert",
+                (
+                    event.session_id,
+                    event.profile_id,
+                    event.source,
+                    title,
+                    list(event.tags),
+                    event.parent_session_id,
+                    event.occurred_at,
+                ),
+            )
+        case ev.TurnStarted():
+            plan.add(
+                "turn_insert",
+                (
+                    event.turn_id,
+                    event.session_id,
+                    event.profile_id,
+                    event.parent_turn_id,
+                    list(event.tags),
+                    event.depth,
+                    event.occurred_at,
+                ),
+            )
+            if event.context_snapshot is not None:
+                plan.add("session_snapshot", (event.session_id, _json(event.context_snapshot), event.occurred_at))
+        case ev.MessageAppended():
+            content = event.content
+            plan.add(
+                "message_insert",
+                (
+                    event.message_id,
+                    event.session_id,
+                    event.turn_id,
+                    event.profile_id,
+                    event.seq,
+                    event.role,
+                    _json(content),
+                    event.occurred_at,
+                ),
+            )
+            if event.seq == 1 and isinstance(content, UserMessage):
+                plan.add("session_title", (event.session_id, title_from_text(content.text)))
+        case ev.MessageDeactivated():
+            plan.add("message_deactivate", (list(event.message_ids), event.session_id))
+        case ev.ToolCallRecorded():
+            plan.add(
+                "tool_call_insert",
+                (
+                    event.tool_call_id,
+                    event.turn_id,
+                    event.session_id,
+                    event.profile_id,
+                    event.call_id,
+                    event.name,
+                    _json(event.args),
+                    event.result,
+                    event.is_error,
+                    str(event.risk),
+                    str(event.approval) if event.approval else None,
+                    event.started_at,
+                    event.finished_at,
+                ),
+            )
+        case ev.ApprovalDecided():
+            plan.add(
+                "approval_insert",
+                (
+                    _approval_id(event.tool_call_id),
+                    event.tool_call_id,
+                    event.turn_id,
+                    event.profile_id,
+                    str(event.status),
+                    event.decided_by,
+                    event.decided_at,
+                ),
+            )
+        case ev.TurnFinished():
+            plan.add("turn_finish", (event.turn_id, str(event.status), event.error, event.occurred_at))
+        case _:
+            # Plugin events (model calls, memory) and imported transcripts have projections of their own.
+            pass
+
+
+_APPROVAL_NS: Final = uuid.UUID("6f1f8f53-54b0-4d3a-9a57-7d0a3f0c2b11")
+
+
+def _approval_id(tool_call_id: uuid.UUID) -> uuid.UUID:
+    """One approval per tool call, so its id derives from the tool call's (replays agree)."""
+    return uuid.uuid5(_APPROVAL_NS, str(tool_call_id))

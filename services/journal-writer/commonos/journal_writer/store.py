@@ -1,0 +1,28 @@
+"""Runs a projection plan against PostgreSQL (inside the consumer's transaction)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from commonos.journal_writer.projection import STATEMENTS, check_event, plan_events
+from commonos.proto.events import Event
+from commonos.runtime.postgres import Conn
+
+
+class JournalProjection:
+    """The core projection: events -> profiles, sessions, turns, messages, tool_calls, approvals."""
+
+    position_table = "projection_positions"
+
+    def __init__(self, name: str = "journal-writer") -> None:
+        self.name = name
+
+    def check(self, event: Event) -> None:
+        check_event(event)
+
+    async def apply(self, conn: Conn, events: Sequence[Event]) -> None:
+        plan = plan_events(events)
+        for statement, sql in STATEMENTS.items():
+            rows = plan.rows[statement]
+            if rows:
+                await conn.executemany(sql, rows)

@@ -1,0 +1,351 @@
+"""A durable pull consumer that applies events to PostgreSQL in batches, exactly once.
+
+* Each batch is written in one transaction together with the consumer's position (the stream
+  sequence of its last event); deliveries at or below the position are acknowledged unapplied,
+  so redelivery after a crash changes nothing.
+* Messages are acknowledged only after the commit.
+* An event that cannot be decoded, whose subject disagrees with its body, or that PostgreSQL
+  rejects as data (a constraint, a bad value) goes to the dead-letter stream with its reason; the
+  batch is retried without it. A database that cannot be reached is not poison: the consumer
+  reports not-ready, retries with backoff and acknowledges nothing meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Final, Protocol
+
+import asyncpg
+import nats.errors
+import nats.js.errors
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from prometheus_client import Counter, Gauge, Histogram
+
+from commonos.proto.cloudevents import HeaderError, decode_headers
+from commonos.proto.events import Event, EventDecodeError, decode_event, event_type
+from commonos.proto.subjects import EVENTS_STREAM, SubjectError, parse_subject
+from commonos.runtime.dlq import dead_letter
+from commonos.runtime.http import Health
+from commonos.runtime.postgres import Conn
+
+log = logging.getLogger(__name__)
+
+EVENTS_APPLIED = Counter(
+    "cos_consumer_events_total",
+    "Events handled by a consumer, by type and outcome",
+    ["consumer", "type", "outcome"],
+)
+DEAD_LETTERS = Counter(
+    "cos_consumer_dead_letters_total", "Events sent to the dead-letter stream", ["consumer", "reason"]
+)
+BATCH_SIZE = Histogram(
+    "cos_consumer_batch_size",
+    "Events per applied batch",
+    ["consumer"],
+    buckets=(1, 5, 10, 50, 100, 250, 500, 1000, 2500, 5000),
+)
+BATCH_SECONDS = Histogram(
+    "cos_consumer_batch_duration_seconds",
+    "Time to apply and commit one batch",
+    ["consumer"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+)
+LAG = Gauge("cos_consumer_lag_events", "Events in the stream not yet delivered to the consumer", ["consumer"])
+LAST_COMMIT = Gauge("cos_consumer_last_commit_timestamp_seconds", "Unix time of the last committed batch", ["consumer"])
+POSITION = Gauge("cos_consumer_position", "Stream sequence of the last applied event", ["consumer"])
+SKIPPED = Counter(
+    "cos_consumer_redeliveries_skipped_total",
+    "Deliveries at or below the committed position, acknowledged without applying them again",
+    ["consumer"],
+)
+DB_UP = Gauge("cos_consumer_database_up", "1 while the consumer can reach PostgreSQL", ["consumer"])
+DB_RETRIES = Counter(
+    "cos_consumer_database_retries_total", "Batches retried because PostgreSQL was unreachable", ["consumer"]
+)
+
+#: SQLSTATE classes that mean "this event's data is wrong", not "the database is unwell".
+_POISON_CLASSES: Final = ("22", "23", "54")
+
+
+def is_poison(exc: BaseException) -> bool:
+    state = getattr(exc, "sqlstate", None)
+    return isinstance(exc, asyncpg.PostgresError) and isinstance(state, str) and state[:2] in _POISON_CLASSES
+
+
+@dataclass(slots=True)
+class Delivery:
+    msg: Msg
+    stream_seq: int
+    event: Event | None = None
+    error: str | None = None
+
+
+class Projection(Protocol):
+    """What a consumer applies: a projection of events into tables."""
+
+    #: Names the durable consumer and its row in the position table.
+    name: str
+    #: Table holding `(consumer text primary key, stream_seq bigint, updated_at)`.
+    position_table: str
+
+    def check(self, event: Event) -> None:
+        """Raise ValueError if the event breaks an invariant (it is then dead-lettered)."""
+
+    async def apply(self, conn: Conn, events: Sequence[Event]) -> None:
+        """Write the rows of `events`, in order, inside the caller's transaction."""
+
+
+def decode_delivery(msg: Msg, stream_seq: int) -> Delivery:
+    """Decode and cross-check one delivery; any problem becomes its `error` (the reason)."""
+    d = Delivery(msg, stream_seq)
+    try:
+        event = decode_event(msg.data)
+    except EventDecodeError as exc:
+        d.error = f"undecodable event: {exc}"
+        return d
+    try:
+        subject = parse_subject(msg.subject)
+    except SubjectError as exc:
+        d.error = f"bad subject: {exc}"
+        return d
+    if (subject.profile_id, subject.session_id, subject.event_type) != (
+        event.profile_id,
+        event.session_id,
+        event_type(event),
+    ):
+        d.error = f"subject {msg.subject} does not match the event's profile, session and type"
+        return d
+    if msg.headers:
+        try:
+            attrs = decode_headers(msg.headers)
+        except HeaderError as exc:
+            d.error = f"bad headers: {exc}"
+            return d
+        if attrs.get("id") != str(event.event_id):
+            d.error = "ce-id header does not match the event id"
+            return d
+    d.event = event
+    return d
+
+
+@dataclass
+class ConsumerOptions:
+    batch_size: int = 500
+    batch_timeout_s: float = 0.05
+    ack_wait_s: float = 60.0
+    max_ack_pending: int = 20_000
+    backoff_max_s: float = 5.0
+    filter_subjects: tuple[str, ...] = ("cos.events.>",)
+
+
+@dataclass
+class BatchConsumer:
+    js: JetStreamContext
+    pool: asyncpg.Pool
+    projection: Projection
+    health: Health
+    options: ConsumerOptions = field(default_factory=ConsumerOptions)
+    position: int = 0
+    applied: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.projection.name
+
+    def consumer_config(self) -> ConsumerConfig:
+        subjects = list(self.options.filter_subjects)
+        return ConsumerConfig(
+            durable_name=self.name,
+            ack_policy=AckPolicy.EXPLICIT,
+            deliver_policy=DeliverPolicy.ALL,
+            ack_wait=self.options.ack_wait_s,
+            max_ack_pending=self.options.max_ack_pending,
+            max_deliver=-1,
+            filter_subject=subjects[0] if len(subjects) == 1 else None,
+            filter_subjects=subjects if len(subjects) > 1 else None,
+        )
+
+    async def load_position(self) -> int:
+        async with self.pool.acquire() as conn:
+            row = await conn.fetchval(
+                f"SELECT stream_seq FROM {self.projection.position_table} WHERE consumer = $1", self.name
+            )
+        self.position = int(row or 0)
+        POSITION.labels(self.name).set(self.position)
+        return self.position
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self._wait_for_database(stop)
+        if stop.is_set():
+            return
+        sub = await self.js.pull_subscribe(
+            self.options.filter_subjects[0],
+            durable=self.name,
+            stream=EVENTS_STREAM,
+            config=self.consumer_config(),
+        )
+        self.health.set_ready("starting", True)
+        backoff = 0.1
+        while not stop.is_set():
+            self.health.beat()
+            try:
+                msgs = await sub.fetch(self.options.batch_size, timeout=max(self.options.batch_timeout_s, 0.2))
+            except nats.errors.TimeoutError:
+                LAG.labels(self.name).set(0)
+                continue
+            except (
+                nats.errors.ConnectionClosedError,
+                nats.errors.ConnectionReconnectingError,
+                nats.js.errors.APIError,
+                nats.errors.NoRespondersError,
+                OSError,
+            ) as exc:
+                self.health.set_ready("nats", False, f"fetch failed: {type(exc).__name__}")
+                await _sleep_or_stop(stop, backoff)
+                backoff = min(backoff * 2, self.options.backoff_max_s)
+                continue
+            self.health.set_ready("nats", True)
+            backoff = 0.1
+            if msgs:
+                await self.process(msgs, stop)
+
+    async def _wait_for_database(self, stop: asyncio.Event) -> None:
+        backoff = 0.1
+        while not stop.is_set():
+            try:
+                await self.load_position()
+                DB_UP.labels(self.name).set(1)
+                self.health.set_ready("database", True)
+                return
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                if is_poison(exc):
+                    raise
+                DB_UP.labels(self.name).set(0)
+                self.health.set_ready("database", False, f"PostgreSQL unreachable: {type(exc).__name__}")
+                log.warning("%s: PostgreSQL unreachable (%s); retrying", self.name, exc)
+                await _sleep_or_stop(stop, backoff)
+                backoff = min(backoff * 2, self.options.backoff_max_s)
+
+    async def process(self, msgs: Sequence[Msg], stop: asyncio.Event | None = None) -> bool:
+        """Apply one fetched batch; True if it was committed and acknowledged."""
+        started = time.perf_counter()
+        deliveries: list[Delivery] = []
+        skipped: list[Msg] = []
+        for msg in msgs:
+            meta = msg.metadata
+            seq = meta.sequence.stream
+            if seq <= self.position:
+                skipped.append(msg)
+                continue
+            d = decode_delivery(msg, seq)
+            if d.event is not None:
+                try:
+                    self.projection.check(d.event)
+                except ValueError as exc:
+                    d.error = f"invariant: {exc}"
+            deliveries.append(d)
+        if msgs:
+            LAG.labels(self.name).set(msgs[-1].metadata.num_pending)
+        if deliveries:
+            backoff = 0.1
+            while True:
+                try:
+                    await self._commit(deliveries)
+                    break
+                except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                    if is_poison(exc):
+                        raise
+                    DB_UP.labels(self.name).set(0)
+                    DB_RETRIES.labels(self.name).inc()
+                    self.health.set_ready("database", False, f"PostgreSQL unreachable: {type(exc).__name__}")
+                    log.warning("%s: batch not committed (%s); retrying", self.name, exc)
+                    if stop is not None and stop.is_set():
+                        return False  # abandon: nothing was acked, the events come back
+                    for d in deliveries:
+                        await _quietly(d.msg.in_progress())
+                    if stop is not None:
+                        await _sleep_or_stop(stop, backoff)
+                    else:
+                        await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, self.options.backoff_max_s)
+                except (nats.errors.Error, nats.js.errors.Error) as exc:
+                    # The dead-letter stream did not acknowledge: roll back and try the batch again.
+                    log.warning("%s: dead-lettering failed (%s); retrying", self.name, exc)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, self.options.backoff_max_s)
+            DB_UP.labels(self.name).set(1)
+            self.health.set_ready("database", True)
+        for d in deliveries:
+            await _quietly(d.msg.ack())
+        for msg in skipped:
+            await _quietly(msg.ack())
+        if skipped:
+            SKIPPED.labels(self.name).inc(len(skipped))
+        if deliveries:
+            BATCH_SIZE.labels(self.name).observe(len(deliveries))
+            BATCH_SECONDS.labels(self.name).observe(time.perf_counter() - started)
+            LAST_COMMIT.labels(self.name).set(time.time())
+        return True
+
+    async def _commit(self, deliveries: list[Delivery]) -> None:
+        good = [d for d in deliveries if d.event is not None and d.error is None]
+        async with self.pool.acquire() as conn, conn.transaction():
+            try:
+                async with conn.transaction():
+                    await self.projection.apply(conn, [d.event for d in good if d.event is not None])
+            except asyncpg.PostgresError as exc:
+                if not is_poison(exc):
+                    raise
+                await self._isolate(conn, good)
+            poison = [d for d in deliveries if d.error is not None]
+            for d in poison:
+                await dead_letter(self.js, d.msg, d.error or "", self.name, d.stream_seq)
+            last = deliveries[-1].stream_seq
+            await conn.execute(
+                f"INSERT INTO {self.projection.position_table} (consumer, stream_seq, updated_at) "
+                "VALUES ($1, $2, now()) ON CONFLICT (consumer) DO UPDATE "
+                "SET stream_seq = EXCLUDED.stream_seq, updated_at = now()",
+                self.name,
+                last,
+            )
+        self.position = deliveries[-1].stream_seq
+        POSITION.labels(self.name).set(self.position)
+        for d in deliveries:
+            kind = event_type(d.event) if d.event is not None else "unknown"
+            if d.error is None:
+                EVENTS_APPLIED.labels(self.name, kind, "applied").inc()
+            else:
+                EVENTS_APPLIED.labels(self.name, kind, "dead_lettered").inc()
+                DEAD_LETTERS.labels(self.name, d.error.split(":", 1)[0][:40]).inc()
+        self.applied += len(good)
+
+    async def _isolate(self, conn: Conn, good: list[Delivery]) -> None:
+        """Apply events one at a time, each under a savepoint, to find the ones PostgreSQL rejects."""
+        for d in good:
+            assert d.event is not None
+            try:
+                async with conn.transaction():
+                    await self.projection.apply(conn, [d.event])
+            except asyncpg.PostgresError as exc:
+                if not is_poison(exc):
+                    raise
+                d.error = f"rejected by PostgreSQL: {type(exc).__name__}: {exc}"
+
+
+async def _quietly(awaitable: object) -> None:
+    try:
+        await awaitable  # type: ignore[misc]
+    except (nats.errors.Error, OSError) as exc:
+        log.debug("ack not sent (%s): the event will be redelivered and skipped", exc)
+
+
+async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout=seconds)
