@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import nats
 from prometheus_client import REGISTRY
 
@@ -31,7 +33,7 @@ ORDER BY a.decided_at DESC;
 """
 
 
-def realistic() -> tuple[list[ev.Event], dict[str, object]]:
+def realistic() -> tuple[list[ev.Event], dict[str, uuid.UUID]]:
     clock = Clock()
     events: list[ev.Event] = [
         ev.ProfileUpserted(profile_id="default", tags=("area:work", "team:core"), occurred_at=clock.tick()),

@@ -58,9 +58,7 @@ def samples() -> dict[str, ev.Event]:
             turn_id=TID,
             message_id=_id(50),
             seq=2,
-            content=AssistantMessage(
-                tool_calls=(ToolCall(id="c1", name="weather", args={"city": "Charleston"}),)
-            ),
+            content=AssistantMessage(tool_calls=(ToolCall(id="c1", name="weather", args={"city": "Charleston"}),)),
         ),
         "message_appended_tool_result": ev.MessageAppended(
             event_id=_id(6),
@@ -214,9 +212,7 @@ BASE = {
             "timezone",
         ),
         (
-            json.dumps(
-                {**BASE, "profile_id": "Bad.Profile", "type": "session_created", "source": "cli"}
-            ).encode(),
+            json.dumps({**BASE, "profile_id": "Bad.Profile", "type": "session_created", "source": "cli"}).encode(),
             "profile_id",
         ),
         (b'{"type":"session_created","source":"\xff"}', "invalid"),

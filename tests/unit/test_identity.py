@@ -15,9 +15,7 @@ def test_ids_are_uuid7_and_sort_by_creation() -> None:
 
 
 def test_child_turn_copies_profile_and_tags_one_level_deeper() -> None:
-    parent = TurnInfo(
-        profile_id="default", session_id=new_id(), turn_id=new_id(), tags=("client:acme", "project:site")
-    )
+    parent = TurnInfo(profile_id="default", session_id=new_id(), turn_id=new_id(), tags=("client:acme", "project:site"))
     child = parent.child()
     assert child.profile_id == parent.profile_id
     assert child.tags == parent.tags

@@ -123,9 +123,7 @@ def test_from_openai_responses_usage() -> None:
             "total_tokens": 5700,
         }
     )
-    assert usage == TokenUsage(
-        input_tokens=4000, cache_read_tokens=1000, output_tokens=700, reasoning_tokens=600
-    )
+    assert usage == TokenUsage(input_tokens=4000, cache_read_tokens=1000, output_tokens=700, reasoning_tokens=600)
 
 
 def test_from_openai_usage_tolerates_null_details() -> None:
@@ -143,9 +141,7 @@ def test_from_codex_usage() -> None:
             "total_tokens": 25_500,
         }
     )
-    assert usage == TokenUsage(
-        input_tokens=4000, cache_read_tokens=20_000, output_tokens=1500, reasoning_tokens=1100
-    )
+    assert usage == TokenUsage(input_tokens=4000, cache_read_tokens=20_000, output_tokens=1500, reasoning_tokens=1100)
 
 
 def test_usage_rejects_reasoning_outside_output() -> None:
@@ -184,9 +180,7 @@ def test_anthropic_with_cache_read_and_both_cache_writes(pricer: Pricer) -> None
 def test_claude_code_prices_as_anthropic_and_long_context_tier_uses_total_input(pricer: Pricer) -> None:
     # Only 10k uncached input, but 250k in total with the cache read: over the 200k tier, every bucket
     # pays the long-context price: $6 input, $0.60 cache read, $7.50 5m write, $22.50 output.
-    usage = TokenUsage(
-        input_tokens=10_000, cache_read_tokens=230_000, cache_write_5m_tokens=10_000, output_tokens=2000
-    )
+    usage = TokenUsage(input_tokens=10_000, cache_read_tokens=230_000, cache_write_5m_tokens=10_000, output_tokens=2000)
     result = pricer.price("claude-code", "claude-sonnet-4-5", usage, AT)
     assert result.cost_usd == usd((10_000, "6"), (230_000, "0.60"), (10_000, "7.50"), (2000, "22.50"))
 
@@ -247,9 +241,7 @@ def test_service_tier_selects_the_price_variant(pricer: Pricer) -> None:
 
 def test_anthropic_batch_and_fast_mode_select_their_variants(pricer: Pricer) -> None:
     at = datetime(2026, 11, 1, tzinfo=UTC)
-    batch = from_anthropic_usage(
-        {"input_tokens": 1_000_000, "output_tokens": 1_000_000, "service_tier": "batch"}
-    )
+    batch = from_anthropic_usage({"input_tokens": 1_000_000, "output_tokens": 1_000_000, "service_tier": "batch"})
     fast = from_anthropic_usage({"input_tokens": 1_000_000, "output_tokens": 1_000_000, "speed": "fast"})
     # Claude Haiku 4.5 batch (from 2026-10-14): $0.50 / $2.50. Claude Opus 4.8 fast mode: $10 / $50.
     assert pricer.price("anthropic", "claude-haiku-4-5", batch, at).cost_usd == Decimal("3.0000000000")
@@ -258,9 +250,7 @@ def test_anthropic_batch_and_fast_mode_select_their_variants(pricer: Pricer) -> 
 
 def test_naive_timestamp_is_utc(pricer: Pricer) -> None:
     usage = TokenUsage(input_tokens=1_000_000)
-    assert pricer.price("openai", "o3", usage, datetime(2025, 6, 9, 23, 0)).cost_usd == Decimal(
-        "10.0000000000"
-    )
+    assert pricer.price("openai", "o3", usage, datetime(2025, 6, 9, 23, 0)).cost_usd == Decimal("10.0000000000")
 
 
 @pytest.mark.parametrize(
@@ -287,9 +277,7 @@ def test_model_without_token_prices_is_unpriced(pricer: Pricer) -> None:
 
 
 def test_reported_cost_when_model_unknown(pricer: Pricer) -> None:
-    result = pricer.price(
-        "openai", "gpt-99-imaginary", TokenUsage(), AT, reported_cost_usd=Decimal("0.012345")
-    )
+    result = pricer.price("openai", "gpt-99-imaginary", TokenUsage(), AT, reported_cost_usd=Decimal("0.012345"))
     assert result == PriceResult(
         cost_usd=Decimal("0.0123450000"),
         status=CostStatus.REPORTED,
@@ -300,9 +288,7 @@ def test_reported_cost_when_model_unknown(pricer: Pricer) -> None:
 
 
 def test_known_model_ignores_reported_cost(pricer: Pricer) -> None:
-    result = pricer.price(
-        "openai", "o4-mini", TokenUsage(input_tokens=1000), AT, reported_cost_usd=Decimal(5)
-    )
+    result = pricer.price("openai", "o4-mini", TokenUsage(input_tokens=1000), AT, reported_cost_usd=Decimal(5))
     assert (result.status, result.cost_usd) == (CostStatus.PRICED, usd((1000, "1.10")))
 
 
@@ -356,11 +342,7 @@ def test_fast_path_agrees_with_genai_prices_calc_price(provider_id: str, service
         ),
     ]
     context = (
-        {"processing": "batch"}
-        if service_tier == "batch"
-        else {"service_tier": service_tier}
-        if service_tier
-        else None
+        {"processing": "batch"} if service_tier == "batch" else {"service_tier": service_tier} if service_tier else None
     )
     compared = 0
     for model in provider.models:
@@ -482,9 +464,7 @@ def test_exact_model_beats_glob_and_anthropic_1h_defaults_to_twice_input(tmp_pat
 
 
 def test_price_file_tiny_costs_are_quantized_to_1e10(tmp_path: Path) -> None:
-    pricer = Pricer(
-        write_price_file(tmp_path, '[[price]]\nmodel = "m"\ninput_mtok = "0.000123"\noutput_mtok = 0\n')
-    )
+    pricer = Pricer(write_price_file(tmp_path, '[[price]]\nmodel = "m"\ninput_mtok = "0.000123"\noutput_mtok = 0\n'))
     # 1 token at $0.000123 per million = $1.23e-10, kept to 1e-10: 1E-10.
     assert pricer.price("x", "m", TokenUsage(input_tokens=1), AT).cost_usd == Decimal("1E-10")
 
@@ -497,8 +477,7 @@ def test_price_file_tiny_costs_are_quantized_to_1e10(tmp_path: Path) -> None:
         ("price = 3\n", "prices.toml: 'price' must be an array of tables ([[price]])"),
         ("[[price]]\ninput_mtok = 1\noutput_mtok = 1\n", "prices.toml: [[price]] #1: 'model' is required"),
         (
-            '[[price]]\nmodel = "a"\ninput_mtok = 1\noutput_mtok = 1\n'
-            '[[price]]\nmodel = "b"\noutput_mtok = 1\n',
+            '[[price]]\nmodel = "a"\ninput_mtok = 1\noutput_mtok = 1\n[[price]]\nmodel = "b"\noutput_mtok = 1\n',
             "prices.toml: [[price]] #2 (model 'b'): 'input_mtok' is required",
         ),
         (
@@ -507,8 +486,7 @@ def test_price_file_tiny_costs_are_quantized_to_1e10(tmp_path: Path) -> None:
         ),
         (
             '[[price]]\nmodel = "a"\ninput_mtok = -1\noutput_mtok = 1\n',
-            "prices.toml: [[price]] #1 (model 'a'): "
-            "'input_mtok' must be a finite non-negative number, got -1",
+            "prices.toml: [[price]] #1 (model 'a'): 'input_mtok' must be a finite non-negative number, got -1",
         ),
         (
             '[[price]]\nmodel = "a"\ninput_mtok = 1\noutput_mtok = 1\ninput_mtoks = 2\n',
@@ -516,8 +494,7 @@ def test_price_file_tiny_costs_are_quantized_to_1e10(tmp_path: Path) -> None:
         ),
         (
             '[[price]]\nmodel = "a"\ninput_mtok = 1\noutput_mtok = 1\neffective_from = "next week"\n',
-            "prices.toml: [[price]] #1 (model 'a'): "
-            "'effective_from' is not an ISO date or date-time: 'next week'",
+            "prices.toml: [[price]] #1 (model 'a'): 'effective_from' is not an ISO date or date-time: 'next week'",
         ),
         (
             '[[price]]\nmodel = "a"\ninput_mtok = 1\noutput_mtok = 1\n'

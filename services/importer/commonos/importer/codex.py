@@ -1,0 +1,477 @@
+"""Codex rollouts (``~/.codex/sessions/YYYY/MM/DD/rollout-*.jsonl``) to session graphs.
+
+Accounting: Codex writes an ``event_msg``/``token_count`` after each model reply and often
+writes the same event again; ``total_token_usage`` is cumulative but resets when a session is
+resumed or enters review mode. So one ModelInvocation is made per *distinct* token_count (one
+whose ``info`` differs from the token_count before it) from its ``last_token_usage``, and the
+session's usage is the sum of those, never a cumulative total.
+
+Token convention: Codex's ``input_tokens`` *includes* ``cached_input_tokens`` and its
+``output_tokens`` *includes* ``reasoning_output_tokens``. The graph's ModelInvocation stores
+``input_tokens`` = Codex input − cached input (cache reads excluded), ``cache_read_tokens`` =
+cached input, ``cache_write_tokens`` = 0 (Codex reports none), ``output_tokens`` = Codex output
+(reasoning included), and ``total_tokens`` = input + output + cache read + cache write.
+
+Ids: Codex records carry no per-item uuid, so user inputs and invocations are minted from the
+session id and their ordinal among user messages / distinct token_counts; the rollout is
+append-only, so those ordinals never shift when it grows. Tool calls use Codex's ``call_id``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from commonos.importer.builder import GraphBuilder, parse_time, raw_json, short_title
+from commonos.importer.discover import codex_rollout_files
+from commonos.importer.model import VENDOR_CODEX, ImportedSession
+from commonos.proto.graph import (
+    AssistantMessage,
+    EntityType,
+    FileTouch,
+    Hunk,
+    InputKind,
+    InputOrigin,
+    ModelInvocation,
+    Outcome,
+    Session,
+    TokenBasis,
+    ToolResult,
+    ToolStatus,
+    ToolUse,
+    ToolVerb,
+    TouchKind,
+    UserInput,
+    mint_id,
+)
+
+VENDOR = VENDOR_CODEX
+
+TOOL_VERBS: dict[str, ToolVerb] = {
+    "shell": ToolVerb.EXECUTE,
+    "exec_command": ToolVerb.EXECUTE,
+    "local_shell": ToolVerb.EXECUTE,
+    "container.exec": ToolVerb.EXECUTE,
+    "unified_exec": ToolVerb.EXECUTE,
+    "apply_patch": ToolVerb.EDIT,
+    "read_file": ToolVerb.READ,
+    "view_image": ToolVerb.READ,
+    "grep_files": ToolVerb.SEARCH,
+    "list_dir": ToolVerb.SEARCH,
+}
+TOOL_CALL_TYPES = frozenset({"function_call", "custom_tool_call", "local_shell_call"})
+TOOL_OUTPUT_TYPES = frozenset({"function_call_output", "custom_tool_call_output"})
+IDE_REQUEST_HEADING = "## My request for Codex:"
+REJECTED_OUTPUTS = ("exec command rejected by user", "aborted")
+_PATCH_FILE = re.compile(r"^\*\*\* (Update|Add|Delete) File: (.+)$")
+_PATCH_MOVE = re.compile(r"^\*\*\* Move to: (.+)$")
+
+
+def tool_verb(name: str, arguments: Any) -> ToolVerb:
+    """Normalize a Codex tool name; a shell call that runs ``apply_patch`` is an edit."""
+    if name in ("shell", "exec_command", "local_shell") and _shell_patch(arguments) is not None:
+        return ToolVerb.EDIT
+    return TOOL_VERBS.get(name, ToolVerb.OTHER)
+
+
+def _shell_patch(arguments: Any) -> str | None:
+    command = arguments.get("command") if isinstance(arguments, dict) else None
+    if isinstance(command, list) and len(command) >= 2 and command[0] in ("apply_patch", "applypatch"):
+        return str(command[1])
+    return None
+
+
+def parse_patch(patch: str) -> dict[str, list[Hunk]]:
+    """Hunks per file of a Codex ``*** Begin Patch`` envelope.
+
+    Codex patches locate hunks by context, not line numbers, so ``old_start``/``new_start`` are 0
+    (unknown); ``old_lines`` counts context and removed lines, ``new_lines`` context and added.
+    """
+    files: dict[str, list[Hunk]] = {}
+    current: str | None = None
+    lines: list[str] = []
+
+    def close() -> None:
+        if current is not None and lines:
+            old = sum(1 for x in lines if x[:1] in (" ", "-"))
+            new = sum(1 for x in lines if x[:1] in (" ", "+"))
+            files.setdefault(current, []).append(
+                Hunk(old_start=0, old_lines=old, new_start=0, new_lines=new, lines=list(lines))
+            )
+        lines.clear()
+
+    for line in patch.splitlines():
+        header = _PATCH_FILE.match(line)
+        moved = _PATCH_MOVE.match(line)
+        if header:
+            close()
+            current = header.group(2).strip()
+            files.setdefault(current, [])
+        elif moved and current is not None:
+            close()
+            files[moved.group(1).strip()] = files.pop(current)
+            current = moved.group(1).strip()
+        elif line.startswith("@@") or line.startswith("*** "):
+            close()
+        elif current is not None and line[:1] in (" ", "-", "+"):
+            lines.append(line)
+    close()
+    return files
+
+
+class _RolloutReader:
+    def __init__(self, path: Path, session_id: str, vendor_session: str) -> None:
+        self.path = path
+        self.b = GraphBuilder(VENDOR)
+        self.session_id = session_id
+        self.vendor_session = vendor_session
+        self.current_input: str | None = None
+        self.current_invocation: str | None = None
+        self.last_invocation: str | None = None
+        self.previous_info: bytes | None = None
+        self.invocation_ordinal = 0
+        self.input_ordinal = 0
+        self.model: str | None = None
+        self.first_prompt: str | None = None
+        self.has_user_events = False
+
+    def read(self, records: list[tuple[dict[str, Any], str]]) -> None:
+        self.has_user_events = any(
+            r.get("type") == "event_msg" and _payload(r).get("type") == "user_message" for r, _ in records
+        )
+        for record, ref in records:
+            payload = _payload(record)
+            when = parse_time(record.get("timestamp"))
+            kind = record.get("type")
+            ptype = payload.get("type")
+            if kind == "turn_context":
+                self._turn_context(payload, when)
+            elif kind == "event_msg" and ptype == "user_message":
+                self._user_input(str(payload.get("message", "")), when, ref)
+            elif kind == "event_msg" and ptype == "turn_aborted":
+                self.b.mark_interrupted(self.current_input)
+            elif kind == "event_msg" and ptype == "token_count":
+                self._token_count(payload, when, ref)
+            elif kind == "response_item" and ptype == "message":
+                self._message(payload, when, ref)
+            elif kind == "response_item" and ptype in TOOL_CALL_TYPES:
+                self._tool_call(payload, when, ref)
+            elif kind == "response_item" and ptype in TOOL_OUTPUT_TYPES:
+                self._tool_output(payload, when, ref)
+
+    def _turn_context(self, payload: dict[str, Any], when: datetime | None) -> None:
+        for key in ("model", "cwd", "approval_policy", "effort"):
+            value = payload.get(key)
+            if isinstance(value, str) and value:
+                self.b.attribute(self.session_id, key, value, when)
+        if isinstance(payload.get("model"), str):
+            self.model = payload["model"]
+
+    def _user_input(self, text: str, when: datetime | None, ref: str) -> None:
+        ordinal = self.input_ordinal
+        self.input_ordinal += 1
+        input_id = mint_id("user_input", VENDOR, self.vendor_session, str(ordinal))
+        stripped = text.lstrip()
+        kind = InputKind.SLASH_COMMAND if stripped.startswith("/") else InputKind.PROMPT
+        self.b.user_inputs[input_id] = UserInput(
+            id=input_id,
+            session_id=self.session_id,
+            ordinal=self.b.next_ordinal(self.session_id),
+            text=text,
+            triggered_at=when,
+            interrupted=False,
+            kind=kind,
+            origin=InputOrigin.HUMAN,
+            metadata=raw_json({}),
+        )
+        self.b.vendor_id(EntityType.USER_INPUT, input_id, self.session_id, "user_message", ref, ref)
+        if self.first_prompt is None and text.strip():
+            # The VS Code extension prefixes IDE context; the request follows this heading.
+            self.first_prompt = text.split(IDE_REQUEST_HEADING, 1)[-1]
+        self.current_input = input_id
+        self.current_invocation = None
+
+    def _input_for(self, when: datetime | None) -> str:
+        if self.current_input is not None:
+            return self.current_input
+        input_id = mint_id("user_input", VENDOR, self.vendor_session, "implicit")
+        self.b.user_inputs[input_id] = UserInput(
+            id=input_id,
+            session_id=self.session_id,
+            ordinal=self.b.next_ordinal(self.session_id),
+            text="",
+            triggered_at=when,
+            interrupted=False,
+            kind=InputKind.OTHER,
+            origin=InputOrigin.UNKNOWN,
+            metadata=raw_json({}),
+        )
+        self.current_input = input_id
+        return input_id
+
+    def _token_count(self, payload: dict[str, Any], when: datetime | None, ref: str) -> None:
+        info = payload.get("info")
+        if not isinstance(info, dict) or not isinstance(info.get("last_token_usage"), dict):
+            return
+        identity = msgspec.json.encode([info.get("total_token_usage"), info.get("last_token_usage")], order="sorted")
+        if identity == self.previous_info:
+            return
+        self.previous_info = identity
+        usage = info["last_token_usage"]
+
+        def count(key: str) -> int:
+            value = usage.get(key)
+            return value if isinstance(value, int) and value > 0 else 0
+
+        cached = count("cached_input_tokens")
+        uncached = max(0, count("input_tokens") - cached)
+        output = count("output_tokens")
+        invocation_id = mint_id("model_invocation", VENDOR, self.vendor_session, str(self.invocation_ordinal))
+        self.invocation_ordinal += 1
+        self.b.invocations[invocation_id] = ModelInvocation(
+            id=invocation_id,
+            session_id=self.session_id,
+            user_input_id=self._input_for(when),
+            parent_model_invocation_id=self.last_invocation,
+            model=self.model,
+            input_tokens=uncached,
+            output_tokens=output,
+            cache_read_tokens=cached,
+            cache_write_tokens=0,
+            total_tokens=uncached + output + cached,
+            token_basis=TokenBasis.REPORTED,
+            started_at=when,
+        )
+        self.b.vendor_id(EntityType.MODEL_INVOCATION, invocation_id, self.session_id, "token_count", ref, ref)
+        self.last_invocation = invocation_id
+        self.current_invocation = invocation_id
+
+    def _invocation_for(self, when: datetime | None, anchor: str) -> ModelInvocation:
+        """The reply that produced an item: Codex writes a reply's token_count before its items."""
+        if self.current_invocation is not None:
+            return self.b.invocations[self.current_invocation]
+        invocation_id = mint_id("model_invocation", VENDOR, self.vendor_session, "unmetered", anchor)
+        if invocation_id not in self.b.invocations:
+            self.b.invocations[invocation_id] = ModelInvocation(
+                id=invocation_id,
+                session_id=self.session_id,
+                user_input_id=self._input_for(when),
+                parent_model_invocation_id=self.last_invocation,
+                model=self.model,
+                input_tokens=0,
+                output_tokens=0,
+                cache_read_tokens=0,
+                cache_write_tokens=0,
+                total_tokens=0,
+                token_basis=TokenBasis.UNKNOWN,
+                started_at=when,
+            )
+            self.last_invocation = invocation_id
+        self.current_invocation = invocation_id
+        return self.b.invocations[invocation_id]
+
+    def _message(self, payload: dict[str, Any], when: datetime | None, ref: str) -> None:
+        role = payload.get("role")
+        content = payload.get("content")
+        blocks = [c for c in content if isinstance(c, dict)] if isinstance(content, list) else []
+        text = "\n".join(str(c.get("text", "")) for c in blocks if "text" in c)
+        if role == "user":
+            # Older rollouts have no user_message events; skip the harness's own context blocks.
+            if not self.has_user_events and text and not text.lstrip().startswith(("<", "# AGENTS.md")):
+                self._user_input(text, when, ref)
+            return
+        if role != "assistant" or not text:
+            return
+        owner = self._invocation_for(when, ref)
+        message_id = mint_id("assistant_message", VENDOR, self.vendor_session, ref)
+        self.b.messages[message_id] = AssistantMessage(
+            id=message_id,
+            session_id=self.session_id,
+            user_input_id=owner.user_input_id,
+            model_invocation_id=owner.id,
+            text=text,
+            timestamp=when,
+        )
+
+    def _tool_call(self, payload: dict[str, Any], when: datetime | None, ref: str) -> None:
+        call_id = payload.get("call_id") or payload.get("id")
+        if not isinstance(call_id, str):
+            return
+        tool_use_id = mint_id("tool_use", VENDOR, self.vendor_session, call_id)
+        if tool_use_id in self.b.tool_uses:
+            return
+        name = str(payload.get("name") or ("local_shell" if payload.get("type") == "local_shell_call" else ""))
+        arguments: Any
+        if payload.get("type") == "local_shell_call":
+            arguments = payload.get("action")
+        elif payload.get("type") == "custom_tool_call":
+            arguments = payload.get("input")
+        else:
+            try:
+                arguments = msgspec.json.decode(str(payload.get("arguments", "null")))
+            except msgspec.DecodeError:
+                arguments = payload.get("arguments")
+        owner = self._invocation_for(when, ref)
+        self.b.tool_uses[tool_use_id] = ToolUse(
+            id=tool_use_id,
+            session_id=self.session_id,
+            user_input_id=owner.user_input_id,
+            model_invocation_id=owner.id,
+            name=name,
+            verb=tool_verb(name, arguments),
+            input=raw_json(arguments),
+            status=ToolStatus.NO_RESULT,
+            metadata=raw_json({}),
+            timestamp=when,
+        )
+        self.b.vendor_id(EntityType.TOOL_USE, tool_use_id, self.session_id, "call_id", call_id, ref)
+
+    def _tool_output(self, payload: dict[str, Any], when: datetime | None, ref: str) -> None:
+        call_id = payload.get("call_id")
+        if not isinstance(call_id, str):
+            return
+        tool_use_id = mint_id("tool_use", VENDOR, self.vendor_session, call_id)
+        tool_use = self.b.tool_uses.get(tool_use_id)
+        if tool_use is None:
+            return
+        raw_output = payload.get("output")
+        structured: Any = raw_output
+        if isinstance(raw_output, str):
+            try:
+                structured = msgspec.json.decode(raw_output)
+            except msgspec.DecodeError:
+                structured = raw_output
+        text = structured.get("output") if isinstance(structured, dict) else structured
+        text = text if isinstance(text, str) else None
+        metadata = structured.get("metadata") if isinstance(structured, dict) else None
+        exit_code = metadata.get("exit_code") if isinstance(metadata, dict) else None
+        if text is not None and text.strip().startswith(REJECTED_OUTPUTS):
+            status = ToolStatus.INTERRUPTED
+        elif isinstance(exit_code, int) and exit_code != 0:
+            status = ToolStatus.ERROR
+        else:
+            status = ToolStatus.OK
+        result_id = mint_id("tool_result", VENDOR, self.vendor_session, call_id)
+        self.b.add_result(
+            ToolResult(
+                id=result_id,
+                tool_use_id=tool_use_id,
+                session_id=self.session_id,
+                user_input_id=tool_use.user_input_id,
+                status=status,
+                output_text=text if status == ToolStatus.OK else None,
+                output=raw_json(structured) if isinstance(structured, dict) else None,
+                error_text=text if status != ToolStatus.OK else None,
+                timestamp=when,
+            )
+        )
+        self.b.vendor_id(EntityType.TOOL_RESULT, result_id, self.session_id, "call_id", call_id, ref)
+        if status == ToolStatus.OK and tool_use.verb == ToolVerb.EDIT:
+            self._patch_touches(tool_use)
+
+    def _patch_touches(self, tool_use: ToolUse) -> None:
+        arguments: Any = msgspec.json.decode(tool_use.input)
+        patch = arguments if isinstance(arguments, str) else _shell_patch(arguments)
+        if patch is None and isinstance(arguments, dict) and isinstance(arguments.get("input"), str):
+            patch = arguments["input"]
+        if patch is None:
+            return
+        for path, hunks in parse_patch(patch).items():
+            touch_id = mint_id("file_touch", VENDOR, tool_use.id, path, TouchKind.EDIT.value)
+            self.b.file_touches[touch_id] = FileTouch(
+                id=touch_id,
+                tool_use_id=tool_use.id,
+                user_input_id=tool_use.user_input_id,
+                session_id=self.session_id,
+                path=path,
+                kind=TouchKind.EDIT,
+                hunks=hunks or None,
+            )
+
+
+def _payload(record: dict[str, Any]) -> dict[str, Any]:
+    payload = record.get("payload")
+    return payload if isinstance(payload, dict) else {}
+
+
+def _session_id_from_name(path: Path) -> str:
+    match = re.search(r"([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})$", path.stem)
+    return match.group(1) if match else path.stem
+
+
+def read_codex_file(path: Path) -> ImportedSession | None:
+    """Read one rollout as one top-level session graph; None when the file holds no records."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    records: list[tuple[dict[str, Any], str]] = []
+    for number, raw in enumerate(data.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            decoded = msgspec.json.decode(raw)
+        except msgspec.DecodeError:
+            continue
+        if isinstance(decoded, dict):
+            records.append((decoded, f"{path.name}:{number}"))
+    if not records:
+        return None
+    meta = next((_payload(r) for r, _ in records if r.get("type") == "session_meta"), {})
+    vendor_session = str(meta.get("id") or _session_id_from_name(path))
+    git = meta.get("git") if isinstance(meta.get("git"), dict) else {}
+    assert isinstance(git, dict)
+    cwd = meta.get("cwd") if isinstance(meta.get("cwd"), str) else None
+    branch = git.get("branch") if isinstance(git.get("branch"), str) else None
+    started = parse_time(meta.get("timestamp")) or parse_time(records[0][0].get("timestamp"))
+
+    session_id = mint_id("session", VENDOR, vendor_session)
+    reader = _RolloutReader(path, session_id, vendor_session)
+    builder = reader.b
+    builder.sessions[session_id] = Session(
+        id=session_id,
+        parent_session_id=None,
+        spawned_by_tool_use_id=None,
+        started_at=started,
+        working_dir=cwd,
+        git_branch=branch,
+        outcome=Outcome.UNKNOWN,
+    )
+    builder.vendor_id(EntityType.SESSION, session_id, session_id, "session_id", vendor_session)
+    for key in ("originator", "cli_version"):
+        if isinstance(meta.get(key), str):
+            builder.attribute(session_id, key, meta[key], started)
+    if git:
+        builder.attribute(session_id, "git", git, started)
+    reader.read(records)
+    title = short_title(reader.first_prompt) if reader.first_prompt else None
+    builder.sessions[session_id] = msgspec.structs.replace(builder.sessions[session_id], title=title)
+    project = _basename(cwd)
+    return ImportedSession(
+        graph=builder.finish(),
+        vendor=VENDOR,
+        project=project,
+        branch=branch,
+        source_path=path,
+        source_bytes=len(data),
+    )
+
+
+def _basename(cwd: str | None) -> str | None:
+    """Last component of a POSIX or Windows working directory."""
+    if not cwd:
+        return None
+    return re.split(r"[\\/]", cwd.rstrip("\\/"))[-1] or None
+
+
+def read_codex(root: Path) -> Iterator[ImportedSession]:
+    """Every rollout under a ``~/.codex``-style folder, one Graph per rollout."""
+    for path in codex_rollout_files(root):
+        imported = read_codex_file(path)
+        if imported is not None:
+            yield imported

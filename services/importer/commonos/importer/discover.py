@@ -1,0 +1,82 @@
+"""Find transcript files under a vendor's folder.
+
+Incremental-friendly by construction: the adapters mint every id from vendor identity (session
+ids, message ids, tool-call ids, line uuids, or the ordinal of an append-only event), never from
+a byte or line offset that could shift, so re-reading a transcript that has grown keeps every id
+it already produced and only adds rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+
+_AGENT_PREFIX = "agent-"
+
+
+def claude_projects_dir(root: Path) -> Path:
+    """Accept ``~/.claude``, its ``projects`` folder, or a single project folder."""
+    return root / "projects" if (root / "projects").is_dir() else root
+
+
+def claude_session_files(root: Path) -> Iterator[Path]:
+    """Every top-level Claude Code session transcript (``<project>/<session>.jsonl``) under root."""
+    projects = claude_projects_dir(root)
+    candidates = sorted(projects.glob("*/*.jsonl")) + sorted(projects.glob("*.jsonl"))
+    for path in candidates:
+        if not path.name.startswith(_AGENT_PREFIX):
+            yield path
+
+
+def is_claude_agent_file(path: Path) -> bool:
+    return path.name.startswith(_AGENT_PREFIX) and path.suffix == ".jsonl"
+
+
+def first_session_id(path: Path) -> str | None:
+    """The ``sessionId`` of the first line of a transcript that carries one."""
+    try:
+        with path.open("rb") as handle:
+            for line in handle:
+                try:
+                    decoded = msgspec.json.decode(line)
+                except msgspec.DecodeError:
+                    continue
+                if isinstance(decoded, dict) and isinstance(decoded.get("sessionId"), str):
+                    return str(decoded["sessionId"])
+    except OSError:
+        return None
+    return None
+
+
+def claude_agent_files(session_path: Path) -> list[Path]:
+    """Subagent transcripts of one session.
+
+    Newer Claude Code writes them to ``<session>/subagents/agent-*.jsonl``; older versions wrote
+    ``agent-*.jsonl`` beside the sessions, where only the ``sessionId`` inside tells the owner.
+    """
+    session_id = session_path.stem
+    nested = sorted((session_path.parent / session_id / "subagents").glob("agent-*.jsonl"))
+    beside = [
+        path for path in sorted(session_path.parent.glob("agent-*.jsonl")) if first_session_id(path) == session_id
+    ]
+    return nested + beside
+
+
+def claude_owner_session_file(agent_path: Path) -> Path | None:
+    """The session transcript an agent file belongs to, or None when it is not on disk."""
+    if agent_path.parent.name == "subagents":
+        candidate = agent_path.parent.parent.with_suffix(".jsonl")
+        return candidate if candidate.is_file() else None
+    session_id = first_session_id(agent_path)
+    if session_id is None:
+        return None
+    candidate = agent_path.parent / f"{session_id}.jsonl"
+    return candidate if candidate.is_file() else None
+
+
+def codex_rollout_files(root: Path) -> Iterator[Path]:
+    """Every Codex rollout under ``~/.codex`` (or its ``sessions`` folder, or any folder below)."""
+    sessions = root / "sessions" if (root / "sessions").is_dir() else root
+    yield from sorted(sessions.rglob("rollout-*.jsonl"))

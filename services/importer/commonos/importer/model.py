@@ -1,0 +1,28 @@
+"""What an adapter hands to the rest of the importer: one session tree and where it came from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+
+from commonos.proto.graph import Graph
+
+VENDOR_CLAUDE_CODE = "claude-code"
+VENDOR_CODEX = "codex"
+
+
+class ImportedSession(msgspec.Struct, frozen=True, kw_only=True):
+    """One top-level session tree read from a transcript, with its provenance.
+
+    ``project`` is the Claude Code project folder name or the basename of Codex's cwd;
+    ``source_bytes`` is the size of every file read to build the tree, so a watcher can tell a
+    transcript has grown.
+    """
+
+    graph: Graph
+    vendor: str
+    project: str | None
+    branch: str | None
+    source_path: Path
+    source_bytes: int
