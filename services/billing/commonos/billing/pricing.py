@@ -237,9 +237,7 @@ def _price_at_level(value: Decimal | TieredPrices | None, level: int | None) -> 
 
 
 def _card_from_model_price(model_price: ModelPrice, *, anthropic: bool) -> _RateCard | None:
-    raw: dict[str, Decimal | TieredPrices | None] = {
-        key: getattr(model_price, key, None) for key in _GENAI_PRICE_KEYS
-    }
+    raw: dict[str, Decimal | TieredPrices | None] = {key: getattr(model_price, key, None) for key in _GENAI_PRICE_KEYS}
     if raw["input_mtok"] is None and raw["output_mtok"] is None:
         return None  # priced per second, per image, ...: not something token usage can price
 
@@ -331,9 +329,7 @@ def parse_price_file(raw: bytes, *, name: str) -> PriceFile:
         raise PriceFileError(f"{name}: invalid TOML: {exc}") from exc
     unknown = sorted(set(document) - {"price"})
     if unknown:
-        raise PriceFileError(
-            f"{name}: unknown top-level key(s) {', '.join(unknown)}; expected [[price]] tables"
-        )
+        raise PriceFileError(f"{name}: unknown top-level key(s) {', '.join(unknown)}; expected [[price]] tables")
     tables = document.get("price", [])
     if not isinstance(tables, list):
         raise PriceFileError(f"{name}: 'price' must be an array of tables ([[price]])")
@@ -418,9 +414,7 @@ def _parse_effective_from(value: object, where: str) -> datetime:
         try:
             value = datetime.fromisoformat(value.strip())
         except ValueError:
-            raise PriceFileError(
-                f"{where}: 'effective_from' is not an ISO date or date-time: {value!r}"
-            ) from None
+            raise PriceFileError(f"{where}: 'effective_from' is not an ISO date or date-time: {value!r}") from None
     if isinstance(value, datetime):
         # A date-time without offset is UTC, like genai-prices' naive timestamps.
         return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
@@ -625,20 +619,14 @@ class Pricer:
         name = provider.strip().lower()
         genai_id = PROVIDER_IDS.get(name, name)
         model_ref = model.strip().lower()
-        groups = (
-            _override_groups(self._overrides, name, genai_id, model_ref)
-            if self._overrides is not None
-            else ()
-        )
+        groups = _override_groups(self._overrides, name, genai_id, model_ref) if self._overrides is not None else ()
         genai_provider: Provider | None = None
         model_info: ModelInfo | None = None
         if genai_id is None:
             detail = f"provider {provider!r} has no public prices"
         else:
             try:
-                genai_provider, model_info = self._snapshot.find_provider_model(
-                    model_ref, None, genai_id, None
-                )
+                genai_provider, model_info = self._snapshot.find_provider_model(model_ref, None, genai_id, None)
             except LookupError as exc:  # genai-prices' way of saying unknown provider or model
                 detail = str(exc)
             else:

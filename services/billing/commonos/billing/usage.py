@@ -71,12 +71,7 @@ class TokenUsage(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def total_input_tokens(self) -> int:
         """All input tokens: uncached + cache read + both cache writes."""
-        return (
-            self.input_tokens
-            + self.cache_read_tokens
-            + self.cache_write_5m_tokens
-            + self.cache_write_1h_tokens
-        )
+        return self.input_tokens + self.cache_read_tokens + self.cache_write_5m_tokens + self.cache_write_1h_tokens
 
 
 def _count(data: Mapping[str, Any] | None, *path: str) -> int:
@@ -168,9 +163,7 @@ def from_openai_usage(
     cache_write = _count(usage, input_details, "cache_write_tokens")
     output = _count(usage, output_key)
     return TokenUsage(
-        input_tokens=_part_of(
-            f"{input_details} cached + cache-write", cached + cache_write, input_key, total_input
-        ),
+        input_tokens=_part_of(f"{input_details} cached + cache-write", cached + cache_write, input_key, total_input),
         output_tokens=output,
         cache_read_tokens=cached,
         cache_write_5m_tokens=cache_write,

@@ -20,8 +20,7 @@ COMMAND_MODULES = (
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="cos",
-        description="CommonOS events: an event-sourced backend for AI agents "
-        "on NATS JetStream and PostgreSQL.",
+        description="CommonOS events: an event-sourced backend for AI agents on NATS JetStream and PostgreSQL.",
         epilog="Configuration comes from COS_* environment variables (COS_NATS_URL, COS_DATABASE_URL, "
         "COS_DATA_DIR, ...); with no URLs, commands use the embedded system that `cos up` started.",
     )

@@ -63,10 +63,7 @@ def endpoints(settings: Settings) -> Endpoints:
     if path.exists():
         state = json.loads(path.read_text())
         if _alive(int(state.get("owner_pid", 0))):
-            return Endpoints(
-                settings.nats_url or state["nats_url"], settings.database_url or state["database_url"]
-            )
+            return Endpoints(settings.nats_url or state["nats_url"], settings.database_url or state["database_url"])
     raise CliError(
-        "no system to talk to: set COS_NATS_URL and COS_DATABASE_URL, or start one with `cos up` "
-        f"(looked for {path})"
+        f"no system to talk to: set COS_NATS_URL and COS_DATABASE_URL, or start one with `cos up` (looked for {path})"
     )

@@ -122,10 +122,7 @@ class System:
         logs.mkdir(parents=True, exist_ok=True)
         for service in SERVICES:
             module = f"commonos.{service}"
-            if (
-                importlib.util.find_spec(module) is None
-                or importlib.util.find_spec(module + ".__main__") is None
-            ):
+            if importlib.util.find_spec(module) is None or importlib.util.find_spec(module + ".__main__") is None:
                 continue
             port = free_port()
             env = {
@@ -136,17 +133,13 @@ class System:
             }
             log = (logs / f"{service}.log").open("ab")
             argv = [sys.executable, "-m", module, *(["serve"] if service == "loop" else [])]
-            proc = subprocess.Popen(
-                argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-            )
+            proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             log.close()
             self.children[service] = (proc, port)
         deadline = time.monotonic() + wait_ready_s
         for service, (proc, port) in self.children.items():
             state = _wait_ready(proc, port, deadline)
-            self.components.append(
-                Component(service.replace("_", "-"), f"http://127.0.0.1:{port}", proc.pid, state)
-            )
+            self.components.append(Component(service.replace("_", "-"), f"http://127.0.0.1:{port}", proc.pid, state))
             if state != "ready":
                 raise CliError(f"{service} is {state}; see {logs / (service + '.log')}")
 
