@@ -143,6 +143,8 @@ class ConsumerOptions:
     max_ack_pending: int = 20_000
     backoff_max_s: float = 5.0
     filter_subjects: tuple[str, ...] = ("cos.events.>",)
+    #: False when rebuilding: the stream's poison events are already in the dead-letter stream.
+    dead_letters: bool = True
 
 
 @dataclass
@@ -154,6 +156,7 @@ class BatchConsumer:
     options: ConsumerOptions = field(default_factory=ConsumerOptions)
     position: int = 0
     applied: int = 0
+    rejected: int = 0
 
     @property
     def name(self) -> str:
@@ -172,6 +175,31 @@ class BatchConsumer:
             filter_subjects=subjects if len(subjects) > 1 else None,
         )
 
+    async def bind(self) -> JetStreamContext.PullSubscription:
+        """Bind to the durable consumer, restarting its cursor from the committed position if needed.
+
+        A writer that died held deliveries it never committed; JetStream would redeliver them only
+        after `ack_wait`, behind newer events, which breaks per-session order. The position in
+        PostgreSQL is the truth, so a consumer that has delivered past it is recreated to start
+        right after it.
+        """
+        try:
+            info = await self.js.consumer_info(EVENTS_STREAM, self.name)
+        except nats.js.errors.NotFoundError:
+            info = None
+        if info is not None and info.delivered.stream_seq > self.position:
+            log.info("%s: consumer delivered up to %d but %d is committed; restarting it from %d",
+                     self.name, info.delivered.stream_seq, self.position, self.position + 1)
+            await self.js.delete_consumer(EVENTS_STREAM, self.name)
+            info = None
+        if info is None:
+            config = self.consumer_config()
+            if self.position > 0:
+                config.deliver_policy = DeliverPolicy.BY_START_SEQUENCE
+                config.opt_start_seq = self.position + 1
+            await self.js.add_consumer(EVENTS_STREAM, config)
+        return await self.js.pull_subscribe_bind(durable=self.name, stream=EVENTS_STREAM)
+
     async def load_position(self) -> int:
         async with self.pool.acquire() as conn:
             row = await conn.fetchval(
@@ -185,12 +213,7 @@ class BatchConsumer:
         await self._wait_for_database(stop)
         if stop.is_set():
             return
-        sub = await self.js.pull_subscribe(
-            self.options.filter_subjects[0],
-            durable=self.name,
-            stream=EVENTS_STREAM,
-            config=self.consumer_config(),
-        )
+        sub = await self.bind()
         self.health.set_ready("starting", True)
         backoff = 0.1
         while not stop.is_set():
@@ -305,8 +328,9 @@ class BatchConsumer:
                     raise
                 await self._isolate(conn, good)
             poison = [d for d in deliveries if d.error is not None]
-            for d in poison:
-                await dead_letter(self.js, d.msg, d.error or "", self.name, d.stream_seq)
+            if self.options.dead_letters:
+                for d in poison:
+                    await dead_letter(self.js, d.msg, d.error or "", self.name, d.stream_seq)
             last = deliveries[-1].stream_seq
             await conn.execute(
                 f"INSERT INTO {self.projection.position_table} (consumer, stream_seq, updated_at) "
@@ -324,7 +348,8 @@ class BatchConsumer:
             else:
                 EVENTS_APPLIED.labels(self.name, kind, "dead_lettered").inc()
                 DEAD_LETTERS.labels(self.name, d.error.split(":", 1)[0][:40]).inc()
-        self.applied += len(good)
+        self.applied += sum(1 for d in deliveries if d.error is None)
+        self.rejected += sum(1 for d in deliveries if d.error is not None)
 
     async def _isolate(self, conn: Conn, good: list[Delivery]) -> None:
         """Apply events one at a time, each under a savepoint, to find the ones PostgreSQL rejects."""

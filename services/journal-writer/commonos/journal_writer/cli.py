@@ -1,0 +1,167 @@
+"""Commands of the journal-writer: run it, rebuild from the stream, inspect and replay dead letters."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import json
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from commonos.cli.args import CliError
+from commonos.cli.system import endpoints
+
+
+def _settings() -> Any:
+    from commonos.runtime.settings import Settings
+
+    settings = Settings.from_env()
+    found = endpoints(settings)
+    return Settings(**{**settings.__dict__, "nats_url": found.nats_url, "database_url": found.database_url})
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from commonos.journal_writer.service import main
+
+    return main()
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from commonos.journal_writer.replay import ReplayError, replay
+
+    settings = _settings()
+    console = Console(stderr=True)
+    with Progress(
+        TextColumn("replaying"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("events"),
+        TimeRemainingColumn(),
+        console=console,
+        disable=args.quiet,
+    ) as progress:
+        task = progress.add_task("replay", total=None)
+
+        def on_progress(done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total)
+
+        try:
+            result = asyncio.run(
+                replay(settings, truncate=args.truncate, batch_size=args.batch_size, on_progress=on_progress)
+            )
+        except ReplayError as exc:
+            raise CliError(str(exc)) from None
+    print(
+        f"replayed {result.applied} events into empty tables ({result.skipped} skipped as dead letters), "
+        f"up to stream seq {result.last_seq}, in {result.seconds:.1f} s ({result.rate:,.0f} events/s)"
+    )
+    return 0
+
+
+async def _dlq_list(settings: Any, limit: int | None) -> list[Any]:
+    from commonos.runtime import nats as cos_nats
+    from commonos.runtime.dlq import list_dead_letters
+
+    nc = await cos_nats.connect(settings, "cos-dlq")
+    try:
+        js = nc.jetstream()
+        await cos_nats.ensure_streams(js, settings.stream_replicas)
+        return await list_dead_letters(js, limit)
+    finally:
+        await nc.close()
+
+
+def _dlq_list_cmd(args: argparse.Namespace) -> int:
+    letters = asyncio.run(_dlq_list(_settings(), args.limit))
+    if args.format == "json":
+        json.dump(
+            [
+                {
+                    "dlq_seq": d.dlq_seq,
+                    "subject": d.subject,
+                    "reason": d.reason,
+                    "consumer": d.consumer,
+                    "stream_seq": d.stream_seq,
+                    "dead_at": d.dead_at,
+                    "bytes": len(d.data),
+                }
+                for d in letters
+            ],
+            sys.stdout,
+            indent=2,
+        )
+        print()
+        return 0
+    if args.format == "csv":
+        w = csv.writer(sys.stdout)
+        w.writerow(["dlq_seq", "subject", "consumer", "stream_seq", "dead_at", "reason"])
+        for d in letters:
+            w.writerow([d.dlq_seq, d.subject, d.consumer, d.stream_seq, d.dead_at, d.reason])
+        return 0
+    table = Table(title=f"dead letters ({len(letters)})")
+    for col in ("seq", "subject", "consumer", "stream seq", "dead at", "reason"):
+        table.add_column(col, overflow="fold")
+    for d in letters:
+        table.add_row(str(d.dlq_seq), d.subject, d.consumer, str(d.stream_seq or ""), d.dead_at[:19], d.reason)
+    Console().print(table)
+    return 0
+
+
+async def _dlq_replay(settings: Any, seqs: list[int], replay_all: bool) -> tuple[int, list[int]]:
+    from commonos.runtime import nats as cos_nats
+    from commonos.runtime.dlq import list_dead_letters, replay_dead_letter
+
+    nc = await cos_nats.connect(settings, "cos-dlq")
+    try:
+        js = nc.jetstream()
+        letters = await list_dead_letters(js)
+        by_seq = {d.dlq_seq: d for d in letters}
+        missing = [s for s in seqs if s not in by_seq]
+        chosen = letters if replay_all else [by_seq[s] for s in seqs if s in by_seq]
+        for letter in chosen:
+            await replay_dead_letter(js, letter)
+        return len(chosen), missing
+    finally:
+        await nc.close()
+
+
+def _dlq_replay_cmd(args: argparse.Namespace) -> int:
+    if not args.all and not args.seq:
+        raise CliError("name dead letters by their seq (see `cos dlq list`) or pass --all")
+    sent, missing = asyncio.run(_dlq_replay(_settings(), args.seq, args.all))
+    print(f"sent {sent} dead letters back to the event stream")
+    if missing:
+        raise CliError(f"no dead letter with seq {', '.join(map(str, missing))}")
+    return 0
+
+
+def register(sub: Any) -> None:
+    jw = sub.add_parser("journal-writer", help="run the journal-writer (projects events into PostgreSQL)")
+    jw.set_defaults(handler=_serve)
+
+    rp = sub.add_parser(
+        "replay",
+        help="rebuild the core tables from the event stream",
+        description="Rebuild the core tables from COS_EVENTS into empty tables. Stop the live "
+        "journal-writer first, or point COS_DATABASE_URL at another database.",
+    )
+    rp.add_argument("--truncate", action="store_true", help="empty the core tables first")
+    rp.add_argument("--batch-size", type=int, default=1000, metavar="N", help="events per transaction (1000)")
+    rp.add_argument("--quiet", action="store_true", help="no progress bar")
+    rp.set_defaults(handler=_replay)
+
+    dlq = sub.add_parser("dlq", help="dead letters: events that could not be projected")
+    dsub = dlq.add_subparsers(dest="dlq_command", metavar="SUBCOMMAND", required=True)
+    ls = dsub.add_parser("list", help="list dead letters with their reasons")
+    ls.add_argument("--limit", type=int, default=None, metavar="N")
+    ls.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    ls.set_defaults(handler=_dlq_list_cmd)
+    rr = dsub.add_parser("replay", help="send dead letters back to the event stream (after a fix)")
+    rr.add_argument("seq", nargs="*", type=int, help="dead-letter seqs to replay")
+    rr.add_argument("--all", action="store_true", help="replay every dead letter")
+    rr.set_defaults(handler=_dlq_replay_cmd)
