@@ -187,7 +187,7 @@ async def test_malformed_events_go_to_the_dead_letter_stream(
 
         async with journal_writer(nats_url, database_url) as writer:
             await wait_for_position(database_url, "journal-writer", last.seq, timeout_s=120)
-            assert not writer.task.done(), "the writer stopped"  # type: ignore[union-attr]
+            assert writer.task is not None and not writer.task.done(), "the writer stopped"
 
         letters = await list_dead_letters(js)
         assert len(letters) == 1000

@@ -188,8 +188,13 @@ class BatchConsumer:
         except nats.js.errors.NotFoundError:
             info = None
         if info is not None and info.delivered.stream_seq > self.position:
-            log.info("%s: consumer delivered up to %d but %d is committed; restarting it from %d",
-                     self.name, info.delivered.stream_seq, self.position, self.position + 1)
+            log.info(
+                "%s: consumer delivered up to %d but %d is committed; restarting it from %d",
+                self.name,
+                info.delivered.stream_seq,
+                self.position,
+                self.position + 1,
+            )
             await self.js.delete_consumer(EVENTS_STREAM, self.name)
             info = None
         if info is None:
