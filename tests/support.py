@@ -118,12 +118,24 @@ class InProcess:
 
 @contextlib.asynccontextmanager
 async def journal_writer(
-    nats_url: str, dsn: str, name: str = "journal-writer", batch_size: int = 500
+    nats_url: str,
+    dsn: str,
+    name: str = "journal-writer",
+    batch_size: int = 500,
+    partitions: int = 1,
+    partition: int = 0,
 ) -> AsyncIterator[InProcess]:
     from commonos.journal_writer.service import serve, writer_schemas
     from commonos.journal_writer.store import JournalProjection
 
-    settings = Settings(nats_url=nats_url, database_url=dsn, http_port=0, batch_size=batch_size)
+    settings = Settings(
+        nats_url=nats_url,
+        database_url=dsn,
+        http_port=0,
+        batch_size=batch_size,
+        partitions=partitions,
+        partition=partition,
+    )
     running = InProcess()
     running.task = asyncio.create_task(
         serve(settings, [JournalProjection(name)], writer_schemas(), name, stop=running.stop)

@@ -28,8 +28,15 @@ def writer_schemas() -> list[str]:
     return [SCHEMA]
 
 
-def writer_projections() -> list[Projection]:
-    projections: list[Projection] = [JournalProjection()]
+def partition_suffix(settings: Settings) -> str:
+    """Durable consumer names carry the partition, so each partition has its own cursor and position."""
+    if settings.partitions == 1:
+        return ""
+    return f"-p{settings.partition or 0}-of-{settings.partitions}"
+
+
+def writer_projections(suffix: str = "") -> list[Projection]:
+    projections: list[Projection] = [JournalProjection("journal-writer" + suffix)]
     return projections
 
 
@@ -82,6 +89,8 @@ async def serve(
             batch_size=settings.batch_size,
             batch_timeout_s=settings.batch_timeout_s,
             filter_subjects=filter_subjects,
+            partitions=settings.partitions,
+            partition=settings.partition or 0,
         )
         consumers = [BatchConsumer(js, pool, p, health, options) for p in projections]
         tasks = [asyncio.create_task(c.run(stop), name=c.name) for c in consumers]
@@ -108,6 +117,7 @@ def main() -> int:
     async def _main() -> int:
         settings = Settings.from_env(http_port=DEFAULT_HTTP_PORT)
         setup_logging(settings.log_level)
-        return await serve(settings, writer_projections(), writer_schemas(), "journal-writer")
+        suffix = partition_suffix(settings)
+        return await serve(settings, writer_projections(suffix), writer_schemas(), "journal-writer" + suffix)
 
     return run(_main)

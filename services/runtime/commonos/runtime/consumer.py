@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol
@@ -85,6 +86,8 @@ class Delivery:
     stream_seq: int
     event: Event | None = None
     error: str | None = None
+    #: Another partition's event: acknowledged and counted in the position, not applied.
+    foreign: bool = False
 
 
 class Projection(Protocol):
@@ -145,6 +148,23 @@ class ConsumerOptions:
     filter_subjects: tuple[str, ...] = ("cos.events.>",)
     #: False when rebuilding: the stream's poison events are already in the dead-letter stream.
     dead_letters: bool = True
+    #: This instance applies the sessions of partition `partition` out of `partitions`.
+    partitions: int = 1
+    partition: int = 0
+
+
+def partition_of(subject: str, partitions: int) -> int:
+    """The partition of an event: by its session token, so one session is always one writer's.
+
+    A subject without a session token (poison) belongs to partition 0, so exactly one writer
+    dead-letters it.
+    """
+    if partitions == 1:
+        return 0
+    tokens = subject.split(".")
+    if len(tokens) != 5:
+        return 0
+    return zlib.crc32(tokens[3].encode()) % partitions
 
 
 @dataclass
@@ -266,11 +286,15 @@ class BatchConsumer:
         started = time.perf_counter()
         deliveries: list[Delivery] = []
         skipped: list[Msg] = []
+        partitions, mine = self.options.partitions, self.options.partition
         for msg in msgs:
             meta = msg.metadata
             seq = meta.sequence.stream
             if seq <= self.position:
                 skipped.append(msg)
+                continue
+            if partitions > 1 and partition_of(msg.subject, partitions) != mine:
+                deliveries.append(Delivery(msg, seq, foreign=True))
                 continue
             d = decode_delivery(msg, seq)
             if d.event is not None:
@@ -323,7 +347,7 @@ class BatchConsumer:
         return True
 
     async def _commit(self, deliveries: list[Delivery]) -> None:
-        good = [d for d in deliveries if d.event is not None and d.error is None]
+        good = [d for d in deliveries if d.event is not None and d.error is None and not d.foreign]
         async with self.pool.acquire() as conn, conn.transaction():
             try:
                 async with conn.transaction():
@@ -347,13 +371,15 @@ class BatchConsumer:
         self.position = deliveries[-1].stream_seq
         POSITION.labels(self.name).set(self.position)
         for d in deliveries:
+            if d.foreign:
+                continue
             kind = event_type(d.event) if d.event is not None else "unknown"
             if d.error is None:
                 EVENTS_APPLIED.labels(self.name, kind, "applied").inc()
             else:
                 EVENTS_APPLIED.labels(self.name, kind, "dead_lettered").inc()
                 DEAD_LETTERS.labels(self.name, d.error.split(":", 1)[0][:40]).inc()
-        self.applied += sum(1 for d in deliveries if d.error is None)
+        self.applied += sum(1 for d in good if d.error is None)
         self.rejected += sum(1 for d in deliveries if d.error is not None)
 
     async def _isolate(self, conn: Conn, good: list[Delivery]) -> None:
