@@ -12,6 +12,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Final
 
 import msgspec
@@ -24,13 +25,15 @@ _content_encoder: Final = msgspec.json.Encoder()
 
 #: Statements in the order they run; every one is idempotent (natural keys, ON CONFLICT).
 STATEMENTS: Final[dict[str, str]] = {
+    # created_at is the earliest mention of the profile, updated_at the latest profile_upserted and
+    # tags come from that one: min and max commute, so partitioned writers agree on the row.
     "profile_upsert": """
         INSERT INTO profiles (id, tags, created_at, updated_at) VALUES ($1, $2, $3, $3)
-        ON CONFLICT (id) DO UPDATE SET tags = EXCLUDED.tags, updated_at = EXCLUDED.updated_at
-        WHERE profiles.updated_at <= EXCLUDED.updated_at""",
-    "profile_ensure": """
-        INSERT INTO profiles (id, tags, created_at, updated_at) VALUES ($1, '{}', $2, $2)
-        ON CONFLICT (id) DO NOTHING""",
+        ON CONFLICT (id) DO UPDATE SET
+            tags = CASE WHEN profiles.updated_at IS NULL OR profiles.updated_at <= EXCLUDED.updated_at
+                        THEN EXCLUDED.tags ELSE profiles.tags END,
+            updated_at = greatest(profiles.updated_at, EXCLUDED.updated_at),
+            created_at = least(profiles.created_at, EXCLUDED.created_at)""",
     "session_insert": """
         INSERT INTO sessions (id, profile_id, source, title, tags, parent_session_id, created_at, updated_at)
         VALUES ($1, $2, $3, $4, $5, $6, $7, $7)
@@ -78,6 +81,29 @@ class Plan:
         self.rows[statement].append(row)
 
 
+#: Run before a batch's transaction, in its own (see `profiles_mentioned`).
+PROFILE_ENSURE: Final = """
+    INSERT INTO profiles (id, tags, created_at, updated_at) VALUES ($1, '{}', $2, NULL)
+    ON CONFLICT (id) DO UPDATE SET created_at = EXCLUDED.created_at
+    WHERE EXCLUDED.created_at < profiles.created_at"""
+
+
+def profiles_mentioned(events: Sequence[ev.Event]) -> list[tuple[str, datetime]]:
+    """Each profile a batch's sessions belong to, with its earliest mention, sorted by id.
+
+    Sessions reference their profile, which may not have been upserted yet (or is upserted by
+    another partition's writer), so it is created on first mention. That runs in a short
+    transaction of its own, in id order, so concurrent writers never hold the row for a whole batch.
+    """
+    first: dict[str, datetime] = {}
+    for event in events:
+        if isinstance(event, ev.SessionCreated):
+            seen = first.get(event.profile_id)
+            if seen is None or event.occurred_at < seen:
+                first[event.profile_id] = event.occurred_at
+    return sorted(first.items())
+
+
 def plan_events(events: Sequence[ev.Event]) -> Plan:
     plan = Plan()
     for event in events:
@@ -116,7 +142,6 @@ def plan_event(plan: Plan, event: ev.Event) -> None:
         case ev.ProfileUpserted():
             plan.add("profile_upsert", (event.profile_id, list(event.tags), event.occurred_at))
         case ev.SessionCreated():
-            plan.add("profile_ensure", (event.profile_id, event.occurred_at))
             title = title_from_text(event.title) if event.title else None
             plan.add(
                 "session_insert",

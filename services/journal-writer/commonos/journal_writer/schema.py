@@ -14,7 +14,8 @@ CREATE TABLE IF NOT EXISTS profiles (
     id          text PRIMARY KEY,
     tags        text[] NOT NULL DEFAULT '{}',
     created_at  timestamptz NOT NULL,
-    updated_at  timestamptz NOT NULL
+    -- Time of the latest profile_upserted; NULL for a profile only known from its sessions.
+    updated_at  timestamptz
 );
 
 CREATE TABLE IF NOT EXISTS sessions (

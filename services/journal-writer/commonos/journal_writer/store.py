@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from commonos.journal_writer.projection import STATEMENTS, check_event, plan_events
+from commonos.journal_writer.projection import (
+    PROFILE_ENSURE,
+    STATEMENTS,
+    check_event,
+    plan_events,
+    profiles_mentioned,
+)
 from commonos.proto.events import Event
 from commonos.runtime.postgres import Conn
 
@@ -16,6 +22,11 @@ class JournalProjection:
 
     def __init__(self, name: str = "journal-writer") -> None:
         self.name = name
+
+    async def prepare(self, conn: Conn, events: Sequence[Event]) -> None:
+        mentioned = profiles_mentioned(events)
+        if mentioned:
+            await conn.executemany(PROFILE_ENSURE, mentioned)
 
     def check(self, event: Event) -> None:
         check_event(event)

@@ -29,10 +29,11 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from prometheus_client import Counter, Gauge, Histogram
 
-from commonos.proto.cloudevents import HeaderError, decode_headers
+from commonos.proto.cloudevents import HeaderError, ce_type, decode_headers
 from commonos.proto.events import Event, EventDecodeError, decode_event, event_type
 from commonos.proto.subjects import EVENTS_STREAM, SubjectError, parse_subject
 from commonos.runtime.dlq import dead_letter
+from commonos.runtime.fetcher import ConsumerGone, PullFetcher
 from commonos.runtime.http import Health
 from commonos.runtime.postgres import Conn
 
@@ -99,40 +100,50 @@ class Projection(Protocol):
     position_table: str
 
     def check(self, event: Event) -> None:
-        """Raise ValueError if the event breaks an invariant (it is then dead-lettered)."""
+        """Raise ValueError if the event breaks an invariant (it is then dead-lettered).
+
+        A projection may also define `async prepare(conn, events)`, run on its own connection
+        before each batch's transaction, for idempotent writes that must not hold locks for the
+        whole batch.
+        """
 
     async def apply(self, conn: Conn, events: Sequence[Event]) -> None:
         """Write the rows of `events`, in order, inside the caller's transaction."""
 
 
 def decode_delivery(msg: Msg, stream_seq: int) -> Delivery:
-    """Decode and cross-check one delivery; any problem becomes its `error` (the reason)."""
+    """Decode and cross-check one delivery; any problem becomes its `error` (the reason).
+
+    On the hot path: the subject and the CloudEvents id and type are compared as strings; the full
+    parse runs only to explain a mismatch.
+    """
     d = Delivery(msg, stream_seq)
     try:
         event = decode_event(msg.data)
     except EventDecodeError as exc:
         d.error = f"undecodable event: {exc}"
         return d
-    try:
-        subject = parse_subject(msg.subject)
-    except SubjectError as exc:
-        d.error = f"bad subject: {exc}"
-        return d
-    if (subject.profile_id, subject.session_id, subject.event_type) != (
-        event.profile_id,
-        event.session_id,
-        event_type(event),
-    ):
-        d.error = f"subject {msg.subject} does not match the event's profile, session and type"
-        return d
-    if msg.headers:
+    type_name = event_type(event)
+    if msg.subject != f"cos.events.{event.profile_id}.{event.session_id}.{type_name}":
         try:
-            attrs = decode_headers(msg.headers)
+            parse_subject(msg.subject)
+        except SubjectError as exc:
+            d.error = f"bad subject: {exc}"
+        else:
+            d.error = f"subject {msg.subject} does not match the event's profile, session and type"
+        return d
+    headers = msg.headers
+    if headers and (headers.get("ce-id") != str(event.event_id) or headers.get("ce-type") != ce_type(type_name)):
+        try:
+            attrs = decode_headers(headers)
         except HeaderError as exc:
             d.error = f"bad headers: {exc}"
             return d
         if attrs.get("id") != str(event.event_id):
             d.error = "ce-id header does not match the event id"
+            return d
+        if attrs.get("type") != ce_type(type_name):
+            d.error = f"ce-type header {attrs.get('type')!r} does not match the event type {type_name!r}"
             return d
     d.event = event
     return d
@@ -195,7 +206,7 @@ class BatchConsumer:
             filter_subjects=subjects if len(subjects) > 1 else None,
         )
 
-    async def bind(self) -> JetStreamContext.PullSubscription:
+    async def bind(self) -> None:
         """Bind to the durable consumer, restarting its cursor from the committed position if needed.
 
         A writer that died held deliveries it never committed; JetStream would redeliver them only
@@ -223,7 +234,6 @@ class BatchConsumer:
                 config.deliver_policy = DeliverPolicy.BY_START_SEQUENCE
                 config.opt_start_seq = self.position + 1
             await self.js.add_consumer(EVENTS_STREAM, config)
-        return await self.js.pull_subscribe_bind(durable=self.name, stream=EVENTS_STREAM)
 
     async def load_position(self) -> int:
         async with self.pool.acquire() as conn:
@@ -238,31 +248,33 @@ class BatchConsumer:
         await self._wait_for_database(stop)
         if stop.is_set():
             return
-        sub = await self.bind()
+        await self.bind()
+        fetcher = await PullFetcher(self.js._nc, EVENTS_STREAM, self.name, batch=self.options.batch_size).start()
         self.health.set_ready("starting", True)
         backoff = 0.1
-        while not stop.is_set():
-            self.health.beat()
-            try:
-                msgs = await sub.fetch(self.options.batch_size, timeout=max(self.options.batch_timeout_s, 0.2))
-            except nats.errors.TimeoutError:
-                LAG.labels(self.name).set(0)
-                continue
-            except (
-                nats.errors.ConnectionClosedError,
-                nats.errors.ConnectionReconnectingError,
-                nats.js.errors.APIError,
-                nats.errors.NoRespondersError,
-                OSError,
-            ) as exc:
-                self.health.set_ready("nats", False, f"fetch failed: {type(exc).__name__}")
-                await _sleep_or_stop(stop, backoff)
-                backoff = min(backoff * 2, self.options.backoff_max_s)
-                continue
-            self.health.set_ready("nats", True)
-            backoff = 0.1
-            if msgs:
-                await self.process(msgs, stop)
+        try:
+            while not stop.is_set():
+                self.health.beat()
+                try:
+                    msgs = await fetcher.fetch(timeout_s=1.0, linger_s=self.options.batch_timeout_s)
+                except ConsumerGone as exc:
+                    log.warning("%s: %s; binding again", self.name, exc)
+                    await self.bind()
+                    continue
+                except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
+                    self.health.set_ready("nats", False, f"fetch failed: {type(exc).__name__}")
+                    await _sleep_or_stop(stop, backoff)
+                    backoff = min(backoff * 2, self.options.backoff_max_s)
+                    continue
+                self.health.set_ready("nats", True)
+                backoff = 0.1
+                if not msgs:
+                    LAG.labels(self.name).set(0)
+                    continue
+                if not await self.process(msgs, stop):
+                    return  # stopping with the batch abandoned: nothing of it was acked
+        finally:
+            await fetcher.stop()
 
     async def _wait_for_database(self, stop: asyncio.Event) -> None:
         backoff = 0.1
@@ -348,6 +360,10 @@ class BatchConsumer:
 
     async def _commit(self, deliveries: list[Delivery]) -> None:
         good = [d for d in deliveries if d.event is not None and d.error is None and not d.foreign]
+        prepare = getattr(self.projection, "prepare", None)
+        if prepare is not None and good:
+            async with self.pool.acquire() as conn:
+                await prepare(conn, [d.event for d in good if d.event is not None])
         async with self.pool.acquire() as conn, conn.transaction():
             try:
                 async with conn.transaction():
