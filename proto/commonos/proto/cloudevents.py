@@ -8,6 +8,7 @@ UTF-8 bytes; a receiver decodes them.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Final
 from urllib.parse import unquote
@@ -25,12 +26,16 @@ class HeaderError(ValueError):
     """Headers that are not a valid CloudEvents binary-mode envelope."""
 
 
+#: Characters a header value may carry as they are: printable ASCII less `"` and `%`.
+_NEEDS_ENCODING: Final = re.compile(r"[^\x21\x23\x24\x26-\x7e]")
+
+
 def _must_encode(ch: str) -> bool:
-    return ch in ' "%' or not ("\u0021" <= ch <= "\u007e")
+    return _NEEDS_ENCODING.match(ch) is not None
 
 
 def percent_encode(value: str) -> str:
-    if not any(_must_encode(ch) for ch in value):
+    if _NEEDS_ENCODING.search(value) is None:
         return value
     out: list[str] = []
     for ch in value:

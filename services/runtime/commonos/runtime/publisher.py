@@ -64,11 +64,37 @@ class EventPublisher:
                 delay = min(delay * 2, 1.0)
 
     async def publish_many(self, events: Sequence[_Event], window: int = 1000) -> list[PubAck]:
-        """Pipelined publishing: up to `window` un-acked at once, each retried on its own."""
-        semaphore = asyncio.Semaphore(window)
+        """Pipelined publishing: up to `window` un-acked at once; any without a PubAck is retried alone.
 
-        async def one(event: _Event) -> PubAck:
-            async with semaphore:
-                return await self.publish(event)
-
-        return list(await asyncio.gather(*(one(e) for e in events)))
+        Retries reuse the event id, so an event whose first PubAck was merely lost is dropped by
+        JetStream as a duplicate instead of being stored twice.
+        """
+        acks: list[PubAck | None] = [None] * len(events)
+        for start in range(0, len(events), window):
+            chunk = events[start : start + window]
+            futures: list[asyncio.Future[PubAck] | None] = []
+            for event in chunk:
+                try:
+                    futures.append(
+                        await self.js.publish_async(
+                            subject_for(event),
+                            encode_event(event),
+                            stream=EVENTS_STREAM,
+                            headers=event_headers(event, self.source),
+                        )
+                    )
+                except (*_RETRYABLE, nats.js.errors.TooManyStalledMsgsError):
+                    futures.append(None)
+            live = [f for f in futures if f is not None]
+            if live:
+                await asyncio.wait(live, timeout=self.ack_timeout_s)
+            for offset, (event, future) in enumerate(zip(chunk, futures, strict=True)):
+                if future is not None and future.done() and not future.cancelled() and future.exception() is None:
+                    acks[start + offset] = future.result()
+                else:
+                    if future is not None and not future.done():
+                        future.cancel()
+                    elif future is not None and not future.cancelled() and future.exception() is not None:
+                        log.debug("pipelined publish of %s failed: %s", event.event_id, future.exception())
+                    acks[start + offset] = await self.publish(event)
+        return [a for a in acks if a is not None]
