@@ -1,0 +1,309 @@
+"""`cos chat`, `cos loop serve`, `cos approve ID`, `cos deny ID`.
+
+`cos chat` sends each turn to the loop service (`cos.cmd.<profile>.chat`); where no service answers
+(or with `--local`) it runs the turn in this process on the same NATS. While a turn runs it prints
+the approval requests of the profile, to be answered with `cos approve ID` / `cos deny ID` from any
+shell (or approves them itself with `--yes`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import getpass
+import sys
+import uuid
+from typing import Any
+
+import msgspec
+import nats.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from commonos.cli.args import CliError, Parser
+from commonos.loop.approvals import ApprovalRequest, send_decision
+from commonos.loop.service import ChatReply, ChatRequest
+from commonos.loop.subjects import approval_request_subject, chat_subject
+from commonos.proto.events import ApprovalStatus, EventDecodeError, ToolCallRecorded, decode_event
+from commonos.proto.subjects import EVENTS_PREFIX
+from commonos.proto.tags import InvalidTag, parse_tag
+from commonos.runtime import nats as cos_nats
+from commonos.runtime.lifecycle import run
+from commonos.runtime.settings import Settings
+
+
+def _uuid(raw: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a UUID") from None
+
+
+def _tag(raw: str) -> str:
+    try:
+        return parse_tag(raw)
+    except InvalidTag as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _who() -> str:
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (KeyError, OSError):
+        return "cli:unknown"
+
+
+async def _connect(settings: Settings, name: str, **overrides: Any) -> Client:
+    async def quiet() -> None:
+        # Closing the connection at the end of a command is not news.
+        return None
+
+    return await cos_nats.connect(settings, name, disconnected_cb=quiet, **overrides)
+
+
+def _settings() -> Settings:
+    """Settings with the URLs of the running system (COS_* variables, or the one `cos up` started)."""
+    settings = Settings.from_env()
+    if settings.nats_url:
+        return settings
+    from commonos.cli.system import endpoints
+
+    found = endpoints(settings)
+    return dataclasses.replace(settings, nats_url=found.nats_url, database_url=found.database_url)
+
+
+# -- cos approve / cos deny -----------------------------------------------------------------------
+
+
+def _decide(args: argparse.Namespace, status: ApprovalStatus) -> int:
+    settings = _settings()
+
+    async def main() -> int:
+        nc = await _connect(settings, "cos-approve", max_reconnect_attempts=3)
+        try:
+            ack = await send_decision(nc, args.id, status, args.by or _who())
+        finally:
+            await nc.close()
+        if not ack.ok:
+            raise CliError(ack.error or "the decision was not taken")
+        print(f"{status.value} {args.id}")
+        return 0
+
+    return run(main)
+
+
+def _approve(args: argparse.Namespace) -> int:
+    return _decide(args, ApprovalStatus.APPROVED)
+
+
+def _deny(args: argparse.Namespace) -> int:
+    return _decide(args, ApprovalStatus.DENIED)
+
+
+# -- cos loop serve -------------------------------------------------------------------------------
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from commonos.loop.service import serve
+
+    settings = _settings()
+    return run(lambda: serve(settings))
+
+
+# -- cos chat -------------------------------------------------------------------------------------
+
+
+class _Chat:
+    def __init__(self, nc: Client, settings: Settings, args: argparse.Namespace) -> None:
+        self.nc = nc
+        self.settings = settings
+        self.profile: str = args.profile
+        self.session: uuid.UUID | None = args.session
+        self.tags: tuple[str, ...] = tuple(args.tag)
+        self.auto_approve: bool = args.yes
+        self.local: bool = args.local
+        self.timeout_s: float = args.timeout
+        self.verbose: bool = args.verbose
+        self._local_loop: Any = None
+
+    async def on_approval_request(self, msg: Msg) -> None:
+        try:
+            request = msgspec.json.decode(msg.data, type=ApprovalRequest)
+        except msgspec.DecodeError:
+            return
+        call = f"{request.tool} {msgspec.json.encode(request.args).decode()}"
+        if self.auto_approve:
+            ack = await send_decision(self.nc, request.approval_id, ApprovalStatus.APPROVED, _who())
+            print(f"[approved {call}]" if ack.ok else f"[could not approve {call}: {ack.error}]", file=sys.stderr)
+            return
+        print(
+            f"[approval needed: {call}]\n  cos approve {request.approval_id}    or    "
+            f"cos deny {request.approval_id}    (before {request.expires_at:%H:%M:%S} UTC)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    async def on_tool_call(self, msg: Msg) -> None:
+        try:
+            event = decode_event(msg.data)
+        except EventDecodeError:
+            return
+        if isinstance(event, ToolCallRecorded):
+            result = (event.result or "").strip().splitlines()
+            first = result[0][:100] if result else ""
+            args = msgspec.json.encode(event.args).decode()
+            print(f"[{event.name} {args} → {first}{' …' if len(result) > 1 else ''}]", file=sys.stderr)
+
+    async def turn(self, text: str) -> int:
+        request = ChatRequest(text=text, session_id=self.session, tags=self.tags, source="cli")
+        watch = (
+            await self.nc.subscribe(f"{EVENTS_PREFIX}.{self.profile}.*.tool_call_recorded", cb=self.on_tool_call)
+            if self.verbose
+            else None
+        )
+        try:
+            reply = await (self._run_here(request) if self.local else self._ask_service(request))
+        finally:
+            if watch is not None:
+                with contextlib.suppress(nats.errors.Error):
+                    await watch.unsubscribe()
+        if reply.session_id is not None and self.session is None:
+            self.session = reply.session_id
+            print(f"[session {reply.session_id}]", file=sys.stderr)
+        if reply.text:
+            print(reply.text, flush=True)
+        if reply.status != "completed":
+            print(f"[turn {reply.status}: {reply.error or 'no answer'}]", file=sys.stderr)
+            return 1
+        return 0
+
+    async def _ask_service(self, request: ChatRequest) -> ChatReply:
+        try:
+            msg = await self.nc.request(
+                chat_subject(self.profile), msgspec.json.encode(request), timeout=self.timeout_s
+            )
+        except nats.errors.NoRespondersError:
+            print(f"[no loop service answers for profile {self.profile!r}; running the turn here]", file=sys.stderr)
+            self.local = True
+            return await self._run_here(request)
+        except nats.errors.TimeoutError:
+            raise CliError(f"no reply within {self.timeout_s:.0f}s (the turn may still be running)") from None
+        return msgspec.json.decode(msg.data, type=ChatReply)
+
+    async def _run_here(self, request: ChatRequest) -> ChatReply:
+        from commonos.loop.approvals import NatsApprover
+        from commonos.loop.journal import SessionNotFound
+        from commonos.loop.locks import NatsSessionLocks, SessionBusy
+        from commonos.loop.loop import Loop, TurnRequest, UnknownProfile
+        from commonos.loop.nats_journal import NatsJournal
+        from commonos.loop.profiles import ProfileError, load_profiles
+        from commonos.loop.providers import build_provider
+
+        if self._local_loop is None:
+            try:
+                profiles = load_profiles(self.settings.profiles_dir)
+                profile = profiles.get(self.profile)
+                if profile is None:
+                    raise CliError(f"no profile {self.profile!r} in {self.settings.profiles_dir}")
+                provider = build_provider(profile)
+            except ProfileError as exc:
+                raise CliError(str(exc)) from None
+            js = self.nc.jetstream()
+            await cos_nats.ensure_streams(js, self.settings.stream_replicas)
+            journal = NatsJournal(js)
+            await journal.publish_profile(profile.id, profile.tags)
+            self._local_loop = Loop(
+                journal,
+                {profile.id: profile},
+                {profile.id: provider},
+                locks=NatsSessionLocks(js, replicas=self.settings.stream_replicas),
+                approver=NatsApprover(self.nc),
+            )
+        loop: Loop = self._local_loop
+        try:
+            result = await loop.run_turn(
+                TurnRequest(
+                    profile_id=self.profile,
+                    text=request.text,
+                    session_id=request.session_id,
+                    tags=request.tags,
+                    source="cli",
+                )
+            )
+        except (SessionBusy, SessionNotFound, UnknownProfile) as exc:
+            raise CliError(str(exc)) from None
+        return ChatReply(
+            status=result.status.value,
+            session_id=result.session_id,
+            turn_id=result.turn_id,
+            text=result.text,
+            error=result.error,
+        )
+
+    async def close(self) -> None:
+        if self._local_loop is not None:
+            for provider in self._local_loop.providers.values():
+                await provider.close()
+
+
+def _chat(args: argparse.Namespace) -> int:
+    settings = _settings()
+    text = " ".join(args.text).strip()
+
+    async def main() -> int:
+        nc = await _connect(settings, "cos-chat")
+        chat = _Chat(nc, settings, args)
+        sub = await nc.subscribe(approval_request_subject(args.profile), cb=chat.on_approval_request)
+        try:
+            if text:
+                return await chat.turn(text)
+            print(f"Chatting with profile {args.profile!r}; an empty line or Ctrl-D ends.", file=sys.stderr)
+            code = 0
+            while True:
+                try:
+                    line = (await asyncio.to_thread(input, "you> ")).strip()
+                except EOFError:
+                    break
+                if not line:
+                    break
+                code = await chat.turn(line)
+            return code
+        finally:
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
+            await chat.close()
+            await nc.close()
+
+    return run(main)
+
+
+def register(sub: Any) -> None:
+    chat = sub.add_parser(
+        "chat",
+        help="talk to a profile: one turn with TEXT, a conversation without",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    chat.add_argument("--profile", default="default", help="profile id (default: default)")
+    chat.add_argument("--session", type=_uuid, help="continue this session")
+    chat.add_argument("--tag", type=_tag, action="append", default=[], help="tag of a new session (key:value)")
+    chat.add_argument("--yes", action="store_true", help="approve every risky tool call of the profile while waiting")
+    chat.add_argument("--local", action="store_true", help="run turns in this process, not the loop service")
+    chat.add_argument("-v", "--verbose", action="store_true", help="show the tool calls of the profile as they run")
+    chat.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for a turn (default 600)")
+    chat.add_argument("text", nargs="*", help="the message; without it, a conversation on stdin")
+    chat.set_defaults(handler=_chat)
+
+    loop = sub.add_parser("loop", help="the agent loop service")
+    loop_sub = loop.add_subparsers(dest="loop_command", metavar="COMMAND", parser_class=Parser)
+    serve = loop_sub.add_parser("serve", help="answer chat requests on NATS until SIGTERM")
+    serve.set_defaults(handler=_serve)
+    loop.set_defaults(handler=lambda a: loop.print_help() or 2)
+
+    for name, handler, verb in (("approve", _approve, "run"), ("deny", _deny, "not run")):
+        p = sub.add_parser(name, help=f"let a waiting risky tool call {verb}")
+        p.add_argument("id", type=_uuid, help="the approval id printed with the request")
+        p.add_argument("--by", help="who decides (default cli:<user>)")
+        p.set_defaults(handler=handler)

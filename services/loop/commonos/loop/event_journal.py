@@ -1,0 +1,266 @@
+"""The Journal operations turned into events, shared by every adapter.
+
+An adapter only says how to store one event and how to read a session's (or a profile's memory)
+events back; building the events and folding them (`session_state`) is the same for all, so the
+memory and NATS journals cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+from commonos.loop.journal import (
+    ApprovalDecision,
+    HistoryEntry,
+    MemoryChange,
+    MemoryEntries,
+    ModelCall,
+    SessionNotFound,
+    SessionRecord,
+    ToolCallRecord,
+)
+from commonos.loop.session_state import SessionState, fold_memory, fold_session
+from commonos.proto.events import (
+    ApprovalDecided,
+    Event,
+    MemoryChanged,
+    MessageAppended,
+    MessageDeactivated,
+    ModelCallCompleted,
+    ProfileUpserted,
+    SessionCreated,
+    ToolCallRecorded,
+    TurnFinished,
+    TurnStarted,
+    TurnStatus,
+)
+from commonos.proto.identity import NewSession, TurnInfo
+from commonos.proto.ids import new_id
+from commonos.proto.messages import Message
+from commonos.proto.tags import check_profile_id, parse_tags
+
+#: Sessions whose state is kept between calls (the loop re-reads a session at each turn anyway).
+MAX_CACHED_SESSIONS = 4096
+
+
+def _priced_tier(service_tier: str | None) -> str | None:
+    """A vendor's service tier when it selects a price variant (`priority`, `flex`, `batch`...)."""
+    return None if service_tier in (None, "standard", "default", "auto") else service_tier
+
+
+class EventJournal(ABC):
+    """Base of the journal adapters: each operation is one event, stored with `_store`."""
+
+    def __init__(self) -> None:
+        self._states: OrderedDict[uuid.UUID, SessionState] = OrderedDict()
+        self._session_locks: dict[uuid.UUID, asyncio.Lock] = {}
+
+    @abstractmethod
+    async def _store(self, event: Event) -> None:
+        """Store one event durably; return only once it is stored. Raise `JournalError` otherwise."""
+
+    @abstractmethod
+    async def _read_session(self, session_id: uuid.UUID) -> list[Event]:
+        """Every event of one session, in the order they were stored."""
+
+    @abstractmethod
+    async def _read_memory(self, profile_id: str) -> list[Event]:
+        """Every `memory_changed` event of one profile, in the order they were stored."""
+
+    # -- state -------------------------------------------------------------------------------------
+
+    def _lock(self, session_id: uuid.UUID) -> asyncio.Lock:
+        lock = self._session_locks.get(session_id)
+        if lock is None:
+            lock = self._session_locks[session_id] = asyncio.Lock()
+        return lock
+
+    def _remember(self, state: SessionState) -> SessionState:
+        self._states[state.session_id] = state
+        self._states.move_to_end(state.session_id)
+        while len(self._states) > MAX_CACHED_SESSIONS:
+            old, _ = self._states.popitem(last=False)
+            self._session_locks.pop(old, None)
+        return state
+
+    async def _refresh(self, session_id: uuid.UUID) -> SessionState:
+        state = fold_session(session_id, await self._read_session(session_id))
+        if not state.exists:
+            self._session_locks.pop(session_id, None)
+            raise SessionNotFound(session_id)
+        return self._remember(state)
+
+    async def _state(self, session_id: uuid.UUID) -> SessionState:
+        state = self._states.get(session_id)
+        return state if state is not None else await self._refresh(session_id)
+
+    async def _emit(self, event: Event, state: SessionState | None = None) -> None:
+        try:
+            await self._store(event)
+        except BaseException:
+            # We do not know whether it was stored: read the session back before the next append.
+            self._states.pop(event.session_id, None)
+            raise
+        if state is not None:
+            state.apply(event)
+
+    # -- the Journal operations --------------------------------------------------------------------
+
+    async def publish_profile(self, profile_id: str, tags: Sequence[str]) -> None:
+        check_profile_id(profile_id)
+        await self._emit(ProfileUpserted(profile_id=profile_id, tags=tuple(parse_tags(tags))))
+
+    async def create_session(self, session: NewSession) -> uuid.UUID:
+        check_profile_id(session.profile_id)
+        session_id = new_id()
+        event = SessionCreated(
+            profile_id=session.profile_id,
+            session_id=session_id,
+            source=session.source,
+            title=session.title,
+            tags=tuple(parse_tags(session.tags)),
+            parent_session_id=session.parent_session_id,
+        )
+        state = SessionState(session_id)
+        async with self._lock(session_id):
+            await self._emit(event, state)
+        self._remember(state)
+        return session_id
+
+    async def load_session(self, session_id: uuid.UUID) -> SessionRecord:
+        async with self._lock(session_id):
+            return (await self._refresh(session_id)).record()
+
+    async def load_history(self, session_id: uuid.UUID) -> list[Message]:
+        async with self._lock(session_id):
+            return (await self._refresh(session_id)).history()
+
+    async def load_entries(self, session_id: uuid.UUID) -> list[HistoryEntry]:
+        async with self._lock(session_id):
+            return (await self._refresh(session_id)).entries()
+
+    async def start_turn(self, turn: TurnInfo, context_snapshot: dict[str, Any] | None = None) -> None:
+        event = TurnStarted(
+            profile_id=turn.profile_id,
+            session_id=turn.session_id,
+            turn_id=turn.turn_id,
+            parent_turn_id=turn.parent_turn_id,
+            tags=turn.tags,
+            depth=turn.depth,
+            context_snapshot=context_snapshot,
+        )
+        async with self._lock(turn.session_id):
+            await self._emit(event, await self._state(turn.session_id))
+
+    async def append_message(self, turn: TurnInfo, message: Message) -> int:
+        async with self._lock(turn.session_id):
+            state = await self._state(turn.session_id)
+            seq = state.next_seq
+            event = MessageAppended(
+                profile_id=turn.profile_id,
+                session_id=turn.session_id,
+                turn_id=turn.turn_id,
+                seq=seq,
+                content=message,
+            )
+            await self._emit(event, state)
+            return seq
+
+    async def deactivate_messages(self, turn: TurnInfo, seqs: Sequence[int]) -> None:
+        if not seqs:
+            return
+        async with self._lock(turn.session_id):
+            state = await self._state(turn.session_id)
+            event = MessageDeactivated(
+                profile_id=turn.profile_id, session_id=turn.session_id, message_ids=state.message_ids(seqs)
+            )
+            await self._emit(event, state)
+
+    async def record_tool_call(self, turn: TurnInfo, record: ToolCallRecord) -> None:
+        await self._emit(
+            ToolCallRecorded(
+                profile_id=turn.profile_id,
+                session_id=turn.session_id,
+                turn_id=turn.turn_id,
+                tool_call_id=record.tool_call_id,
+                call_id=record.call_id,
+                name=record.name,
+                args=record.args,
+                result=record.result,
+                is_error=record.is_error,
+                risk=record.risk,
+                started_at=record.started_at,
+                finished_at=record.finished_at,
+                approval=record.approval,
+            )
+        )
+
+    async def record_approval(self, turn: TurnInfo, decision: ApprovalDecision) -> None:
+        await self._emit(
+            ApprovalDecided(
+                profile_id=turn.profile_id,
+                session_id=turn.session_id,
+                turn_id=turn.turn_id,
+                tool_call_id=decision.tool_call_id,
+                call_id=decision.call_id,
+                status=decision.status,
+                decided_at=decision.decided_at,
+                decided_by=decision.decided_by,
+            )
+        )
+
+    async def record_model_call(self, turn: TurnInfo, call: ModelCall) -> None:
+        u = call.usage
+        await self._emit(
+            ModelCallCompleted(
+                profile_id=turn.profile_id,
+                session_id=turn.session_id,
+                turn_id=turn.turn_id,
+                provider=call.provider,
+                model=call.model,
+                request_id=call.request_id,
+                input_tokens=u.input_tokens,
+                output_tokens=u.output_tokens,
+                cache_read_tokens=u.cache_read_tokens,
+                cache_write_5m_tokens=u.cache_write_5m_tokens,
+                cache_write_1h_tokens=u.cache_write_1h_tokens,
+                reasoning_tokens=u.reasoning_tokens,
+                speed=u.speed or _priced_tier(u.service_tier),
+                latency_s=call.latency_s,
+                stop_reason=call.stop_reason,
+                tags=turn.tags,
+                usage_estimated=u.usage_estimated,
+            )
+        )
+
+    async def record_memory_change(self, turn: TurnInfo, change: MemoryChange) -> None:
+        await self._emit(
+            MemoryChanged(
+                profile_id=turn.profile_id,
+                session_id=turn.session_id,
+                turn_id=turn.turn_id,
+                target=change.target,
+                op=change.op,
+                position=change.position,
+                content=change.content,
+            )
+        )
+
+    async def load_memory(self, profile_id: str) -> MemoryEntries:
+        return fold_memory(await self._read_memory(profile_id))
+
+    async def finish_turn(self, turn: TurnInfo, status: TurnStatus, error: str | None = None) -> None:
+        event = TurnFinished(
+            profile_id=turn.profile_id,
+            session_id=turn.session_id,
+            turn_id=turn.turn_id,
+            status=status,
+            error=error,
+        )
+        async with self._lock(turn.session_id):
+            await self._emit(event, self._states.get(turn.session_id))

@@ -1,0 +1,195 @@
+"""The Journal port: where the loop records what happens (seed: Turns, Sessions and Tags — The journal).
+
+Every operation becomes one event of `commonos.proto.events`. Two adapters implement the port:
+`commonos.loop.memory.MemoryJournal` (a list in memory, for tests) and
+`commonos.loop.nats_journal.NatsJournal` (JetStream, the source of truth). Both are held to the same
+contract suite (tests/loop/test_journal_contract.py).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, Protocol
+
+import msgspec
+
+from commonos.billing.usage import TokenUsage
+from commonos.proto.events import (
+    ApprovalStatus,
+    MemoryOp,
+    MemoryTarget,
+    Risk,
+    TurnStatus,
+    utcnow,
+)
+from commonos.proto.identity import NewSession, TurnInfo
+from commonos.proto.ids import new_id
+from commonos.proto.messages import Message
+
+
+class JournalError(RuntimeError):
+    """The journal could not store or read events before its deadline (e.g. NATS unreachable).
+
+    The operation may or may not have been stored; retrying it is safe for a publish because a retry
+    reuses the event id.
+    """
+
+
+class SessionNotFound(LookupError):
+    """No `session_created` event exists for this session id."""
+
+    def __init__(self, session_id: uuid.UUID) -> None:
+        super().__init__(f"session {session_id} not found")
+        self.session_id = session_id
+
+
+class UnknownMessage(ValueError):
+    """A message sequence number that the session does not have."""
+
+
+class ToolCallRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """One executed (or refused) tool call: name, arguments, result, error flag, risk, times, approval."""
+
+    call_id: str
+    name: str
+    args: dict[str, Any] = {}
+    result: str | None = None
+    is_error: bool = False
+    risk: Risk = Risk.LOW
+    started_at: datetime
+    finished_at: datetime
+    approval: ApprovalStatus | None = None
+    #: Our id for the call; the approval of the call refers to it.
+    tool_call_id: uuid.UUID = msgspec.field(default_factory=new_id)
+
+    @property
+    def duration_s(self) -> float:
+        return (self.finished_at - self.started_at).total_seconds()
+
+
+class ApprovalDecision(msgspec.Struct, frozen=True, kw_only=True):
+    tool_call_id: uuid.UUID
+    call_id: str
+    status: ApprovalStatus
+    #: `policy`, `timeout`, or who answered (`cli:<user>`).
+    decided_by: str
+    decided_at: datetime = msgspec.field(default_factory=utcnow)
+
+
+class ModelCall(msgspec.Struct, frozen=True, kw_only=True):
+    """One successful model call, tokens in our convention (input excludes cache; output includes reasoning)."""
+
+    provider: str
+    model: str
+    usage: TokenUsage
+    request_id: str | None = None
+    latency_s: float | None = None
+    stop_reason: str | None = None
+
+
+class MemoryChange(msgspec.Struct, frozen=True, kw_only=True):
+    target: MemoryTarget
+    op: MemoryOp
+    #: 0-based position in the target's ordered list.
+    position: int
+    content: str | None = None
+
+
+class MemoryEntries(msgspec.Struct, frozen=True, kw_only=True):
+    """A profile's memory: two ordered lists of entries."""
+
+    memory: tuple[str, ...] = ()
+    user: tuple[str, ...] = ()
+
+    def of(self, target: MemoryTarget) -> tuple[str, ...]:
+        return self.memory if target is MemoryTarget.MEMORY else self.user
+
+
+class HistoryEntry(msgspec.Struct, frozen=True, kw_only=True):
+    seq: int
+    message_id: uuid.UUID
+    turn_id: uuid.UUID
+    message: Message
+    active: bool = True
+
+
+class SessionRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """What the journal knows of a session, read back from its events."""
+
+    session_id: uuid.UUID
+    profile_id: str
+    source: str
+    title: str | None = None
+    #: The session's own tags (a turn adds the profile's).
+    tags: tuple[str, ...] = ()
+    parent_session_id: uuid.UUID | None = None
+    #: The frozen context written on the session's first turn; None before it.
+    context_snapshot: dict[str, Any] | None = None
+    turn_count: int = 0
+    #: Turns started and not finished (a crashed process leaves one behind).
+    open_turns: tuple[uuid.UUID, ...] = ()
+
+
+class Journal(Protocol):
+    """Where the loop records what happens. Every method stores (or reads) events, nothing else."""
+
+    async def publish_profile(self, profile_id: str, tags: Sequence[str]) -> None:
+        """Record that a profile exists with these tags (`profile_upserted`), at loop start-up."""
+        ...
+
+    async def create_session(self, session: NewSession) -> uuid.UUID:
+        """Start a new session (`session_created`) and return its new id (UUIDv7)."""
+        ...
+
+    async def load_session(self, session_id: uuid.UUID) -> SessionRecord:
+        """The session as its events describe it; `SessionNotFound` when it has none."""
+        ...
+
+    async def load_history(self, session_id: uuid.UUID) -> list[Message]:
+        """Active messages of a session, oldest first (deactivated ones left out)."""
+        ...
+
+    async def load_entries(self, session_id: uuid.UUID) -> list[HistoryEntry]:
+        """Every message of a session with its seq, id and active flag, oldest first."""
+        ...
+
+    async def start_turn(self, turn: TurnInfo, context_snapshot: dict[str, Any] | None = None) -> None:
+        """Record the start of a turn (`turn_started`, the whole TurnInfo), with the frozen context on a
+        session's first turn."""
+        ...
+
+    async def append_message(self, turn: TurnInfo, message: Message) -> int:
+        """Append a message to the turn's session (`message_appended`) and return its seq: per session,
+        from 1, gap-free, continued across processes."""
+        ...
+
+    async def deactivate_messages(self, turn: TurnInfo, seqs: Sequence[int]) -> None:
+        """Make the messages with these seqs inactive (`message_deactivated`); they stay for history and
+        search. `UnknownMessage` for a seq the session does not have."""
+        ...
+
+    async def record_tool_call(self, turn: TurnInfo, record: ToolCallRecord) -> None:
+        """Record one tool call (`tool_call_recorded`)."""
+        ...
+
+    async def record_approval(self, turn: TurnInfo, decision: ApprovalDecision) -> None:
+        """Record the decision on a risky tool call (`approval_decided`)."""
+        ...
+
+    async def record_model_call(self, turn: TurnInfo, call: ModelCall) -> None:
+        """Record one successful model call with the turn's resolved tags (`model_call_completed`)."""
+        ...
+
+    async def record_memory_change(self, turn: TurnInfo, change: MemoryChange) -> None:
+        """Record a change to the profile's memory (`memory_changed`)."""
+        ...
+
+    async def load_memory(self, profile_id: str) -> MemoryEntries:
+        """The profile's memory entries now: every `memory_changed` of the profile applied in order."""
+        ...
+
+    async def finish_turn(self, turn: TurnInfo, status: TurnStatus, error: str | None = None) -> None:
+        """Record the end of a turn (`turn_finished`) with its status and, if it did not complete, why."""
+        ...

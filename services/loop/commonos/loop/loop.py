@@ -1,0 +1,426 @@
+"""The agent loop: user message → model → assistant message → tools → tool results → … until the model
+stops, within the profile's step limit, recording every step in the Journal.
+
+One turn per session at a time (across processes: `SessionLocks`); a second is refused with
+`SessionBusy`. A turn ends `completed`, `failed` (with the error), `cancelled` (its caller went away)
+or `interrupted` (the service is shutting down) — always with a `turn_finished`, never lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final
+
+import msgspec
+
+from commonos.loop import metrics
+from commonos.loop.approvals import Approver, new_request
+from commonos.loop.journal import ApprovalDecision, Journal, JournalError, ModelCall, SessionRecord, ToolCallRecord
+from commonos.loop.locks import SessionBusy, SessionLease, SessionLocks, default_owner
+from commonos.loop.profiles import Policy, Profile
+from commonos.loop.providers.base import ModelRequest, Provider, ProviderError
+from commonos.loop.search import MessageSearch, NoSearch
+from commonos.loop.tools import Tool, ToolContext, ToolFailed, ToolOutput, builtin_tools, tool_specs
+from commonos.proto.events import ApprovalStatus, Risk, TurnStatus, utcnow
+from commonos.proto.identity import NewSession, TurnInfo, title_from_text
+from commonos.proto.ids import new_id
+from commonos.proto.messages import AssistantMessage, Message, ToolCall, ToolResultMessage, UserMessage
+from commonos.proto.tags import check_profile_id, parse_tags, resolve_tags
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_TOKENS: Final = 4096
+INTERRUPTED_RESULT: Final = "no result: the turn ended before this call ran"
+
+
+class UnknownProfile(LookupError):
+    def __init__(self, profile_id: str) -> None:
+        super().__init__(f"no profile {profile_id!r} is loaded")
+        self.profile_id = profile_id
+
+
+class SessionProfileMismatch(ValueError):
+    """A session continued under another profile than the one it belongs to."""
+
+
+class TurnRequest(msgspec.Struct, frozen=True, kw_only=True):
+    profile_id: str
+    text: str
+    #: Continue this session; None starts a new one.
+    session_id: uuid.UUID | None = None
+    #: Extra tags of a new session (ignored when continuing one: a session's tags are fixed).
+    tags: tuple[str, ...] = ()
+    #: Where a new session comes from: `web`, `cli`, ...
+    source: str = "cli"
+
+
+class TurnResult(msgspec.Struct, frozen=True, kw_only=True):
+    session_id: uuid.UUID
+    turn_id: uuid.UUID
+    status: TurnStatus
+    #: The model's final answer (empty unless completed).
+    text: str = ""
+    error: str | None = None
+
+
+def system_prompt(snapshot: Mapping[str, Any]) -> str:
+    """The system prompt a model sees: the frozen prompt and the memory entries of the snapshot."""
+    parts = [str(snapshot.get("system_prompt") or "")]
+    for key, title in (("memory", "Your memory"), ("user", "About the user")):
+        entries = snapshot.get(key) or []
+        if entries:
+            parts.append(f"## {title}\n" + "\n".join(f"- {e}" for e in entries))
+    return "\n\n".join(p for p in parts if p)
+
+
+def close_open_tool_calls(messages: Sequence[Message]) -> list[Message]:
+    """Give every tool call without a result (a turn that ended mid-way) an error result, so the
+    conversation stays valid for every vendor's API."""
+    out: list[Message] = []
+    open_calls: list[str] = []
+    for message in messages:
+        if isinstance(message, ToolResultMessage):
+            if message.call_id in open_calls:
+                open_calls.remove(message.call_id)
+        else:
+            out += [ToolResultMessage(call_id=c, content=INTERRUPTED_RESULT, is_error=True) for c in open_calls]
+            open_calls = [c.id for c in message.tool_calls] if isinstance(message, AssistantMessage) else []
+        out.append(message)
+    out += [ToolResultMessage(call_id=c, content=INTERRUPTED_RESULT, is_error=True) for c in open_calls]
+    return out
+
+
+class _TurnFailed(Exception):
+    """Ends a turn as failed with this message."""
+
+
+class Loop:
+    """Runs turns. Everything it touches is handed in, so tests can run it on memory adapters."""
+
+    def __init__(
+        self,
+        journal: Journal,
+        profiles: Mapping[str, Profile],
+        providers: Mapping[str, Provider],
+        *,
+        locks: SessionLocks,
+        approver: Approver,
+        search: MessageSearch | None = None,
+        tools: Mapping[str, Tool] | None = None,
+        owner: str | None = None,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+    ) -> None:
+        missing = set(profiles) - set(providers)
+        if missing:
+            raise ValueError(f"no provider for profiles {sorted(missing)}")
+        self.journal = journal
+        self.profiles = dict(profiles)
+        self.providers = dict(providers)
+        self.locks = locks
+        self.approver = approver
+        self.search: MessageSearch = search if search is not None else NoSearch()
+        self.tools = dict(tools) if tools is not None else builtin_tools()
+        self.owner = owner or default_owner()
+        self.max_tokens = max_tokens
+        #: Set when the service stops: a turn cancelled from now on ends `interrupted`, not `cancelled`.
+        self.shutting_down = False
+        self._memory_locks: dict[str, asyncio.Lock] = {}
+
+    def profile(self, profile_id: str) -> Profile:
+        try:
+            return self.profiles[check_profile_id(profile_id)]
+        except KeyError:
+            raise UnknownProfile(profile_id) from None
+
+    # -- entry points -----------------------------------------------------------------------------
+
+    async def run_turn(self, request: TurnRequest, on_start: Callable[[TurnInfo], None] | None = None) -> TurnResult:
+        """Run one turn. Raises `SessionBusy`, `SessionNotFound`, `UnknownProfile`, `InvalidTag` before
+        a turn starts; `JournalError` when even the turn's end could not be recorded. `on_start` gets the
+        turn's identity once it is recorded (so a caller can name a turn that is then cancelled)."""
+        profile = self.profile(request.profile_id)
+        session_tags = tuple(parse_tags(request.tags))
+        record: SessionRecord | None = None
+        history: list[Message] = []
+        if request.session_id is None:
+            session_id = await self.journal.create_session(
+                NewSession(
+                    profile_id=profile.id,
+                    source=request.source,
+                    title=title_from_text(request.text),
+                    tags=session_tags,
+                )
+            )
+            record = SessionRecord(
+                session_id=session_id, profile_id=profile.id, source=request.source, tags=session_tags
+            )
+        else:
+            session_id = request.session_id
+        lease = await self._acquire(session_id)
+        try:
+            if record is None:
+                # Read under the lock: what the previous turn (maybe another process's) left.
+                record = await self.journal.load_session(session_id)
+                if record.profile_id != profile.id:
+                    raise SessionProfileMismatch(
+                        f"session {session_id} belongs to profile {record.profile_id!r}, not {profile.id!r}"
+                    )
+                history = await self.journal.load_history(session_id)
+            turn = TurnInfo(
+                profile_id=profile.id,
+                session_id=session_id,
+                turn_id=new_id(),
+                tags=tuple(resolve_tags(profile.tags, record.tags)),
+            )
+            return await self._turn(profile, turn, record, history, request.text, lease, on_start)
+        finally:
+            await asyncio.shield(lease.release())
+
+    async def _acquire(self, session_id: uuid.UUID) -> SessionLease:
+        try:
+            return await self.locks.acquire(session_id, self.owner)
+        except SessionBusy:
+            metrics.SESSION_BUSY.inc()
+            raise
+
+    async def _run_child(self, parent: TurnInfo, goal: str) -> str:
+        """`delegate`: a child turn for `goal` in a new session under the parent; its answer."""
+        profile = self.profile(parent.profile_id)
+        session_id = await self.journal.create_session(
+            NewSession(
+                profile_id=profile.id,
+                source="subagent",
+                title=goal,
+                tags=parent.tags,
+                parent_session_id=parent.session_id,
+            )
+        )
+        record = SessionRecord(session_id=session_id, profile_id=profile.id, source="subagent", tags=parent.tags)
+        child = parent.child(session_id)
+        lease = await self._acquire(session_id)
+        try:
+            result = await self._turn(profile, child, record, [], goal, lease)
+        finally:
+            await asyncio.shield(lease.release())
+        if result.status is not TurnStatus.COMPLETED:
+            raise ToolFailed(f"the helper's turn {result.status.value}: {result.error or 'no answer'}")
+        return result.text
+
+    # -- one turn ---------------------------------------------------------------------------------
+
+    async def _turn(
+        self,
+        profile: Profile,
+        turn: TurnInfo,
+        record: SessionRecord,
+        history: list[Message],
+        text: str,
+        lease: SessionLease,
+        on_start: Callable[[TurnInfo], None] | None = None,
+    ) -> TurnResult:
+        snapshot = record.context_snapshot
+        if snapshot is None:
+            memory = await self.journal.load_memory(profile.id)
+            snapshot = {
+                "system_prompt": profile.system_prompt,
+                "memory": list(memory.memory),
+                "user": list(memory.user),
+            }
+            await self.journal.start_turn(turn, context_snapshot=snapshot)
+        else:
+            await self.journal.start_turn(turn)
+        if on_start is not None:
+            on_start(turn)
+        started = time.monotonic()
+        metrics.TURNS_RUNNING.inc()
+        status, answer, error = TurnStatus.COMPLETED, "", None
+        try:
+            answer = await self._steps(profile, turn, system_prompt(snapshot), history, text, lease)
+        except asyncio.CancelledError:
+            status = TurnStatus.INTERRUPTED if self.shutting_down else TurnStatus.CANCELLED
+            error = "the service stopped during the turn" if self.shutting_down else "the turn was cancelled"
+            try:
+                await asyncio.shield(self._finish(turn, status, error, started))
+            except JournalError as exc:
+                log.error("turn %s ended %s but its end was not recorded: %s", turn.turn_id, status.value, exc)
+            raise
+        except _TurnFailed as exc:
+            status, error = TurnStatus.FAILED, str(exc)
+        except ProviderError as exc:
+            metrics.MODEL_ERRORS.labels(exc.provider).inc()
+            status, error = TurnStatus.FAILED, f"model call failed: {exc}"
+        except JournalError as exc:
+            status, error = TurnStatus.FAILED, f"could not record the turn: {exc}"
+        except Exception as exc:
+            log.exception("turn %s failed", turn.turn_id)
+            status, error = TurnStatus.FAILED, f"{type(exc).__name__}: {exc}"
+        await self._finish(turn, status, error, started)
+        return TurnResult(
+            session_id=turn.session_id,
+            turn_id=turn.turn_id,
+            status=status,
+            text=answer if status is TurnStatus.COMPLETED else "",
+            error=error,
+        )
+
+    async def _finish(self, turn: TurnInfo, status: TurnStatus, error: str | None, started: float) -> None:
+        metrics.TURNS_RUNNING.dec()
+        metrics.TURNS.labels(status.value).inc()
+        metrics.TURN_SECONDS.observe(time.monotonic() - started)
+        await self.journal.finish_turn(turn, status, error)
+
+    async def _steps(
+        self, profile: Profile, turn: TurnInfo, system: str, history: list[Message], text: str, lease: SessionLease
+    ) -> str:
+        provider = self.providers[profile.id]
+        offered = tuple(n for n in profile.tools if n != "delegate" or turn.depth < profile.max_delegation_depth)
+        specs = tool_specs(self.tools, offered)
+        messages = close_open_tool_calls(history)
+        user = UserMessage(text=text)
+        await self.journal.append_message(turn, user)
+        messages.append(user)
+        for _ in range(profile.max_steps):
+            if lease.lost:
+                raise _TurnFailed("lost the session lock to another process")
+            request = ModelRequest(
+                model=profile.model,
+                system=system,
+                messages=tuple(messages),
+                tools=specs,
+                max_tokens=int(profile.provider_options.get("max_tokens", self.max_tokens)),
+            )
+            response = await provider.complete(request)
+            await self.journal.record_model_call(
+                turn,
+                ModelCall(
+                    provider=response.provider,
+                    model=response.model,
+                    usage=response.usage,
+                    request_id=response.request_id,
+                    latency_s=response.latency_s,
+                    stop_reason=response.stop_reason,
+                ),
+            )
+            self._observe_model_call(response.provider, profile.model, response.latency_s, response.usage)
+            assistant = response.message
+            await self.journal.append_message(turn, assistant)
+            messages.append(assistant)
+            if not assistant.tool_calls:
+                return assistant.text or ""
+            for call in assistant.tool_calls:
+                result = await self._call_tool(profile, turn, call)
+                await self.journal.append_message(turn, result)
+                messages.append(result)
+        raise _TurnFailed(f"no final answer within max_steps={profile.max_steps} model calls")
+
+    @staticmethod
+    def _observe_model_call(provider: str, model: str, latency_s: float | None, usage: Any) -> None:
+        if latency_s is not None:
+            metrics.MODEL_SECONDS.labels(provider, model).observe(latency_s)
+        metrics.MODEL_TOKENS.labels(provider, "input").observe(usage.total_input_tokens)
+        metrics.MODEL_TOKENS.labels(provider, "output").observe(usage.output_tokens)
+
+    # -- tools ------------------------------------------------------------------------------------
+
+    async def _decide(
+        self, profile: Profile, turn: TurnInfo, tool: Tool, call: ToolCall, tool_call_id: uuid.UUID
+    ) -> ApprovalDecision | None:
+        """The approval of a call: None when none is needed (a low-risk tool the policy lets run)."""
+        policy = profile.approval.for_tool(tool.name, tool.risk is Risk.HIGH)
+        if policy is Policy.AUTO:
+            if tool.risk is not Risk.HIGH:
+                return None
+            return ApprovalDecision(
+                tool_call_id=tool_call_id, call_id=call.id, status=ApprovalStatus.APPROVED, decided_by="policy"
+            )
+        if policy is Policy.DENY:
+            return ApprovalDecision(
+                tool_call_id=tool_call_id, call_id=call.id, status=ApprovalStatus.DENIED, decided_by="policy"
+            )
+        request = new_request(
+            approval_id=tool_call_id,
+            profile_id=profile.id,
+            session_id=turn.session_id,
+            turn_id=turn.turn_id,
+            call_id=call.id,
+            tool=tool.name,
+            args=call.args,
+            risk=tool.risk,
+            timeout_s=profile.approval.timeout_s,
+        )
+        answer = await self.approver.ask(request, profile.approval.timeout_s)
+        return ApprovalDecision(
+            tool_call_id=tool_call_id, call_id=call.id, status=answer.status, decided_by=answer.decided_by
+        )
+
+    async def _call_tool(self, profile: Profile, turn: TurnInfo, call: ToolCall) -> ToolResultMessage:
+        started_at = utcnow()
+        tool_call_id = new_id()
+        tool = self.tools.get(call.name)
+        decision: ApprovalDecision | None = None
+        if tool is None or call.name not in profile.tools:
+            output = ToolOutput(f"unknown tool {call.name!r}; the tools are: {', '.join(profile.tools)}", True)
+            risk, outcome = Risk.LOW, "unknown"
+        else:
+            risk = tool.risk
+            decision = await self._decide(profile, turn, tool, call, tool_call_id)
+            if decision is not None:
+                # Recorded before the tool runs: a risky action is never without its approval on record.
+                await self.journal.record_approval(turn, decision)
+                metrics.APPROVALS.labels(decision.status.value, _decider_kind(decision.decided_by)).inc()
+            if decision is None or decision.status is ApprovalStatus.APPROVED:
+                output = await self._run_tool(tool, profile, turn, call)
+                outcome = "error" if output.is_error else "ok"
+            else:
+                output = ToolOutput(_refusal(decision), is_error=True)
+                outcome = decision.status.value
+        metrics.TOOL_CALLS.labels(call.name if tool is not None else "unknown", outcome).inc()
+        await self.journal.record_tool_call(
+            turn,
+            ToolCallRecord(
+                tool_call_id=tool_call_id,
+                call_id=call.id,
+                name=call.name,
+                args=call.args,
+                result=output.content,
+                is_error=output.is_error,
+                risk=risk,
+                started_at=started_at,
+                finished_at=utcnow(),
+                approval=decision.status if decision is not None else None,
+            ),
+        )
+        return ToolResultMessage(call_id=call.id, content=output.content, is_error=output.is_error)
+
+    async def _run_tool(self, tool: Tool, profile: Profile, turn: TurnInfo, call: ToolCall) -> ToolOutput:
+        ctx = ToolContext(
+            turn=turn,
+            profile=profile,
+            journal=self.journal,
+            search=self.search,
+            delegate=self._run_child,
+            memory_locks=self._memory_locks,
+        )
+        try:
+            return await tool.run(ctx, call.args)
+        except ToolFailed as exc:
+            return ToolOutput(str(exc), is_error=True)
+        except (JournalError, SessionBusy):
+            raise
+        except Exception as exc:
+            log.exception("tool %s failed", call.name)
+            return ToolOutput(f"the tool failed: {type(exc).__name__}: {exc}", is_error=True)
+
+
+def _decider_kind(decided_by: str) -> str:
+    return decided_by if decided_by in ("policy", "timeout") else "person"
+
+
+def _refusal(decision: ApprovalDecision) -> str:
+    if decision.status is ApprovalStatus.TIMED_OUT:
+        return "not run: nobody approved the call in time"
+    return f"not run: denied by {decision.decided_by}"

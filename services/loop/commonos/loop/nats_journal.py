@@ -1,0 +1,154 @@
+"""`NatsJournal`: the Journal on JetStream, the source of truth.
+
+Each operation is one event published with `EventPublisher` (the loop goes on only after the PubAck;
+a retry reuses the event id, so JetStream drops a duplicate). A session is read back from the stream
+by its subjects (`cos.events.*.<session>.*`) through a short-lived ordered, un-acked pull consumer
+on the stream leader, so the loop always sees its own writes — never from Postgres.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+
+import nats.errors
+import nats.js.errors
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, ReplayPolicy
+
+from commonos.loop.event_journal import EventJournal
+from commonos.loop.journal import JournalError
+from commonos.proto.events import Event, EventDecodeError, decode_event
+from commonos.proto.ids import new_id
+from commonos.proto.subjects import EVENTS_PREFIX, EVENTS_STREAM
+from commonos.runtime.publisher import EventPublisher, PublishError
+
+log = logging.getLogger(__name__)
+
+SOURCE = "urn:commonos:loop"
+
+_RETRYABLE_READ = (
+    asyncio.TimeoutError,
+    nats.errors.TimeoutError,
+    nats.errors.NoRespondersError,
+    nats.errors.ConnectionClosedError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.StaleConnectionError,
+    nats.errors.OutboundBufferLimitError,
+    nats.js.errors.ServiceUnavailableError,
+    nats.js.errors.NoStreamResponseError,
+)
+
+
+def session_subjects(session_id: uuid.UUID) -> str:
+    """Every event of one session, whatever its profile."""
+    return f"{EVENTS_PREFIX}.*.{session_id}.*"
+
+
+def memory_subjects(profile_id: str) -> str:
+    """Every `memory_changed` event of one profile, across its sessions."""
+    return f"{EVENTS_PREFIX}.{profile_id}.*.memory_changed"
+
+
+async def read_events(
+    js: JetStreamContext,
+    filter_subject: str,
+    *,
+    deadline_s: float = 30.0,
+    batch: int = 256,
+    fetch_timeout_s: float = 5.0,
+) -> list[Event]:
+    """Every event on `filter_subject` now in COS_EVENTS, in stream order.
+
+    Retries the whole read (with a fresh consumer) through a NATS outage until `deadline_s`, then
+    raises `JournalError`. Payloads that are not events are skipped with a warning.
+    """
+    deadline = time.monotonic() + deadline_s
+    delay = 0.05
+    while True:
+        try:
+            return await _read_once(js, filter_subject, batch, fetch_timeout_s)
+        except _RETRYABLE_READ as exc:
+            if time.monotonic() + delay >= deadline:
+                raise JournalError(
+                    f"could not read {filter_subject} from {EVENTS_STREAM} within {deadline_s:.0f}s: "
+                    f"{type(exc).__name__}"
+                ) from exc
+            log.warning("reading %s failed (%s); retrying", filter_subject, type(exc).__name__)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+
+async def _read_once(js: JetStreamContext, filter_subject: str, batch: int, fetch_timeout_s: float) -> list[Event]:
+    name = f"cos_loop_read_{new_id().hex}"
+    config = ConsumerConfig(
+        name=name,
+        deliver_policy=DeliverPolicy.ALL,
+        ack_policy=AckPolicy.NONE,
+        replay_policy=ReplayPolicy.INSTANT,
+        filter_subject=filter_subject,
+        inactive_threshold=30.0,
+        mem_storage=True,
+        num_replicas=1,
+    )
+    info = await js.add_consumer(EVENTS_STREAM, config)
+    try:
+        events: list[Event] = []
+        remaining = info.num_pending
+        if not remaining:
+            return events
+        sub = await js.pull_subscribe_bind(name, stream=EVENTS_STREAM)
+        try:
+            while remaining > 0:
+                for msg in await sub.fetch(min(batch, remaining), timeout=fetch_timeout_s):
+                    remaining = msg.metadata.num_pending
+                    try:
+                        events.append(decode_event(msg.data))
+                    except EventDecodeError as exc:
+                        log.warning("skipping a payload on %s that is not an event: %s", msg.subject, exc)
+        finally:
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
+        return events
+    finally:
+        with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
+            await js.delete_consumer(EVENTS_STREAM, name)
+
+
+class NatsJournal(EventJournal):
+    """The Journal on JetStream stream COS_EVENTS (which must exist: `commonos.runtime.nats.ensure_streams`)."""
+
+    def __init__(
+        self,
+        js: JetStreamContext,
+        publisher: EventPublisher | None = None,
+        *,
+        read_deadline_s: float = 30.0,
+    ) -> None:
+        super().__init__()
+        self.js = js
+        self.publisher = publisher if publisher is not None else EventPublisher(js, SOURCE)
+        self.read_deadline_s = read_deadline_s
+
+    async def _store(self, event: Event) -> None:
+        try:
+            await self.publisher.publish(event)
+        except PublishError as exc:
+            raise JournalError(str(exc)) from exc
+
+    async def _read_session(self, session_id: uuid.UUID) -> list[Event]:
+        return await read_events(self.js, session_subjects(session_id), deadline_s=self.read_deadline_s)
+
+    async def _read_memory(self, profile_id: str) -> list[Event]:
+        return await read_events(self.js, memory_subjects(profile_id), deadline_s=self.read_deadline_s)
+
+    async def events(self, filter_subjects: Sequence[str] = (f"{EVENTS_PREFIX}.>",)) -> list[Event]:
+        """Every event on these subjects (for tools and tests), in stream order per subject filter."""
+        out: list[Event] = []
+        for subject in filter_subjects:
+            out += await read_events(self.js, subject, deadline_s=self.read_deadline_s)
+        return out

@@ -1,0 +1,181 @@
+"""Profiles: one folder per profile, `profiles/<id>/config.toml`.
+
+```toml
+tags = ["area:demo"]                 # copied onto every turn of the profile
+provider = "scripted"                # scripted | anthropic | openai
+model = "scripted-demo"
+system_prompt = "You are ..."        # or system_prompt_file = "prompt.md"
+tools = ["read_file", "shell"]       # the tools the model may call (default: all)
+max_steps = 12                       # model calls per turn
+max_delegation_depth = 1             # how deep `delegate` may go (0: no delegation)
+workspace = "workspace"              # where the file and shell tools work, relative to the folder
+
+[provider_options]                   # script = "script.toml" | base_url, api_key_env, max_tokens, ...
+script = "script.toml"
+
+[approval]
+timeout_s = 120                      # an unanswered approval is denied (timed_out)
+tools = { shell = "ask", write_file = "ask" }   # auto | ask | deny; default: ask for high-risk tools
+```
+
+Every profile is validated at start; a bad id, tag, tool or value is a `ProfileError` naming the file.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Final
+
+import msgspec
+
+from commonos.proto.tags import InvalidProfileId, InvalidTag, check_profile_id, parse_tag
+
+CONFIG_FILE: Final = "config.toml"
+PROVIDERS: Final = ("scripted", "anthropic", "openai")
+#: Every tool the loop has (commonos.loop.tools registers exactly these).
+BUILTIN_TOOLS: Final = ("read_file", "list_dir", "write_file", "shell", "session_search", "delegate", "memory")
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be used; the message starts with the file at fault."""
+
+    def __init__(self, path: Path, problem: str) -> None:
+        super().__init__(f"{path}: {problem}")
+        self.path = path
+        self.problem = problem
+
+
+class Policy(StrEnum):
+    AUTO = "auto"
+    ASK = "ask"
+    DENY = "deny"
+
+
+class _ApprovalConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    timeout_s: float = 120.0
+    tools: dict[str, Policy] = {}
+
+
+class _ProfileConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    tags: list[str] = []
+    provider: str = "scripted"
+    model: str = "scripted"
+    system_prompt: str | None = None
+    system_prompt_file: str | None = None
+    tools: list[str] | None = None
+    max_steps: int = 12
+    max_delegation_depth: int = 1
+    workspace: str = "workspace"
+    provider_options: dict[str, Any] = {}
+    approval: _ApprovalConfig = msgspec.field(default_factory=_ApprovalConfig)
+
+
+@dataclass(frozen=True)
+class ApprovalPolicy:
+    timeout_s: float = 120.0
+    tools: dict[str, Policy] = field(default_factory=dict)
+
+    def for_tool(self, name: str, high_risk: bool) -> Policy:
+        """The profile's word for this tool, else: ask for a high-risk tool, run a low-risk one."""
+        return self.tools.get(name, Policy.ASK if high_risk else Policy.AUTO)
+
+
+@dataclass(frozen=True)
+class Profile:
+    id: str
+    folder: Path
+    tags: tuple[str, ...] = ()
+    provider: str = "scripted"
+    model: str = "scripted"
+    system_prompt: str = ""
+    tools: tuple[str, ...] = BUILTIN_TOOLS
+    max_steps: int = 12
+    max_delegation_depth: int = 1
+    workspace: Path = Path("workspace")
+    provider_options: dict[str, Any] = field(default_factory=dict)
+    approval: ApprovalPolicy = field(default_factory=ApprovalPolicy)
+
+    @property
+    def config_path(self) -> Path:
+        return self.folder / CONFIG_FILE
+
+
+def load_profile(folder: Path) -> Profile:
+    """Read and validate `folder/config.toml`; the folder's name is the profile id."""
+    path = folder / CONFIG_FILE
+    try:
+        profile_id = check_profile_id(folder.name)
+    except InvalidProfileId as exc:
+        raise ProfileError(path, str(exc)) from None
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ProfileError(path, f"cannot read: {exc.strerror}") from None
+    try:
+        config = msgspec.toml.decode(raw, type=_ProfileConfig)
+    except msgspec.ValidationError as exc:
+        raise ProfileError(path, str(exc)) from None
+    except msgspec.DecodeError as exc:
+        raise ProfileError(path, f"not valid TOML: {exc}") from None
+
+    try:
+        tags = tuple(parse_tag(t) for t in config.tags)
+    except InvalidTag as exc:
+        raise ProfileError(path, str(exc)) from None
+    if len(set(tags)) != len(tags):
+        raise ProfileError(path, "a tag is listed twice")
+    if config.provider not in PROVIDERS:
+        raise ProfileError(path, f"unknown provider {config.provider!r} (one of {', '.join(PROVIDERS)})")
+    if not config.model:
+        raise ProfileError(path, "model must not be empty")
+    tools = tuple(config.tools) if config.tools is not None else BUILTIN_TOOLS
+    for name in (*tools, *config.approval.tools):
+        if name not in BUILTIN_TOOLS:
+            raise ProfileError(path, f"unknown tool {name!r} (one of {', '.join(BUILTIN_TOOLS)})")
+    if config.max_steps < 1:
+        raise ProfileError(path, f"max_steps must be at least 1, got {config.max_steps}")
+    if config.max_delegation_depth < 0:
+        raise ProfileError(path, f"max_delegation_depth must be 0 or more, got {config.max_delegation_depth}")
+    if not config.approval.timeout_s > 0:
+        raise ProfileError(path, f"approval.timeout_s must be positive, got {config.approval.timeout_s}")
+    if config.system_prompt is not None and config.system_prompt_file is not None:
+        raise ProfileError(path, "give system_prompt or system_prompt_file, not both")
+    system_prompt = config.system_prompt or ""
+    if config.system_prompt_file is not None:
+        prompt_path = folder / config.system_prompt_file
+        try:
+            system_prompt = prompt_path.read_text()
+        except OSError as exc:
+            raise ProfileError(path, f"system_prompt_file {prompt_path}: {exc.strerror}") from None
+    workspace = Path(os.path.expanduser(config.workspace))
+    return Profile(
+        id=profile_id,
+        folder=folder,
+        tags=tags,
+        provider=config.provider,
+        model=config.model,
+        system_prompt=system_prompt,
+        tools=tools,
+        max_steps=config.max_steps,
+        max_delegation_depth=config.max_delegation_depth,
+        workspace=workspace if workspace.is_absolute() else folder / workspace,
+        provider_options=dict(config.provider_options),
+        approval=ApprovalPolicy(timeout_s=config.approval.timeout_s, tools=dict(config.approval.tools)),
+    )
+
+
+def load_profiles(root: Path) -> dict[str, Profile]:
+    """Every profile under `root` (each sub-folder with a config.toml), all validated."""
+    if not root.is_dir():
+        raise ProfileError(root, "no such profiles folder (set COS_PROFILES_DIR)")
+    profiles: dict[str, Profile] = {}
+    for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        if (folder / CONFIG_FILE).exists():
+            profile = load_profile(folder)
+            profiles[profile.id] = profile
+    if not profiles:
+        raise ProfileError(root, f"no profiles: expected {root}/<id>/{CONFIG_FILE}")
+    return profiles

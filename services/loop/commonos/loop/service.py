@@ -1,0 +1,234 @@
+"""The loop as a service: chat requests on NATS (`cos.cmd.<profile>.chat`), /metrics /healthz /readyz.
+
+Life (arq-style): start, serve until SIGTERM sets the stop event, stop taking requests, let running
+turns finish for `grace_s`, then interrupt the rest — each ends `interrupted` with its
+`turn_finished` recorded and its requester told — and close connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+
+import msgspec
+import nats.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from commonos.loop.approvals import NatsApprover
+from commonos.loop.journal import JournalError, SessionNotFound
+from commonos.loop.locks import LockUnavailable, NatsSessionLocks, SessionBusy
+from commonos.loop.loop import Loop, SessionProfileMismatch, TurnRequest, UnknownProfile
+from commonos.loop.nats_journal import NatsJournal
+from commonos.loop.profiles import ProfileError, load_profiles
+from commonos.loop.providers import build_provider
+from commonos.loop.search import MessageSearch, NoSearch, PostgresMessageSearch
+from commonos.loop.subjects import CHAT_QUEUE_GROUP, chat_subject
+from commonos.proto.events import TurnStatus
+from commonos.proto.identity import TurnInfo
+from commonos.proto.tags import InvalidTag
+from commonos.runtime import nats as cos_nats
+from commonos.runtime.http import Health, HttpServer
+from commonos.runtime.lifecycle import install_stop_signals, setup_logging
+from commonos.runtime.settings import ConfigError, Settings
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_S = 5.0
+
+
+class ChatRequest(msgspec.Struct, frozen=True, kw_only=True):
+    text: str
+    session_id: uuid.UUID | None = None
+    tags: tuple[str, ...] = ()
+    source: str = "service"
+
+
+class ChatReply(msgspec.Struct, frozen=True, kw_only=True):
+    """`status`: a TurnStatus (completed, failed, cancelled, interrupted), or `busy` (another turn of the
+    session is running), `rejected` (a bad request) or `unavailable` (the service is stopping)."""
+
+    status: str
+    session_id: uuid.UUID | None = None
+    turn_id: uuid.UUID | None = None
+    text: str = ""
+    error: str | None = None
+
+
+class LoopService:
+    def __init__(
+        self,
+        nc: Client,
+        loop: Loop,
+        *,
+        health: Health | None = None,
+        grace_s: float = 5.0,
+        handle_signals: bool = True,
+    ) -> None:
+        self.nc = nc
+        self.loop = loop
+        self.health = health if health is not None else Health()
+        self.grace_s = grace_s
+        self.handle_signals = handle_signals
+        self.stop_event = asyncio.Event()
+        self._subs: list[Subscription] = []
+        self._turns: set[asyncio.Task[None]] = set()
+        self._stopping = False
+
+    async def start(self) -> None:
+        for profile in self.loop.profiles.values():
+            await self.loop.journal.publish_profile(profile.id, profile.tags)
+        for profile_id in self.loop.profiles:
+            sub = await self.nc.subscribe(chat_subject(profile_id), queue=CHAT_QUEUE_GROUP, cb=self._on_chat)
+            self._subs.append(sub)
+        await self.nc.flush()
+        self.health.set_ready("starting", True)
+        log.info("loop serving profiles %s", ", ".join(self.loop.profiles))
+
+    async def run(self) -> None:
+        """Start, serve until the stop event (SIGTERM/SIGINT when `handle_signals`), then shut down."""
+        if self.handle_signals:
+            install_stop_signals(self.stop_event)
+        await self.start()
+        try:
+            await self.serve()
+        finally:
+            await self.shutdown()
+
+    async def serve(self) -> None:
+        """Beat the liveness heartbeat and watch the NATS connection until the stop event."""
+        while not self.stop_event.is_set():
+            self.health.beat()
+            self.health.set_ready("nats", self.nc.is_connected, "not connected to NATS")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop_event.wait(), HEARTBEAT_S)
+
+    async def shutdown(self) -> None:
+        self._stopping = True
+        self.health.set_ready("stopping", False, "shutting down")
+        for sub in self._subs:
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
+        self._subs.clear()
+        if self._turns:
+            _, running = await asyncio.wait(set(self._turns), timeout=self.grace_s)
+            if running:
+                log.info("interrupting %d running turn(s)", len(running))
+                self.loop.shutting_down = True
+                for task in running:
+                    task.cancel()
+                await asyncio.gather(*running, return_exceptions=True)
+        with contextlib.suppress(nats.errors.Error, TimeoutError):
+            await self.nc.flush(timeout=2)
+
+    async def _on_chat(self, msg: Msg) -> None:
+        # Subscription callbacks run one after another: each turn gets its own task.
+        task = asyncio.create_task(self._chat(msg))
+        self._turns.add(task)
+        task.add_done_callback(self._turns.discard)
+
+    async def _chat(self, msg: Msg) -> None:
+        profile_id = msg.subject.split(".")[2]
+        if self._stopping:
+            await self._reply(msg, ChatReply(status="unavailable", error="the loop service is stopping"))
+            return
+        try:
+            request = msgspec.json.decode(msg.data, type=ChatRequest)
+        except msgspec.DecodeError as exc:
+            await self._reply(msg, ChatReply(status="rejected", error=f"bad chat request: {exc}"))
+            return
+        started: list[TurnInfo] = []
+        try:
+            result = await self.loop.run_turn(
+                TurnRequest(
+                    profile_id=profile_id,
+                    text=request.text,
+                    session_id=request.session_id,
+                    tags=request.tags,
+                    source=request.source,
+                ),
+                on_start=started.append,
+            )
+            reply = ChatReply(
+                status=result.status.value,
+                session_id=result.session_id,
+                turn_id=result.turn_id,
+                text=result.text,
+                error=result.error,
+            )
+        except asyncio.CancelledError:
+            turn = started[0] if started else None
+            await self._reply(
+                msg,
+                ChatReply(
+                    status=TurnStatus.INTERRUPTED.value,
+                    session_id=turn.session_id if turn else request.session_id,
+                    turn_id=turn.turn_id if turn else None,
+                    error="the loop service stopped during the turn",
+                ),
+            )
+            raise
+        except SessionBusy as exc:
+            reply = ChatReply(status="busy", session_id=exc.session_id, error=str(exc))
+        except (SessionNotFound, SessionProfileMismatch, UnknownProfile, InvalidTag) as exc:
+            reply = ChatReply(status="rejected", session_id=request.session_id, error=str(exc))
+        except (JournalError, LockUnavailable) as exc:
+            reply = ChatReply(status=TurnStatus.FAILED.value, session_id=request.session_id, error=str(exc))
+        await self._reply(msg, reply)
+
+    async def _reply(self, msg: Msg, reply: ChatReply) -> None:
+        if not msg.reply:
+            return
+        try:
+            await msg.respond(msgspec.json.encode(reply))
+        except nats.errors.Error as exc:
+            log.warning("chat reply not sent: %s", exc)
+
+
+async def serve(settings: Settings, *, handle_signals: bool = True) -> int:
+    """`python -m commonos.loop serve`: load and check every profile, connect, serve until SIGTERM."""
+    setup_logging(settings.log_level)
+    try:
+        profiles = load_profiles(settings.profiles_dir)
+        providers = {p.id: build_provider(p) for p in profiles.values()}
+    except ProfileError as exc:
+        raise ConfigError(str(exc)) from None
+    if not settings.nats_url:
+        raise ConfigError("COS_NATS_URL is not set (or run everything with `cos up`)")
+    nc = await cos_nats.connect(settings, "cos-loop")
+    search: MessageSearch = NoSearch()
+    try:
+        js = nc.jetstream()
+        await cos_nats.ensure_streams(js, settings.stream_replicas)
+        if settings.database_url:
+            search = await PostgresMessageSearch.connect(settings.database_url)
+        loop = Loop(
+            NatsJournal(js),
+            profiles,
+            providers,
+            locks=NatsSessionLocks(js, replicas=settings.stream_replicas),
+            approver=NatsApprover(nc),
+            search=search,
+        )
+        health = Health()
+        http = HttpServer(health, settings.http_host, settings.http_port)
+        port = await http.start()
+        log.info("loop: /metrics /healthz /readyz on http://%s:%d", settings.http_host, port)
+        try:
+            service = LoopService(
+                nc, loop, health=health, grace_s=settings.drain_timeout_s / 2, handle_signals=handle_signals
+            )
+            await service.run()
+        finally:
+            await http.stop()
+    finally:
+        for provider in providers.values():
+            await provider.close()
+        if isinstance(search, PostgresMessageSearch):
+            await search.close()
+        with contextlib.suppress(nats.errors.Error, TimeoutError):
+            await nc.drain()
+    return 0

@@ -1,0 +1,316 @@
+"""The tools a model may call: files and shell in the profile's workspace, search, delegation, memory.
+
+Each tool has a risk (`shell` and `write_file` are high); whether a call runs, waits for a person, or
+is refused is the loop's business (the profile's approval policy), not the tool's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, Protocol
+
+from commonos.loop.journal import Journal, MemoryChange
+from commonos.loop.profiles import BUILTIN_TOOLS, Profile
+from commonos.loop.providers.base import ToolSpec
+from commonos.loop.search import MessageSearch, SearchUnavailable
+from commonos.proto.events import MemoryOp, MemoryTarget, Risk
+from commonos.proto.identity import TurnInfo
+
+#: Longest tool result kept in a message (and an event); the rest is cut, saying so.
+MAX_RESULT_CHARS: Final = 16_000
+MAX_MEMORY_ENTRY_CHARS: Final = 2_000
+SHELL_TIMEOUT_S: Final = 30.0
+SHELL_MAX_TIMEOUT_S: Final = 300.0
+
+
+class ToolFailed(Exception):
+    """A tool call that could not do its job; the message goes back to the model as an error result."""
+
+
+@dataclass(frozen=True)
+class ToolOutput:
+    content: str
+    is_error: bool = False
+
+
+#: Runs a delegated turn for `goal` under the parent turn and returns the helper's answer.
+RunChild = Callable[[TurnInfo, str], Awaitable[str]]
+
+
+@dataclass
+class ToolContext:
+    turn: TurnInfo
+    profile: Profile
+    journal: Journal
+    search: MessageSearch
+    delegate: RunChild
+    memory_locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+
+
+class Tool(Protocol):
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    risk: Risk
+
+    async def run(self, ctx: ToolContext, args: Mapping[str, Any]) -> ToolOutput:
+        """Do the call; raise `ToolFailed` for an error the model should see."""
+        ...
+
+
+def cut(text: str, limit: int = MAX_RESULT_CHARS) -> str:
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"\n[… {len(text) - limit} more characters cut]"
+
+
+def _str_arg(args: Mapping[str, Any], name: str, default: str | None = None) -> str:
+    value = args.get(name, default)
+    if not isinstance(value, str):
+        raise ToolFailed(f"argument {name!r} must be a string" if name in args else f"missing argument {name!r}")
+    return value
+
+
+def _int_arg(args: Mapping[str, Any], name: str) -> int | None:
+    value = args.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ToolFailed(f"argument {name!r} must be a whole number")
+    return value
+
+
+def in_workspace(profile: Profile, relative: str) -> Path:
+    """`relative` inside the profile's workspace; a path that leads out of it is refused."""
+    root = profile.workspace.resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    path = (root / relative).resolve()
+    if path != root and root not in path.parents:
+        raise ToolFailed(f"{relative!r} is outside the workspace")
+    return path
+
+
+def _schema(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
+
+
+class ReadFile:
+    name = "read_file"
+    description = "Read a text file of the workspace."
+    parameters = _schema({"path": {"type": "string", "description": "path relative to the workspace"}}, ["path"])
+    risk = Risk.LOW
+
+    async def run(self, ctx: ToolContext, args: Mapping[str, Any]) -> ToolOutput:
+        path = in_workspace(ctx.profile, _str_arg(args, "path"))
+        try:
+            text = await asyncio.to_thread(path.read_text, errors="replace")
+        except OSError as exc:
+            raise ToolFailed(f"cannot read {args['path']}: {exc.strerror}") from None
+        return ToolOutput(cut(text))
+
+
+class ListDir:
+    name = "list_dir"
+    description = "List a folder of the workspace (folders end with /)."
+    parameters = _schema({"path": {"type": "string", "description": "folder relative to the workspace"}}, [])
+    risk = Risk.LOW
+
+    async def run(self, ctx: ToolContext, args: Mapping[str, Any]) -> ToolOutput:
+        path = in_workspace(ctx.profile, _str_arg(args, "path", "."))
+        try:
+            names = sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir())
+        except OSError as exc:
+            raise ToolFailed(f"cannot list {args.get('path', '.')}: {exc.strerror}") from None
+        return ToolOutput(cut("\n".join(names)) if names else "(empty)")
+
+
+class WriteFile:
+    name = "write_file"
+    description = "Write (or overwrite) a text file of the workspace."
+    parameters = _schema({"path": {"type": "string"}, "content": {"type": "string"}}, ["path", "content"])
+    risk = Risk.HIGH
+
+    async def run(self, ctx: ToolContext, args: Mapping[str, Any]) -> ToolOutput:
+        path = in_workspace(ctx.profile, _str_arg(args, "path"))
+        content = _str_arg(args, "content")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            await asyncio.to_thread(path.write_text, content)
+        except OSError as exc:
+            raise ToolFailed(f"cannot write {args['path']}: {exc.strerror}") from None
+        return ToolOutput(f"wrote {len(content.encode())} bytes to {args['path']}")
+
+
+class Shell:
+    name = "shell"
+    description = "Run a shell command in the workspace; returns its exit code and output."
+    parameters = _schema(
+        {"command": {"type": "string"}, "timeout_s": {"type": "number", "description": "at most 300"}},
+        ["command"],
+    )
+    risk = Risk.HIGH
+
+    async def run(self, ctx: ToolContext, args: Mapping[str, Any]) -> ToolOutput:
+        command = _str_arg(args, "command")
+        timeout = args.get("timeout_s", SHELL_TIMEOUT_S)
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+            raise ToolFailed("argument 'timeout_s' must be a positive number")
+        proc = await asyncio.create_subprocess_shell(
+            command,
+            cwd=in_workspace(ctx.profile, "."),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            out, _ = await asyncio.wait_for(proc.communicate(), min(float(timeout), SHELL_MAX_TIMEOUT_S))
+        except BaseException as exc:
+            # Timed out, or the turn was cancelled: the command and its children go too.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+            if isinstance(exc, TimeoutError):
+                raise ToolFailed(f"command timed out after {timeout}s") from None
+            raise
+        text = out.decode("utf-8", "replace")
+        code = proc.returncode
+        return ToolOutput(cut(f"exit code {code}\n{text}"), is_error=code != 0)
+
+
+class SessionSearch:
+    name = "session_search"
+    description = "Full-text search over this profile's past messages (web-search syntax)."
+    parameters = _schema(
+        {"query": {"type": "string"}, "limit": {"type": "integer", "minimum": 1, "maximum": 20}}, ["query"]
+    )
+    risk = Risk.LOW
+
+    async def run(self, ctx: ToolContext, args: Mapping[str, Any]) -> ToolOutput:
+        query = _str_arg(args, "query")
+        limit = max(1, min(_int_arg(args, "limit") or 5, 20))
+        try:
+            hits = await ctx.search.search(ctx.profile.id, query, limit, exclude_session=ctx.turn.session_id)
+        except SearchUnavailable as exc:
+            raise ToolFailed(str(exc)) from None
+        if not hits:
+            return ToolOutput("no matching messages")
+        return ToolOutput(
+            cut("\n".join(f"[session {h.session_id} #{h.seq} {h.role}] {cut(h.text, 500)}" for h in hits))
+        )
+
+
+class DelegateTool:
+    name = "delegate"
+    description = "Give a goal to a helper agent (same profile, a new session) and get its answer."
+    parameters = _schema({"goal": {"type": "string", "description": "what the helper should do"}}, ["goal"])
+    risk = Risk.LOW
+
+    async def run(self, ctx: ToolContext, args: Mapping[str, Any]) -> ToolOutput:
+        goal = _str_arg(args, "goal").strip()
+        if not goal:
+            raise ToolFailed("the goal is empty")
+        if ctx.turn.depth + 1 > ctx.profile.max_delegation_depth:
+            raise ToolFailed(f"delegation is limited to depth {ctx.profile.max_delegation_depth}")
+        return ToolOutput(await ctx.delegate(ctx.turn, goal))
+
+
+class MemoryTool:
+    name = "memory"
+    description = (
+        "Keep notes across sessions. target 'memory' (your notes) or 'user' (about the user); "
+        "action 'add' (at position, default the end), 'replace' or 'remove' (the entry at position, "
+        "or the one containing `match`)."
+    )
+    parameters = _schema(
+        {
+            "action": {"type": "string", "enum": ["add", "replace", "remove"]},
+            "target": {"type": "string", "enum": ["memory", "user"]},
+            "content": {"type": "string"},
+            "position": {"type": "integer", "minimum": 0},
+            "match": {"type": "string"},
+        },
+        ["action"],
+    )
+    risk = Risk.LOW
+
+    async def run(self, ctx: ToolContext, args: Mapping[str, Any]) -> ToolOutput:
+        try:
+            op = MemoryOp(_str_arg(args, "action"))
+            target = MemoryTarget(_str_arg(args, "target", "memory"))
+        except ValueError as exc:
+            raise ToolFailed(str(exc)) from None
+        lock = ctx.memory_locks.setdefault(ctx.profile.id, asyncio.Lock())
+        async with lock:  # one change at a time per profile in this process: positions stay right
+            entries = list((await ctx.journal.load_memory(ctx.profile.id)).of(target))
+            position = _int_arg(args, "position")
+            content: str | None = None
+            if op is MemoryOp.ADD or op is MemoryOp.REPLACE:
+                content = _str_arg(args, "content").strip()
+                if not content:
+                    raise ToolFailed("content is empty")
+                if len(content) > MAX_MEMORY_ENTRY_CHARS:
+                    raise ToolFailed(f"an entry holds at most {MAX_MEMORY_ENTRY_CHARS} characters")
+            if op is MemoryOp.ADD:
+                position = len(entries) if position is None else min(position, len(entries))
+            else:
+                position = self._find(entries, position, args.get("match"))
+            await ctx.journal.record_memory_change(
+                ctx.turn, MemoryChange(target=target, op=op, position=position, content=content)
+            )
+        if op is MemoryOp.ADD:
+            entries.insert(position, content or "")
+        elif op is MemoryOp.REPLACE:
+            entries[position] = content or ""
+        else:
+            del entries[position]
+        listing = "\n".join(f"{i}. {e}" for i, e in enumerate(entries)) or "(empty)"
+        done = {MemoryOp.ADD: "added", MemoryOp.REPLACE: "replaced", MemoryOp.REMOVE: "removed"}[op]
+        return ToolOutput(f"{target.value} entry {done} at position {position}; now:\n{listing}")
+
+    @staticmethod
+    def _find(entries: list[str], position: int | None, match: Any) -> int:
+        if position is not None:
+            if not 0 <= position < len(entries):
+                raise ToolFailed(f"no entry at position {position} ({len(entries)} entries)")
+            return position
+        if not isinstance(match, str) or not match:
+            raise ToolFailed("give the entry's position or a `match` text")
+        found = [i for i, e in enumerate(entries) if match.lower() in e.lower()]
+        if len(found) != 1:
+            raise ToolFailed(f"{len(found)} entries contain {match!r}; give the position")
+        return found[0]
+
+
+def builtin_tools() -> dict[str, Tool]:
+    tools: list[Tool] = [ReadFile(), ListDir(), WriteFile(), Shell(), SessionSearch(), DelegateTool(), MemoryTool()]
+    registry = {t.name: t for t in tools}
+    assert tuple(registry) == BUILTIN_TOOLS, "profiles.BUILTIN_TOOLS must name exactly these tools"
+    return registry
+
+
+def tool_specs(tools: Mapping[str, Tool], names: tuple[str, ...]) -> tuple[ToolSpec, ...]:
+    return tuple(
+        ToolSpec(name=tools[n].name, description=tools[n].description, parameters=tools[n].parameters)
+        for n in names
+        if n in tools
+    )
+
+
+__all__ = [
+    "RunChild",
+    "Tool",
+    "ToolContext",
+    "ToolFailed",
+    "ToolOutput",
+    "builtin_tools",
+    "cut",
+    "in_workspace",
+    "tool_specs",
+]
