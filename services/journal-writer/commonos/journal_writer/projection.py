@@ -68,6 +68,75 @@ STATEMENTS: Final[dict[str, str]] = {
 }
 
 
+#: The same statements in bulk form: one round trip for all of a batch's rows, the arguments being
+#: one array per column (`unnest`). Array-valued columns (tags) travel as array literals.
+BULK: Final[dict[str, str]] = {
+    "session_insert": """
+        INSERT INTO sessions (id, profile_id, source, title, tags, parent_session_id, created_at, updated_at)
+        SELECT id, profile_id, source, title, tags::text[], parent, at, at
+        FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::uuid[], $7::timestamptz[])
+             AS r(id, profile_id, source, title, tags, parent, at)
+        ON CONFLICT (id) DO NOTHING""",
+    "turn_insert": """
+        INSERT INTO turns (id, session_id, profile_id, parent_turn_id, tags, depth, started_at)
+        SELECT id, session_id, profile_id, parent, tags::text[], depth, at
+        FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::uuid[], $5::text[], $6::int[], $7::timestamptz[])
+             AS r(id, session_id, profile_id, parent, tags, depth, at)
+        ON CONFLICT (id) DO NOTHING""",
+    "session_snapshot": """
+        UPDATE sessions s SET context_snapshot = r.snap::jsonb, updated_at = greatest(s.updated_at, r.at)
+        FROM unnest($1::uuid[], $2::text[], $3::timestamptz[]) AS r(id, snap, at)
+        WHERE s.id = r.id AND s.context_snapshot IS NULL""",
+    "message_insert": """
+        INSERT INTO messages (id, session_id, turn_id, profile_id, seq, role, content, created_at)
+        SELECT id, session_id, turn_id, profile_id, seq, role, content::jsonb, at
+        FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::int[], $6::text[], $7::text[],
+                    $8::timestamptz[]) AS r(id, session_id, turn_id, profile_id, seq, role, content, at)
+        ON CONFLICT (id) DO NOTHING""",
+    "session_title": """
+        UPDATE sessions s SET title = r.title
+        FROM unnest($1::uuid[], $2::text[]) AS r(id, title)
+        WHERE s.id = r.id AND s.title IS NULL""",
+    "tool_call_insert": """
+        INSERT INTO tool_calls (id, turn_id, session_id, profile_id, call_id, name, args, result, is_error,
+                                risk, approval, started_at, finished_at)
+        SELECT id, turn_id, session_id, profile_id, call_id, name, args::jsonb, result, is_error, risk, approval,
+               started, finished
+        FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::text[], $7::text[],
+                    $8::text[], $9::bool[], $10::text[], $11::text[], $12::timestamptz[], $13::timestamptz[])
+             AS r(id, turn_id, session_id, profile_id, call_id, name, args, result, is_error, risk, approval,
+                  started, finished)
+        ON CONFLICT (id) DO NOTHING""",
+    "approval_insert": """
+        INSERT INTO approvals (id, tool_call_id, turn_id, profile_id, status, decided_by, decided_at)
+        SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::text[],
+                             $7::timestamptz[])
+        ON CONFLICT (tool_call_id) DO NOTHING""",
+    "turn_finish": """
+        UPDATE turns t SET status = r.status, error = r.error, finished_at = r.at
+        FROM unnest($1::uuid[], $2::text[], $3::text[], $4::timestamptz[]) AS r(id, status, error, at)
+        WHERE t.id = r.id AND t.finished_at IS NULL""",
+}
+#: Columns holding a list (tags), sent to the bulk form as a Postgres array literal.
+ARRAY_COLUMNS: Final[dict[str, int]] = {"session_insert": 4, "turn_insert": 4}
+#: Below this many rows a plain executemany is as cheap as building the arrays.
+BULK_MIN_ROWS: Final = 4
+
+
+def array_literal(items: Sequence[str]) -> str:
+    """A text[] literal; tags never hold quotes, commas, braces or spaces (the tag format forbids them)."""
+    return "{" + ",".join(items) + "}"
+
+
+def columns(statement: str, rows: list[tuple[Any, ...]]) -> list[list[Any]]:
+    """Rows to one list per column, for the bulk form of `statement`."""
+    cols = [list(c) for c in zip(*rows, strict=True)]
+    array_col = ARRAY_COLUMNS.get(statement)
+    if array_col is not None:
+        cols[array_col] = [array_literal(v) for v in cols[array_col]]
+    return cols
+
+
 class InvariantViolation(ValueError):
     """An event that is well-formed but cannot be true (it goes to the dead-letter stream)."""
 

@@ -25,7 +25,9 @@ DEFAULT_HTTP_PORT = 9462
 
 def writer_schemas() -> list[str]:
     """The core schema, then the plugin schemas whose projections run in this process."""
-    return [SCHEMA]
+    from commonos.journal_writer.graph_schema import SCHEMA as GRAPH_SCHEMA
+
+    return [SCHEMA, GRAPH_SCHEMA]
 
 
 def partition_suffix(settings: Settings) -> str:
@@ -36,7 +38,12 @@ def partition_suffix(settings: Settings) -> str:
 
 
 def writer_projections(suffix: str = "") -> list[Projection]:
-    projections: list[Projection] = [JournalProjection("journal-writer" + suffix)]
+    from commonos.journal_writer.graph_projection import GraphProjection
+
+    projections: list[Projection] = [
+        JournalProjection("journal-writer" + suffix),
+        GraphProjection("graph-writer" + suffix),
+    ]
     return projections
 
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from commonos.journal_writer.projection import (
+    BULK,
+    BULK_MIN_ROWS,
     PROFILE_ENSURE,
     STATEMENTS,
     check_event,
+    columns,
     plan_events,
     profiles_mentioned,
 )
@@ -35,5 +38,10 @@ class JournalProjection:
         plan = plan_events(events)
         for statement, sql in STATEMENTS.items():
             rows = plan.rows[statement]
-            if rows:
+            if not rows:
+                continue
+            bulk = BULK.get(statement)
+            if bulk is not None and len(rows) >= BULK_MIN_ROWS:
+                await conn.execute(bulk, *columns(statement, rows))
+            else:
                 await conn.executemany(sql, rows)

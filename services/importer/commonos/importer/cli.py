@@ -1,0 +1,567 @@
+"""``cos import claude|codex [PATH]``: read agent transcripts, publish them as events, summarise them.
+
+* Each top-level session becomes ``transcript_imported`` events (its graph, in parts that fit a NATS
+  message) and one ``model_call_completed`` per model call with usage, all with deterministic ids:
+  importing again publishes nothing new (JetStream reports the duplicates) and never bills twice.
+* ``--dry-run`` reads, validates and summarises without any server.
+* ``--watch`` keeps going: it polls the transcripts' sizes every ``--interval`` seconds and publishes
+  what a grown file adds; a call whose usage may still grow is billed once its file has been quiet for
+  ``--settle`` seconds (or when the watch stops). Ctrl-C stops it.
+* The summary (a table, or ``--format json``) has one line per session tree and per model: tokens by
+  kind, cost (priced offline with genai-prices, as billing will), tool calls and files touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table
+
+from commonos.billing.pricing import Pricer
+from commonos.cli.args import CliError
+from commonos.importer.claude import read_claude_file
+from commonos.importer.codex import read_codex_file
+from commonos.importer.discover import (
+    claude_owner_session_file,
+    claude_projects_dir,
+    claude_session_files,
+    codex_rollout_files,
+    is_claude_agent_file,
+)
+from commonos.importer.model import VENDOR_CLAUDE_CODE, VENDOR_CODEX, ImportedSession
+from commonos.importer.publish import (
+    DEFAULT_MAX_PAYLOAD,
+    GraphTooLarge,
+    PublishCounts,
+    TreeState,
+    publish_events,
+    tree_events,
+)
+from commonos.importer.report import ImportSummary, SessionSummary, summarize_import, summarize_tree, summary_json
+from commonos.proto.events import Event
+from commonos.proto.graph import GraphInvalid, validate
+from commonos.runtime.settings import Settings
+
+log = logging.getLogger("commonos.importer")
+
+#: CloudEvents ``source`` of everything the importer publishes.
+EVENT_SOURCE = "urn:commonos:importer"
+
+Fingerprint = dict[Path, tuple[int, int]]
+
+
+# --- where transcripts are -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Source:
+    """One vendor's transcript layout: which files to read, and which file a changed file belongs to."""
+
+    command: str
+    vendor: str
+    default_root: str
+    top_files: Callable[[Path], list[Path]]
+    all_files: Callable[[Path], list[Path]]
+    read: Callable[[Path], list[ImportedSession]]
+    owner_of: Callable[[Path, set[Path]], Path | None]
+
+    def scan(self, root: Path) -> Fingerprint:
+        """Size and modification time of every transcript file under ``root``."""
+        found: Fingerprint = {}
+        for path in self.all_files(root):
+            with contextlib.suppress(OSError):
+                stat = path.stat()
+                found[path] = (stat.st_size, stat.st_mtime_ns)
+        return found
+
+
+def _claude_owner(path: Path, tops: set[Path]) -> Path | None:
+    if is_claude_agent_file(path):
+        return claude_owner_session_file(path)
+    return path if path in tops else None
+
+
+def _read_codex(path: Path) -> list[ImportedSession]:
+    imported = read_codex_file(path)
+    return [imported] if imported is not None else []
+
+
+SOURCES: dict[str, Source] = {
+    "claude": Source(
+        command="claude",
+        vendor=VENDOR_CLAUDE_CODE,
+        default_root="~/.claude",
+        top_files=lambda root: list(claude_session_files(root)),
+        all_files=lambda root: sorted(claude_projects_dir(root).rglob("*.jsonl")),
+        read=read_claude_file,
+        owner_of=_claude_owner,
+    ),
+    "codex": Source(
+        command="codex",
+        vendor=VENDOR_CODEX,
+        default_root="~/.codex",
+        top_files=lambda root: list(codex_rollout_files(root)),
+        all_files=lambda root: list(codex_rollout_files(root)),
+        read=_read_codex,
+        owner_of=lambda path, tops: path,
+    ),
+}
+
+
+# --- reading -------------------------------------------------------------------------------------
+
+
+@dataclass
+class TreeRead:
+    """One tree read from disk and checked, or the reason it cannot be imported."""
+
+    imported: ImportedSession | None
+    error: str | None = None
+
+
+def read_trees(source: Source, path: Path) -> list[TreeRead]:
+    """Every tree a top-level transcript holds, each validated (an invalid one carries its error)."""
+    out = []
+    try:
+        read = source.read(path)
+    except Exception as exc:  # one unreadable file must not stop an import of thousands
+        return [TreeRead(None, f"{path}: cannot be read: {type(exc).__name__}: {exc}")]
+    for imported in read:
+        try:
+            validate(imported.graph)
+        except GraphInvalid as exc:
+            out.append(TreeRead(None, f"{imported.source_path}: invalid graph: {exc}"))
+            continue
+        out.append(TreeRead(imported))
+    return out
+
+
+@contextlib.contextmanager
+def _progress(total_bytes: int, enabled: bool) -> Iterator[Callable[[int], None]]:
+    console = Console(stderr=True)
+    with Progress(
+        TextColumn("importing"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        disable=not enabled or not console.is_terminal,
+        transient=True,
+    ) as progress:
+        task = progress.add_task("import", total=total_bytes)
+        yield lambda done: progress.advance(task, done)
+        progress.update(task, completed=total_bytes)
+
+
+def _bytes_of(path: Path, trees: Sequence[TreeRead]) -> int:
+    read = [t.imported.source_bytes for t in trees if t.imported is not None]
+    with contextlib.suppress(OSError):
+        read.append(path.stat().st_size)
+    return max(read, default=0)
+
+
+# --- one-shot import -----------------------------------------------------------------------------
+
+PublishFn = Callable[[Sequence[Event]], Awaitable[PublishCounts]]
+
+
+@dataclass
+class ImportRun:
+    """Everything a run found and did, kept small: summaries, not graphs."""
+
+    trees: dict[str, SessionSummary] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    published: PublishCounts = field(default_factory=PublishCounts)
+
+
+async def import_files(
+    source: Source,
+    root: Path,
+    pricer: Pricer,
+    *,
+    publish: PublishFn | None,
+    max_payload: int = DEFAULT_MAX_PAYLOAD,
+    settle_s: float = 10.0,
+    progress: bool = False,
+) -> ImportRun:
+    """Read every transcript under ``root``, summarise each tree and, with ``publish``, publish its events.
+
+    A file written to within ``settle_s`` seconds may end in a response still being written: the
+    calls whose usage may still grow are left for a later import (see ``settled_invocations``).
+    """
+    run = ImportRun()
+    tops = source.top_files(root)
+    total = sum(size for size, _ in source.scan(root).values())
+    with _progress(total, progress) as advance:
+        for path in tops:
+            recent = time.time() - _mtime(path) < settle_s
+            trees = read_trees(source, path)
+            for tree in trees:
+                if tree.imported is None:
+                    run.errors.append(tree.error or f"{path}: unreadable")
+                    continue
+                await _import_tree(run, tree.imported, pricer, publish, max_payload, state=None, settled_only=recent)
+            advance(_bytes_of(path, trees))
+    return run
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+async def _import_tree(
+    run: ImportRun,
+    imported: ImportedSession,
+    pricer: Pricer,
+    publish: PublishFn | None,
+    max_payload: int,
+    *,
+    state: TreeState | None,
+    settled_only: bool,
+) -> PublishCounts | None:
+    summary = summarize_tree(pricer, imported)
+    run.trees[summary.session_id] = summary
+    if publish is None:
+        return None
+    try:
+        events = tree_events(imported, max_payload=max_payload, settled_only=settled_only, state=state)
+    except (GraphTooLarge, GraphInvalid) as exc:
+        run.errors.append(f"{imported.source_path}: not published: {exc}")
+        return None
+    if not events.events:
+        return PublishCounts()
+    counts = await publish(events.events)
+    run.published.add(counts)
+    if state is not None:
+        state.remember(events)
+    return counts
+
+
+@contextlib.asynccontextmanager
+async def nats_publisher(settings: Settings) -> AsyncIterator[tuple[PublishFn, int]]:
+    """A publish function over a NATS connection, and the server's max message size."""
+    from commonos.runtime import nats as cos_nats
+    from commonos.runtime.publisher import EventPublisher
+
+    closing = False
+
+    async def on_disconnected() -> None:
+        if not closing:
+            log.warning("nats: disconnected; publishing resumes after the reconnect")
+
+    nc = await cos_nats.connect(settings, "cos-import", disconnected_cb=on_disconnected)
+    try:
+        js = nc.jetstream()
+        await cos_nats.ensure_streams(js, settings.stream_replicas)
+        publisher = EventPublisher(js, EVENT_SOURCE)
+
+        async def publish(events: Sequence[Event]) -> PublishCounts:
+            return await publish_events(publisher, events)
+
+        yield publish, int(nc.max_payload)
+    finally:
+        closing = True
+        await nc.close()
+
+
+# --- watching ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Watcher:
+    """Follows growing transcripts: re-reads a file when it changes and publishes what is new."""
+
+    source: Source
+    root: Path
+    pricer: Pricer
+    publish: PublishFn
+    max_payload: int = DEFAULT_MAX_PAYLOAD
+    interval_s: float = 2.0
+    settle_s: float = 10.0
+    say: Callable[[str], None] = lambda line: None
+    run: ImportRun = field(default_factory=ImportRun)
+    states: dict[str, TreeState] = field(default_factory=dict)
+    #: Top-level files with calls not billed yet, by when they last changed (monotonic seconds).
+    unsettled: dict[Path, float] = field(default_factory=dict)
+    retry: set[Path] = field(default_factory=set)
+    fingerprint: Fingerprint = field(default_factory=dict)
+
+    async def start(self) -> None:
+        """Import everything once; files changed within the settle time keep their last calls for later."""
+        self.fingerprint = self.source.scan(self.root)
+        now_wall, now = time.time(), time.monotonic()
+        for path in self.source.top_files(self.root):
+            recent = now_wall - _mtime(path) < self.settle_s
+            await self.process(path, settled_only=recent)
+            if recent:
+                self.unsettled[path] = now
+
+    async def poll(self) -> None:
+        """One look at the files: publish what changed, and bill calls of files that went quiet."""
+        current = self.source.scan(self.root)
+        changed = {p for p in current if current[p] != self.fingerprint.get(p)}
+        self.fingerprint = current
+        tops = set(self.source.top_files(self.root))
+        owners = {self.source.owner_of(p, tops) for p in changed} | self.retry
+        self.retry = set()
+        now = time.monotonic()
+        for path in sorted(p for p in owners if p is not None):
+            await self.process(path, settled_only=True)
+            self.unsettled[path] = now
+        for path, since in list(self.unsettled.items()):
+            if now - since >= self.settle_s and path not in owners:
+                await self.process(path, settled_only=False)
+                self.unsettled.pop(path, None)
+
+    async def finish(self) -> None:
+        """Bill what is still waiting to settle: the watch is ending."""
+        for path in list(self.unsettled):
+            await self.process(path, settled_only=False)
+        self.unsettled.clear()
+
+    async def run_until(self, stop: asyncio.Event) -> ImportRun:
+        await self.start()
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self.interval_s)
+            if stop.is_set():
+                break
+            await self.poll()
+        await self.finish()
+        return self.run
+
+    async def process(self, path: Path, *, settled_only: bool) -> None:
+        from commonos.runtime.publisher import PublishError
+
+        for tree in read_trees(self.source, path):
+            if tree.imported is None:
+                self.run.errors.append(tree.error or f"{path}: unreadable")
+                self.say(f"error: {tree.error}")
+                continue
+            root = tree.imported.graph.root()
+            state = self.states.setdefault(root.id if root is not None else str(path), TreeState())
+            try:
+                counts = await _import_tree(
+                    self.run,
+                    tree.imported,
+                    self.pricer,
+                    self.publish,
+                    self.max_payload,
+                    state=state,
+                    settled_only=settled_only,
+                )
+            except PublishError as exc:
+                self.retry.add(path)
+                self.say(f"not published, will retry: {exc}")
+                continue
+            if counts is not None and counts.events:
+                title = (root.title if root is not None else None) or path.name
+                self.say(
+                    f"{time.strftime('%H:%M:%S')} {title[:60]}: {counts.graph_parts} graph part(s), "
+                    f"{counts.model_calls} model call(s), {counts.stored} new in the stream"
+                )
+
+
+# --- output --------------------------------------------------------------------------------------
+
+
+def _n(value: int) -> str:
+    return f"{value:,}"
+
+
+def _usd(value: Decimal, unpriced: int) -> str:
+    text = f"${value:,.2f}"
+    return f"{text} (+{unpriced} unpriced)" if unpriced else text
+
+
+def print_table(summary: ImportSummary, console: Console) -> None:
+    sessions = Table(title=f"{summary.vendor} sessions under {summary.root}", show_lines=False)
+    for column in ("started", "session", "project", "calls", "input", "output", "cache read", "cache write"):
+        left = column in ("session", "project", "started")
+        sessions.add_column(column, justify="left" if left else "right", no_wrap=True, overflow="ellipsis")
+    for column in ("cost", "tools", "files"):
+        sessions.add_column(column, justify="right")
+    for s in summary.sessions:
+        title = (s.title or s.vendor_session_id or s.session_id)[:40]
+        if s.nested_sessions:
+            title += f" (+{s.nested_sessions} sub)"
+        sessions.add_row(
+            s.started_at.strftime("%Y-%m-%d %H:%M") if s.started_at else "",
+            title,
+            (s.project or "")[:32],
+            _n(s.invocations),
+            _n(s.input_tokens),
+            _n(s.output_tokens),
+            _n(s.cache_read_tokens),
+            _n(s.cache_write_tokens),
+            _usd(s.cost_usd, s.unpriced_invocations),
+            _n(sum(s.tool_calls.values())),
+            _n(s.files_touched),
+        )
+    console.print(sessions)
+    models = Table(title="per model")
+    for column in ("model", "calls", "input", "output", "cache read", "cache write", "of it 1h", "total", "cost"):
+        models.add_column(column, justify="left" if column == "model" else "right")
+    for m in [*summary.models, None]:
+        line = m if m is not None else summary.totals
+        models.add_row(
+            m.model if m is not None else "total",
+            _n(line.invocations),
+            _n(line.input_tokens),
+            _n(line.output_tokens),
+            _n(line.cache_read_tokens),
+            _n(line.cache_write_tokens),
+            _n(line.cache_write_1h_tokens),
+            _n(line.total_tokens),
+            _usd(line.cost_usd, line.unpriced_invocations),
+            end_section=m is not None and m is summary.models[-1],
+        )
+    console.print(models)
+    if summary.published is not None:
+        p = summary.published
+        console.print(
+            f"published {p.events} events ({p.graph_parts} graph parts, {p.model_calls} model calls): "
+            f"{p.stored} new, {p.duplicates} already in the stream"
+        )
+    elif summary.dry_run:
+        console.print("dry run: nothing was published")
+    for error in summary.errors:
+        console.print(f"[red]error:[/red] {error}", markup=True, highlight=False)
+
+
+def emit(summary: ImportSummary, output_format: str) -> None:
+    if output_format == "json":
+        sys.stdout.write(summary_json(summary).decode() + "\n")
+        sys.stdout.flush()
+    else:
+        # Piped output is not cut to 80 columns: a table of numbers is no use wrapped.
+        print_table(summary, Console(highlight=False, width=None if sys.stdout.isatty() else 200))
+
+
+# --- command -------------------------------------------------------------------------------------
+
+
+def _nats_settings() -> Settings:
+    from commonos.cli.system import endpoints
+
+    settings = Settings.from_env()
+    if settings.nats_url:
+        return settings
+    return dataclasses.replace(settings, nats_url=endpoints(settings).nats_url)
+
+
+def run_import(args: argparse.Namespace) -> int:
+    """The handler of ``cos import claude|codex``."""
+    source = SOURCES[args.source]
+    root = Path(args.path).expanduser()
+    if not root.exists():
+        raise CliError(f"{root} does not exist")
+    if args.watch and args.dry_run:
+        raise CliError("--watch publishes as transcripts grow; it cannot be combined with --dry-run")
+    if args.interval_s <= 0 or args.settle_s < 0:
+        raise CliError("--interval must be above 0 and --settle at least 0")
+    pricer = Pricer()
+    progress = not args.no_progress
+    if args.dry_run:
+        run = asyncio.run(import_files(source, root, pricer, publish=None, settle_s=args.settle_s, progress=progress))
+        published: PublishCounts | None = None
+    else:
+        settings = _nats_settings()
+        run = asyncio.run(_publish_run(source, root, pricer, settings, args, progress))
+        published = run.published
+    summary = summarize_import(
+        source.vendor, root, run.trees.values(), dry_run=args.dry_run, published=published, errors=run.errors
+    )
+    emit(summary, args.format)
+    return 1 if run.errors else 0
+
+
+async def _publish_run(
+    source: Source, root: Path, pricer: Pricer, settings: Settings, args: argparse.Namespace, progress: bool
+) -> ImportRun:
+    async with nats_publisher(settings) as (publish, max_payload):
+        if not args.watch:
+            return await import_files(
+                source,
+                root,
+                pricer,
+                publish=publish,
+                max_payload=max_payload,
+                settle_s=args.settle_s,
+                progress=progress,
+            )
+        from commonos.runtime.lifecycle import install_stop_signals
+
+        stop = asyncio.Event()
+        install_stop_signals(stop)
+        err = Console(stderr=True, highlight=False)
+        watcher = Watcher(
+            source,
+            root,
+            pricer,
+            publish,
+            max_payload=max_payload,
+            interval_s=args.interval_s,
+            settle_s=args.settle_s,
+            say=lambda line: err.print(line, markup=False),
+        )
+        err.print(f"watching {root} every {args.interval_s:g}s; Ctrl-C stops", markup=False)
+        return await watcher.run_until(stop)
+
+
+def register(sub: Any) -> None:
+    imp = sub.add_parser(
+        "import",
+        help="import Claude Code or Codex transcripts as session graphs and billed model calls",
+        description="Read agent transcripts, publish each session tree as events and summarise them.",
+    )
+    vendors = imp.add_subparsers(dest="import_source", metavar="SOURCE", required=True)
+    for name, what in (("claude", "Claude Code"), ("codex", "Codex")):
+        source = SOURCES[name]
+        p = vendors.add_parser(name, help=f"import {what} transcripts (default {source.default_root})")
+        p.add_argument(
+            "path",
+            nargs="?",
+            default=source.default_root,
+            help=f"{what} folder, its projects/sessions folder, or one project folder (default {source.default_root})",
+        )
+        p.add_argument("--dry-run", action="store_true", help="read, validate and summarise; publish nothing")
+        p.add_argument("--watch", action="store_true", help="keep following growing transcripts until Ctrl-C")
+        p.add_argument(
+            "--interval", dest="interval_s", type=float, default=2.0, metavar="SECONDS", help="watch poll interval"
+        )
+        p.add_argument(
+            "--settle",
+            dest="settle_s",
+            type=float,
+            default=10.0,
+            metavar="SECONDS",
+            help="bill the last call of a file written to within this many seconds only once it is quiet (default 10)",
+        )
+        p.add_argument("--format", choices=("table", "json"), default="table", help="summary format")
+        p.add_argument("--no-progress", action="store_true", help="no progress bar")
+        p.set_defaults(handler=run_import, source=name)

@@ -1,0 +1,215 @@
+"""What an import found, per session tree and per model: tokens by kind, cost, tool calls, files.
+
+Pure: costs come from billing's offline :class:`~commonos.billing.pricing.Pricer` (genai-prices), with the
+provider, model, tokens and time the ``model_call_completed`` events carry, so the summary's cost is
+what billing will charge for the same calls. Usage rows that belong to no invocation (a report-only
+subagent's last call) are counted in the tokens but neither billed nor priced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from decimal import Decimal
+from pathlib import Path
+
+import msgspec
+
+from commonos.billing.pricing import CostStatus, Pricer
+from commonos.billing.usage import TokenUsage as BilledUsage
+from commonos.importer.model import ImportedSession
+from commonos.importer.publish import VENDOR_PROVIDERS, PublishCounts, call_time, has_usage
+from commonos.proto.graph import Graph, ModelInvocation, TokenUsage
+
+UNKNOWN_MODEL = "unknown"
+
+
+class TokenCounts(msgspec.Struct, kw_only=True):
+    """Tokens by kind (input excludes cache reads and writes), model calls and their cost in USD."""
+
+    invocations: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    cache_write_1h_tokens: int = 0
+    total_tokens: int = 0
+    cost_usd: Decimal = Decimal(0)
+    unpriced_invocations: int = 0
+    unbilled_usage_rows: int = 0
+
+    def add(self, other: TokenCounts) -> None:
+        for name in TokenCounts.__struct_fields__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+class ModelSummary(TokenCounts, kw_only=True):
+    model: str
+
+
+class SessionSummary(TokenCounts, kw_only=True):
+    """One imported tree: a top-level session with every nested (subagent) session rolled in."""
+
+    session_id: str
+    vendor_session_id: str | None
+    vendor: str
+    project: str | None
+    branch: str | None
+    title: str | None
+    source_path: str
+    started_at: datetime | None
+    ended_at: datetime | None
+    outcome: str
+    nested_sessions: int
+    tool_calls: dict[str, int]
+    files_touched: int
+    models: list[ModelSummary]
+
+
+class ImportSummary(msgspec.Struct, kw_only=True):
+    vendor: str
+    root: str
+    dry_run: bool
+    sessions: list[SessionSummary]
+    models: list[ModelSummary]
+    totals: TokenCounts
+    published: PublishCounts | None = None
+    errors: list[str] = msgspec.field(default_factory=list)
+
+
+def invocation_counts(pricer: Pricer, vendor: str, graph: Graph, invocation: ModelInvocation) -> TokenCounts:
+    """One invocation's tokens and the cost billing will compute for it."""
+    one_hour = invocation.cache_write_1h_tokens or 0
+    counts = TokenCounts(
+        invocations=1,
+        input_tokens=invocation.input_tokens,
+        output_tokens=invocation.output_tokens,
+        cache_read_tokens=invocation.cache_read_tokens,
+        cache_write_tokens=invocation.cache_write_tokens,
+        cache_write_1h_tokens=one_hour,
+        total_tokens=invocation.input_tokens
+        + invocation.output_tokens
+        + invocation.cache_read_tokens
+        + invocation.cache_write_tokens,
+    )
+    if not has_usage(invocation):
+        return counts
+    usage = BilledUsage(
+        input_tokens=invocation.input_tokens,
+        output_tokens=invocation.output_tokens,
+        cache_read_tokens=invocation.cache_read_tokens,
+        cache_write_5m_tokens=invocation.cache_write_tokens - one_hour,
+        cache_write_1h_tokens=one_hour,
+        speed=invocation.speed,
+    )
+    provider = VENDOR_PROVIDERS.get(vendor, vendor)
+    price = pricer.price(provider, invocation.model or UNKNOWN_MODEL, usage, call_time(graph, invocation))
+    if price.cost_usd is None or price.status == CostStatus.UNPRICED:
+        counts.unpriced_invocations = 1
+    else:
+        counts.cost_usd = price.cost_usd
+    return counts
+
+
+def _usage_row_counts(row: TokenUsage) -> TokenCounts:
+    parts = [row.input_tokens or 0, row.output_tokens or 0, row.cache_read_tokens or 0, row.cache_write_tokens or 0]
+    return TokenCounts(
+        input_tokens=parts[0],
+        output_tokens=parts[1],
+        cache_read_tokens=parts[2],
+        cache_write_tokens=parts[3],
+        total_tokens=sum(parts),
+        unbilled_usage_rows=1,
+    )
+
+
+def _models(by_model: dict[str, TokenCounts]) -> list[ModelSummary]:
+    out = []
+    for model in sorted(by_model):
+        line = ModelSummary(model=model)
+        line.add(by_model[model])
+        out.append(line)
+    return out
+
+
+def summarize_tree(pricer: Pricer, imported: ImportedSession) -> SessionSummary:
+    """The summary of one imported tree."""
+    graph = imported.graph
+    root = graph.root()
+    by_model: dict[str, TokenCounts] = {}
+    for invocation in graph.model_invocations:
+        counts = invocation_counts(pricer, imported.vendor, graph, invocation)
+        by_model.setdefault(invocation.model or UNKNOWN_MODEL, TokenCounts()).add(counts)
+    for row in graph.token_usage:
+        by_model.setdefault(row.model or UNKNOWN_MODEL, TokenCounts()).add(_usage_row_counts(row))
+    tool_calls: dict[str, int] = {}
+    for tool_use in graph.tool_uses:
+        tool_calls[str(tool_use.verb)] = tool_calls.get(str(tool_use.verb), 0) + 1
+    vendor_session = next(
+        (v.vendor_id for v in graph.vendor_ids if root is not None and v.our_id == root.id and v.our_type == "session"),
+        None,
+    )
+    summary = SessionSummary(
+        session_id=root.id if root is not None else "",
+        vendor_session_id=vendor_session,
+        vendor=imported.vendor,
+        project=imported.project,
+        branch=imported.branch,
+        title=root.title if root is not None else None,
+        source_path=str(imported.source_path),
+        started_at=root.started_at if root is not None else None,
+        ended_at=root.ended_at if root is not None else None,
+        outcome=str(root.outcome) if root is not None else "unknown",
+        nested_sessions=max(0, len(graph.sessions) - 1),
+        tool_calls=dict(sorted(tool_calls.items())),
+        files_touched=len({f.path for f in graph.file_touches}),
+        models=_models(by_model),
+    )
+    for line in summary.models:
+        summary.add(_only_counts(line))
+    return summary
+
+
+def _only_counts(line: TokenCounts) -> TokenCounts:
+    counts = TokenCounts()
+    counts.add(line)
+    return counts
+
+
+def summarize_import(
+    vendor: str,
+    root: Path,
+    trees: Iterable[SessionSummary],
+    *,
+    dry_run: bool,
+    published: PublishCounts | None = None,
+    errors: Sequence[str] = (),
+) -> ImportSummary:
+    """The summary of a whole import from its trees' summaries: per tree, per model across trees, and totals."""
+    sessions = sorted(
+        trees, key=lambda s: (s.started_at is None, s.started_at.timestamp() if s.started_at else 0.0, s.session_id)
+    )
+    by_model: dict[str, TokenCounts] = {}
+    totals = TokenCounts()
+    for session in sessions:
+        for line in session.models:
+            by_model.setdefault(line.model, TokenCounts()).add(_only_counts(line))
+            totals.add(_only_counts(line))
+    return ImportSummary(
+        vendor=vendor,
+        root=str(root),
+        dry_run=dry_run,
+        sessions=sessions,
+        models=_models(by_model),
+        totals=totals,
+        published=published,
+        errors=list(errors),
+    )
+
+
+_json_encoder = msgspec.json.Encoder(decimal_format="number")
+
+
+def summary_json(summary: ImportSummary) -> bytes:
+    """The summary as JSON: per-session and per-model records carry ``model`` and tokens by kind; cost is a number."""
+    return _json_encoder.encode(summary)

@@ -1,0 +1,385 @@
+"""The graph writer: ``transcript_imported`` events -> the ``graph`` tables (see graph_schema).
+
+An event carries a session graph, or a part of one that is a valid graph on its own (the importer
+splits a graph too large for one message; every part holds the rows its other rows point at). The
+event is checked with ``validate`` before anything is written: a graph that breaks the session
+model is dead-lettered. Its rows are then inserted parents first, every statement keyed on the
+row's id, so applying an event twice, or an import of the same transcript, adds nothing.
+
+Re-importing a transcript that has grown adds rows; the columns below are the only ones an import
+may change in a stored row, each because the transcript legitimately completes them over time and
+each only forward, so replaying an older import never undoes a newer one:
+
+* ``sessions``: ``ended_at`` (only to a later time, or from null), and with it ``outcome``,
+  ``title``, ``working_dir``, ``git_branch``, ``repo_root``, ``worktree_root`` (a null never
+  replaces a value).
+* ``user_inputs.interrupted``: false -> true, when an interrupt follows the input.
+* ``model_invocations`` token counts, ``token_basis``, ``speed`` and ``stop_reason``: when the new
+  ``total_tokens`` is larger or the stored row has no stop reason yet and the new one has. Claude
+  Code writes a response one content block per line, each repeating the usage so far, so a read
+  between two lines of one response sees a partial count.
+* ``tool_uses.status``: ``no_result`` -> the status of its result, when the result arrives; and
+  ``metadata`` (the subagent detail of a spawning call) from an import at least as complete.
+
+Every other column is written once (``ON CONFLICT (id) DO NOTHING``). A row that collides with a
+stored one on its natural key under a different id (say a second result for one tool use) violates
+a unique constraint, and the consumer dead-letters the event.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import OrderedDict
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Final
+
+import msgspec
+
+from commonos.proto.events import Event, TranscriptImported
+from commonos.proto.graph import Graph, GraphInvalid, decode_graph, validate
+
+if TYPE_CHECKING:
+    from commonos.runtime.postgres import Conn
+
+#: Statements in the order they run (parents first); each is idempotent.
+STATEMENTS: Final[dict[str, str]] = {
+    "sessions": """
+        INSERT INTO graph.sessions AS s (id, parent_session_id, spawned_by_tool_use_id, started_at, ended_at, title,
+                                         working_dir, git_branch, outcome, repo_root, worktree_root)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+        ON CONFLICT (id) DO UPDATE SET
+            ended_at = EXCLUDED.ended_at,
+            outcome = EXCLUDED.outcome,
+            title = coalesce(EXCLUDED.title, s.title),
+            working_dir = coalesce(EXCLUDED.working_dir, s.working_dir),
+            git_branch = coalesce(EXCLUDED.git_branch, s.git_branch),
+            repo_root = coalesce(EXCLUDED.repo_root, s.repo_root),
+            worktree_root = coalesce(EXCLUDED.worktree_root, s.worktree_root)
+        WHERE coalesce(EXCLUDED.ended_at, '-infinity') >= coalesce(s.ended_at, '-infinity')
+          AND (s.ended_at, s.outcome, s.title, s.working_dir, s.git_branch, s.repo_root, s.worktree_root)
+              IS DISTINCT FROM
+              (EXCLUDED.ended_at, EXCLUDED.outcome, coalesce(EXCLUDED.title, s.title),
+               coalesce(EXCLUDED.working_dir, s.working_dir), coalesce(EXCLUDED.git_branch, s.git_branch),
+               coalesce(EXCLUDED.repo_root, s.repo_root), coalesce(EXCLUDED.worktree_root, s.worktree_root))""",
+    "session_attributes": """
+        INSERT INTO graph.session_attributes (id, session_id, key, value, valid_from)
+        VALUES ($1, $2, $3, $4::text::jsonb, $5)
+        ON CONFLICT (id) DO NOTHING""",
+    "user_inputs": """
+        INSERT INTO graph.user_inputs AS u (id, session_id, ordinal, text, triggered_at, interrupted, kind, origin,
+                                            metadata)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::text::jsonb)
+        ON CONFLICT (id) DO UPDATE SET interrupted = true
+        WHERE EXCLUDED.interrupted AND NOT u.interrupted""",
+    "model_invocations": """
+        INSERT INTO graph.model_invocations AS m (id, session_id, user_input_id, parent_model_invocation_id, model,
+                                                  input_tokens, output_tokens, cache_read_tokens, cache_write_tokens,
+                                                  cache_write_1h_tokens, total_tokens, token_basis, speed,
+                                                  stop_reason, started_at)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+        ON CONFLICT (id) DO UPDATE SET
+            input_tokens = EXCLUDED.input_tokens,
+            output_tokens = EXCLUDED.output_tokens,
+            cache_read_tokens = EXCLUDED.cache_read_tokens,
+            cache_write_tokens = EXCLUDED.cache_write_tokens,
+            cache_write_1h_tokens = EXCLUDED.cache_write_1h_tokens,
+            total_tokens = EXCLUDED.total_tokens,
+            token_basis = EXCLUDED.token_basis,
+            speed = coalesce(EXCLUDED.speed, m.speed),
+            stop_reason = coalesce(EXCLUDED.stop_reason, m.stop_reason)
+        WHERE EXCLUDED.total_tokens > m.total_tokens
+           OR (m.stop_reason IS NULL AND EXCLUDED.stop_reason IS NOT NULL
+               AND EXCLUDED.total_tokens >= m.total_tokens)""",
+    "assistant_messages": """
+        INSERT INTO graph.assistant_messages (id, session_id, user_input_id, model_invocation_id, text, content,
+                                              "timestamp")
+        VALUES ($1, $2, $3, $4, $5, $6::text::jsonb, $7)
+        ON CONFLICT (id) DO NOTHING""",
+    "tool_uses": """
+        INSERT INTO graph.tool_uses AS t (id, session_id, user_input_id, model_invocation_id, name, verb, input,
+                                          status, metadata, "timestamp")
+        VALUES ($1, $2, $3, $4, $5, $6, $7::text::jsonb, $8, $9::text::jsonb, $10)
+        ON CONFLICT (id) DO UPDATE SET
+            status = CASE WHEN t.status = 'no_result' THEN EXCLUDED.status ELSE t.status END,
+            metadata = EXCLUDED.metadata
+        WHERE (EXCLUDED.status <> 'no_result' OR t.status = 'no_result')
+          AND (t.status, t.metadata) IS DISTINCT FROM
+              (CASE WHEN t.status = 'no_result' THEN EXCLUDED.status ELSE t.status END, EXCLUDED.metadata)""",
+    "tool_results": """
+        INSERT INTO graph.tool_results (id, tool_use_id, session_id, user_input_id, status, output_text, output,
+                                        error_text, "timestamp")
+        VALUES ($1, $2, $3, $4, $5, $6, $7::text::jsonb, $8, $9)
+        ON CONFLICT (id) DO NOTHING""",
+    "file_touches": """
+        INSERT INTO graph.file_touches (id, tool_use_id, user_input_id, session_id, path, kind, start_line, end_line,
+                                        hunks)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::text::jsonb)
+        ON CONFLICT (id) DO NOTHING""",
+    "token_usage": """
+        INSERT INTO graph.token_usage (id, session_id, user_input_id, scope, model, input_tokens, output_tokens,
+                                       cache_read_tokens, cache_write_tokens, total_tokens, api_call_count,
+                                       token_basis, speed)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+        ON CONFLICT (id) DO NOTHING""",
+    "vendor_ids": """
+        INSERT INTO graph.vendor_ids (our_type, vendor, vendor_id_kind, vendor_id, our_id, session_id, source_ref)
+        VALUES ($1, $2, $3, $4, $5, $6, $7)
+        ON CONFLICT (our_type, vendor, vendor_id_kind, vendor_id) DO NOTHING""",
+}
+
+Rows = dict[str, list[tuple[Any, ...]]]
+
+_hunks_encoder: Final = msgspec.json.Encoder()
+# Plans checked but not yet applied, by event id; bounded so events that never reach apply cannot pile up.
+_MAX_CACHED_PLANS: Final = 16
+_NUL_ESCAPE: Final = b"\\u0000"
+
+
+class GraphEventInvalid(ValueError):
+    """A ``transcript_imported`` event whose graph cannot be stored; the message says why."""
+
+
+def _id(value: str) -> uuid.UUID:
+    return uuid.UUID(value)
+
+
+def _opt_id(value: str | None) -> uuid.UUID | None:
+    return None if value is None else uuid.UUID(value)
+
+
+def _text(value: str | None) -> str | None:
+    # PostgreSQL text cannot hold NUL; it is stored as U+FFFD (the replacement character).
+    if value is None or "\x00" not in value:
+        return value
+    return value.replace("\x00", "\ufffd")
+
+
+def _strip_nul(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, list):
+        return [_strip_nul(v) for v in value]
+    if isinstance(value, dict):
+        return {_strip_nul(k): _strip_nul(v) for k, v in value.items()}
+    return value
+
+
+def _json(raw: msgspec.Raw | bytes | None) -> str | None:
+    """Raw JSON as text for a jsonb parameter; jsonb rejects ``\\u0000``, so such strings get U+FFFD."""
+    if raw is None:
+        return None
+    data = bytes(raw)
+    if not data:
+        return None
+    if _NUL_ESCAPE in data:
+        data = msgspec.json.encode(_strip_nul(msgspec.json.decode(data)))
+    return data.decode()
+
+
+def _time(value: datetime | None) -> datetime | None:
+    if value is None or value.tzinfo is not None:
+        return value
+    return value.replace(tzinfo=UTC)
+
+
+def graph_of(event: TranscriptImported) -> Graph:
+    """The graph an event carries, decoded with the graph's own rules (raw JSON fields, Go nils)."""
+    try:
+        return decode_graph(msgspec.json.encode(event.graph))
+    except msgspec.DecodeError as exc:
+        raise GraphEventInvalid(f"the graph does not decode: {exc}") from exc
+
+
+def graph_rows(graph: Graph) -> Rows:
+    """The parameter tuples of every statement for one graph, in the graph's (parents-first) order."""
+    rows: Rows = {name: [] for name in STATEMENTS}
+    for s in graph.sessions:
+        rows["sessions"].append(
+            (
+                _id(s.id),
+                _opt_id(s.parent_session_id),
+                _opt_id(s.spawned_by_tool_use_id),
+                _time(s.started_at),
+                _time(s.ended_at),
+                _text(s.title),
+                _text(s.working_dir),
+                _text(s.git_branch),
+                str(s.outcome),
+                _text(s.repo_root),
+                _text(s.worktree_root),
+            )
+        )
+    for a in graph.attributes:
+        rows["session_attributes"].append(
+            (_id(a.id), _id(a.session_id), _text(a.key), _json(a.value), _time(a.valid_from))
+        )
+    for u in graph.user_inputs:
+        rows["user_inputs"].append(
+            (
+                _id(u.id),
+                _id(u.session_id),
+                u.ordinal,
+                _text(u.text),
+                _time(u.triggered_at),
+                u.interrupted,
+                str(u.kind),
+                str(u.origin),
+                _json(u.metadata),
+            )
+        )
+    for m in graph.model_invocations:
+        rows["model_invocations"].append(
+            (
+                _id(m.id),
+                _id(m.session_id),
+                _id(m.user_input_id),
+                _opt_id(m.parent_model_invocation_id),
+                _text(m.model),
+                m.input_tokens,
+                m.output_tokens,
+                m.cache_read_tokens,
+                m.cache_write_tokens,
+                m.cache_write_1h_tokens,
+                m.total_tokens,
+                str(m.token_basis) if m.token_basis else None,
+                m.speed,
+                _text(m.stop_reason),
+                _time(m.started_at),
+            )
+        )
+    for am in graph.assistant_messages:
+        rows["assistant_messages"].append(
+            (
+                _id(am.id),
+                _id(am.session_id),
+                _id(am.user_input_id),
+                _id(am.model_invocation_id),
+                _text(am.text),
+                _json(am.content),
+                _time(am.timestamp),
+            )
+        )
+    for t in graph.tool_uses:
+        rows["tool_uses"].append(
+            (
+                _id(t.id),
+                _id(t.session_id),
+                _id(t.user_input_id),
+                _id(t.model_invocation_id),
+                _text(t.name),
+                str(t.verb),
+                _json(t.input) or "null",
+                str(t.status),
+                _json(t.metadata) or "null",
+                _time(t.timestamp),
+            )
+        )
+    for r in graph.tool_results:
+        rows["tool_results"].append(
+            (
+                _id(r.id),
+                _id(r.tool_use_id),
+                _id(r.session_id),
+                _id(r.user_input_id),
+                str(r.status),
+                _text(r.output_text),
+                _json(r.output),
+                _text(r.error_text),
+                _time(r.timestamp),
+            )
+        )
+    for f in graph.file_touches:
+        hunks = _json(_hunks_encoder.encode(f.hunks)) if f.hunks is not None else None
+        rows["file_touches"].append(
+            (
+                _id(f.id),
+                _opt_id(f.tool_use_id),
+                _id(f.user_input_id),
+                _id(f.session_id),
+                _text(f.path),
+                str(f.kind),
+                f.start_line,
+                f.end_line,
+                hunks,
+            )
+        )
+    for tu in graph.token_usage:
+        rows["token_usage"].append(
+            (
+                _id(tu.id),
+                _id(tu.session_id),
+                _opt_id(tu.user_input_id),
+                str(tu.scope),
+                _text(tu.model),
+                tu.input_tokens,
+                tu.output_tokens,
+                tu.cache_read_tokens,
+                tu.cache_write_tokens,
+                tu.total_tokens,
+                tu.api_call_count,
+                str(tu.token_basis) if tu.token_basis else None,
+                tu.speed,
+            )
+        )
+    for v in graph.vendor_ids:
+        rows["vendor_ids"].append(
+            (
+                str(v.our_type),
+                _text(v.vendor),
+                _text(v.vendor_id_kind),
+                _text(v.vendor_id),
+                _id(v.our_id),
+                _id(v.session_id),
+                _text(v.source_ref),
+            )
+        )
+    return rows
+
+
+def plan_event(event: TranscriptImported) -> Rows:
+    """Decode, validate and turn one event's graph into rows; GraphEventInvalid says what is wrong."""
+    graph = graph_of(event)
+    try:
+        validate(graph)
+    except GraphInvalid as exc:
+        raise GraphEventInvalid(str(exc)) from exc
+    root = graph.root()
+    if root is not None and root.id != str(event.session_id):
+        raise GraphEventInvalid(f"the graph's root session {root.id} is not the event's session {event.session_id}")
+    try:
+        return graph_rows(graph)
+    except ValueError as exc:  # an id that is not a UUID
+        raise GraphEventInvalid(f"bad id in the graph: {exc}") from exc
+
+
+class GraphProjection:
+    """Projects ``transcript_imported`` events into the ``graph`` schema; other events pass by."""
+
+    position_table = "graph.positions"
+
+    def __init__(self, name: str = "graph-writer") -> None:
+        self.name = name
+        self._plans: OrderedDict[uuid.UUID, Rows] = OrderedDict()
+
+    def check(self, event: Event) -> None:
+        if not isinstance(event, TranscriptImported):
+            return
+        plan = plan_event(event)
+        self._plans[event.event_id] = plan
+        while len(self._plans) > _MAX_CACHED_PLANS:
+            self._plans.popitem(last=False)
+
+    async def apply(self, conn: Conn, events: Sequence[Event]) -> None:
+        batch: Rows = {name: [] for name in STATEMENTS}
+        for event in events:
+            if not isinstance(event, TranscriptImported):
+                continue
+            plan = self._plans.pop(event.event_id, None)
+            if plan is None:
+                plan = plan_event(event)
+            for name, rows in plan.items():
+                batch[name].extend(rows)
+        for name, sql in STATEMENTS.items():
+            if batch[name]:
+                await conn.executemany(sql, batch[name])

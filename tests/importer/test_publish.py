@@ -1,0 +1,287 @@
+"""Session trees -> events, without servers: parts, ids, tags, billing fields, and what a watcher re-sends."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from commonos.importer.claude import read_claude, read_claude_file
+from commonos.importer.codex import read_codex
+from commonos.importer.model import ImportedSession
+from commonos.importer.publish import (
+    DEFAULT_MAX_PAYLOAD,
+    GraphTooLarge,
+    TreeState,
+    events_for,
+    has_usage,
+    import_tags,
+    model_call_event_id,
+    profile_id_for,
+    settled_invocations,
+    split_graph,
+    tag_value,
+    tree_events,
+)
+from commonos.journal_writer.graph_projection import GraphEventInvalid, GraphProjection, graph_of, graph_rows
+from commonos.proto.events import ModelCallCompleted, TranscriptImported, decode_event, encode_event
+from commonos.proto.graph import Graph, ModelInvocation, decode_graph, encode_graph, validate
+from commonos.proto.subjects import parse_subject, subject_for
+from commonos.proto.tags import parse_tags
+from tests.importer.transcripts import (
+    CORPUS,
+    ClaudeWriter,
+    append_lines,
+    needs_corpus,
+    small_claude_home,
+)
+
+_LISTS = (
+    "sessions",
+    "attributes",
+    "user_inputs",
+    "model_invocations",
+    "assistant_messages",
+    "tool_uses",
+    "tool_results",
+    "file_touches",
+    "token_usage",
+    "vendor_ids",
+)
+
+
+def _row_ids(graphs: Iterable[Graph]) -> dict[str, set[bytes]]:
+    out: dict[str, set[bytes]] = {name: set() for name in _LISTS}
+    for graph in graphs:
+        for name in _LISTS:
+            out[name] |= {msgspec.json.encode(row) for row in getattr(graph, name)}
+    return out
+
+
+@pytest.fixture(scope="module")
+def corpus_trees() -> list[ImportedSession]:
+    return [*read_claude(CORPUS / "claude"), *read_codex(CORPUS / "codex")]
+
+
+@needs_corpus
+def test_corpus_events_fit_a_message_and_carry_every_row(corpus_trees: list[ImportedSession]) -> None:
+    split_somewhere = False
+    for tree in corpus_trees:
+        events = events_for(tree)
+        parts = [e for e in events if isinstance(e, TranscriptImported)]
+        calls = [e for e in events if isinstance(e, ModelCallCompleted)]
+        split_somewhere |= len(parts) > 1
+        graphs = []
+        for event in parts:
+            payload = encode_event(event)
+            assert len(payload) <= DEFAULT_MAX_PAYLOAD - 4096, tree.source_path
+            decoded = decode_event(payload)
+            assert isinstance(decoded, TranscriptImported)
+            graph = graph_of(decoded)
+            validate(graph)
+            GraphProjection().check(decoded)
+            graphs.append(graph)
+        # The parts hold every row of the tree, each exactly as the adapter produced it.
+        assert _row_ids(graphs) == _row_ids([tree.graph]), tree.source_path
+        # One billed call per invocation with usage, and every subject routes to the tree's root session.
+        assert len(calls) == sum(1 for m in tree.graph.model_invocations if has_usage(m))
+        root = tree.graph.root()
+        assert root is not None
+        for any_event in events:
+            parsed = parse_subject(subject_for(any_event))
+            assert parsed.profile_id == tree.vendor and parsed.session_id == uuid.UUID(root.id)
+            parse_tags(any_event.tags)
+    assert split_somewhere, "the corpus has a graph over 1 MiB; it must have been split"
+
+
+@needs_corpus
+def test_event_ids_are_deterministic(corpus_trees: list[ImportedSession]) -> None:
+    again = [*read_claude(CORPUS / "claude"), *read_codex(CORPUS / "codex")]
+    first = [e.event_id for tree in corpus_trees for e in events_for(tree)]
+    second = [e.event_id for tree in again for e in events_for(tree)]
+    assert first == second and len(set(first)) == len(first)
+
+
+@needs_corpus
+def test_small_parts_are_each_valid(corpus_trees: list[ImportedSession]) -> None:
+    biggest = max(corpus_trees, key=lambda t: len(encode_graph(t.graph)))
+    parts = split_graph(biggest.graph, 400_000)
+    assert len(parts) >= 4
+    for part in parts:
+        validate(part)
+        assert len(encode_graph(part)) <= 400_000
+    assert _row_ids(parts) == _row_ids([biggest.graph])
+    with pytest.raises(GraphTooLarge, match="max_payload"):
+        split_graph(biggest.graph, 50_000)
+
+
+@needs_corpus
+def test_model_calls_follow_the_token_convention(corpus_trees: list[ImportedSession]) -> None:
+    claude = next(t for t in corpus_trees if t.vendor == "claude-code")
+    calls = [e for e in events_for(claude) if isinstance(e, ModelCallCompleted)]
+    by_id = {model_call_event_id(m.id): m for m in claude.graph.model_invocations}
+    for call in calls:
+        invocation = by_id[call.event_id]
+        assert call.provider == "anthropic" and call.model == invocation.model
+        assert call.input_tokens == invocation.input_tokens and call.output_tokens == invocation.output_tokens
+        assert call.cache_read_tokens == invocation.cache_read_tokens
+        assert call.cache_write_5m_tokens + call.cache_write_1h_tokens == invocation.cache_write_tokens
+        assert call.occurred_at == invocation.started_at and call.request_id and call.request_id.startswith("req_")
+        assert "vendor:claude-code" in call.tags and any(t.startswith("project:") for t in call.tags)
+    codex = next(t for t in corpus_trees if t.vendor == "codex" and t.graph.model_invocations)
+    codex_calls = [e for e in events_for(codex) if isinstance(e, ModelCallCompleted)]
+    assert codex_calls and all(c.provider == "openai" and c.cache_write_5m_tokens == 0 for c in codex_calls)
+
+
+def test_tag_values_and_profile_ids_are_sanitised() -> None:
+    assert tag_value("feature/login page") == "feature-login-page"
+    assert tag_value("-Users-me-dev-app") == "-Users-me-dev-app"
+    assert tag_value("v1.2_rc") == "v1.2_rc"
+    assert tag_value("///") is None and tag_value(None) is None and tag_value("") is None
+    assert len(tag_value("x" * 500) or "") == 200
+    assert profile_id_for("claude-code") == "claude-code" and profile_id_for("Codex CLI") == "codex-cli"
+    imported = ImportedSession(
+        graph=Graph(), vendor="codex", project="my app", branch="feat/ü", source_path=Path("x"), source_bytes=0
+    )
+    assert import_tags(imported) == ("vendor:codex", "project:my-app", "branch:feat-")
+    parse_tags(import_tags(imported))
+
+
+def _invocation(number: int, session: str = "s", stop: str | None = None) -> ModelInvocation:
+    return ModelInvocation(
+        id=f"m{number}",
+        session_id=session,
+        user_input_id="u",
+        parent_model_invocation_id=None,
+        model="claude-sonnet-4-5",
+        input_tokens=1,
+        output_tokens=1,
+        cache_read_tokens=0,
+        cache_write_tokens=0,
+        total_tokens=2,
+        stop_reason=stop,
+    )
+
+
+def test_only_the_open_last_response_of_a_session_is_unsettled() -> None:
+    graph = Graph(
+        model_invocations=[
+            _invocation(1),
+            _invocation(2),  # last of session s, no stop reason: may still grow
+            _invocation(3, session="t", stop="end_turn"),
+        ]
+    )
+    assert settled_invocations(graph) == {"m1", "m3"}
+
+
+def test_a_one_hour_cache_write_is_billed_apart(tmp_path: Path) -> None:
+    home = small_claude_home(tmp_path, sessions=1)
+    tree = next(iter(read_claude(home)))
+    first = tree.graph.model_invocations[0]
+    graph = msgspec.structs.replace(
+        tree.graph,
+        model_invocations=[
+            msgspec.structs.replace(first, cache_write_tokens=300, cache_write_1h_tokens=200),
+            *tree.graph.model_invocations[1:],
+        ],
+    )
+    calls = [
+        e
+        for e in events_for(msgspec.structs.replace(tree, graph=graph, branch="feature/x"))
+        if isinstance(e, ModelCallCompleted)
+    ]
+    assert (calls[0].cache_write_5m_tokens, calls[0].cache_write_1h_tokens) == (100, 200)
+    assert "branch:feature-x" in calls[0].tags
+
+
+def test_a_watcher_resends_only_what_changed(tmp_path: Path) -> None:
+    home = small_claude_home(tmp_path, sessions=1)
+    path = next((home / "projects").glob("*/*.jsonl"))
+    state = TreeState()
+    first = tree_events(read_claude_file(path)[0], state=state)
+    assert len(first.parts) == 1 and len(first.calls) == 2
+    state.remember(first)
+    assert tree_events(read_claude_file(path)[0], state=state).events == []
+
+    writer = ClaudeWriter(path, seed="more")
+    append_lines(path, writer.exchange("And the tests?", file_path="/work/demo/tests.py"))
+    grown = read_claude_file(path)[0]
+    second = tree_events(grown, state=state)
+    assert len(second.calls) == 2 and {c.event_id for c in second.calls}.isdisjoint(c.event_id for c in first.calls)
+    (part,) = [graph_of(p) for p in second.parts]
+    validate(part)
+    # The spine (sessions, inputs, invocations) comes along; of the rest only the new rows.
+    assert len(part.model_invocations) == 4 and len(part.user_inputs) == 2
+    assert [t.input for t in part.tool_uses] == [t.input for t in grown.graph.tool_uses[1:]]
+    assert [f.path for f in part.file_touches] == ["/work/demo/tests.py"]
+
+
+def test_an_unfinished_response_is_billed_once_it_is_complete(tmp_path: Path) -> None:
+    home = small_claude_home(tmp_path, sessions=1)
+    path = next((home / "projects").glob("*/*.jsonl"))
+    writer = ClaudeWriter(path, seed="stream")
+    prompt = writer.prompt("One more thing")
+    streaming = writer.response("msg_open", [{"type": "text", "text": "Thinking"}], output_tokens=1, stop_reason=None)
+    append_lines(path, [prompt, streaming])
+    state = TreeState()
+    partial = tree_events(read_claude_file(path)[0], settled_only=True, state=state)
+    assert len(partial.calls) == 2  # the earlier, finished responses; not the open one
+    state.remember(partial)
+    done = writer.response("msg_open", [{"type": "text", "text": " done"}], output_tokens=80, stop_reason="end_turn")
+    append_lines(path, [done])
+    complete = tree_events(read_claude_file(path)[0], settled_only=True, state=state)
+    assert [c.output_tokens for c in complete.calls] == [80]
+
+
+def _bad_event(graph: Graph, session: uuid.UUID) -> TranscriptImported:
+    return TranscriptImported(
+        profile_id="claude-code",
+        session_id=session,
+        vendor="claude-code",
+        graph=msgspec.json.decode(encode_graph(graph)),
+    )
+
+
+def test_the_writer_refuses_graphs_that_break_the_model(tmp_path: Path) -> None:
+    home = small_claude_home(tmp_path, sessions=1)
+    graph = next(iter(read_claude(home))).graph
+    root = graph.root()
+    assert root is not None
+    projection = GraphProjection()
+    projection.check(_bad_event(graph, uuid.UUID(root.id)))
+    # A tool result without its tool use (a part cut in the wrong place) is dead-lettered.
+    broken = msgspec.structs.replace(graph, tool_uses=[])
+    with pytest.raises(GraphEventInvalid, match="does not exist"):
+        projection.check(_bad_event(broken, uuid.UUID(root.id)))
+    # A graph published under another session's subject is a consequence attributed to the wrong session.
+    with pytest.raises(GraphEventInvalid, match="not the event's session"):
+        projection.check(_bad_event(graph, uuid.uuid4()))
+    assert issubclass(GraphEventInvalid, ValueError)
+
+
+def test_nul_characters_are_stored_as_replacement_characters(tmp_path: Path) -> None:
+    home = small_claude_home(tmp_path, sessions=1)
+    graph = next(iter(read_claude(home))).graph
+    result = graph.tool_results[0]
+    nul = msgspec.structs.replace(
+        result, output_text="a\x00b", output=msgspec.Raw(msgspec.json.encode({"stdout": "x\x00y"}))
+    )
+    graph = decode_graph(encode_graph(msgspec.structs.replace(graph, tool_results=[nul])))
+    row = graph_rows(graph)["tool_results"][0]
+    assert row[5] == "a\ufffdb" and "\\u0000" not in row[6] and "\ufffd" in msgspec.json.decode(row[6])["stdout"]
+
+
+def test_call_time_falls_back_to_the_session_start(tmp_path: Path) -> None:
+    home = small_claude_home(tmp_path, sessions=1)
+    tree = next(iter(read_claude(home)))
+    invocations = [msgspec.structs.replace(m, started_at=None) for m in tree.graph.model_invocations]
+    graph = msgspec.structs.replace(tree.graph, model_invocations=invocations)
+    calls = [e for e in events_for(msgspec.structs.replace(tree, graph=graph)) if isinstance(e, ModelCallCompleted)]
+    root = graph.root()
+    assert root is not None and root.started_at is not None
+    assert {c.occurred_at for c in calls} == {root.started_at.astimezone(UTC)}
+    assert all(c.occurred_at > datetime(2024, 1, 1, tzinfo=UTC) for c in calls)
