@@ -16,6 +16,8 @@ from pathlib import Path
 
 import asyncpg
 import nats
+import nats.js.errors
+from nats.js import JetStreamContext
 from nats.js.api import PubAck
 
 from commonos.proto.events import Event
@@ -100,6 +102,23 @@ async def wait_until(condition: Callable[[], bool], timeout_s: float = 30.0, wha
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} not reached within {timeout_s}s")
+        await asyncio.sleep(0.02)
+
+
+async def wait_caught_up(
+    js: JetStreamContext, dsn: str, consumer: str, table: str = "projection_positions", timeout_s: float = 60.0
+) -> int:
+    """Wait until a (possibly filtered) consumer has nothing pending and its position holds what it got."""
+    deadline = time.monotonic() + timeout_s
+    info = None
+    while True:
+        with contextlib.suppress(nats.js.errors.NotFoundError):  # the writer has not created it yet
+            info = await js.consumer_info("COS_EVENTS", consumer)
+            seq = int(info.delivered.stream_seq or 0)
+            if info.num_pending == 0 and info.num_ack_pending == 0 and await position(dsn, consumer, table) >= seq:
+                return seq
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{consumer} did not catch up within {timeout_s}s: {info}")
         await asyncio.sleep(0.02)
 
 

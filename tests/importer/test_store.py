@@ -32,7 +32,7 @@ from tests.importer.transcripts import (
     needs_corpus,
     small_claude_home,
 )
-from tests.support import InProcess, publish_all, wait_for_position
+from tests.support import InProcess, publish_all, wait_caught_up
 
 WRITER = "graph-writer"
 #: The columns a re-import may change, per graph_projection's docstring; every other column never changes.
@@ -78,8 +78,8 @@ async def stream_state(js: JetStreamContext) -> tuple[int, int]:
 
 
 async def caught_up(js: JetStreamContext, dsn: str) -> None:
-    last, _ = await stream_state(js)
-    await wait_for_position(dsn, WRITER, last, table="graph.positions")
+    # The graph-writer reads only transcript_imported events: wait for its consumer, not the stream's end.
+    await wait_caught_up(js, dsn, WRITER, table="graph.positions")
 
 
 async def snapshot(dsn: str) -> Snapshot:

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
+from commonos.journal_writer.graph_schema import GRAPH_TABLES
 from commonos.proto.events import Event, TranscriptImported
 from commonos.proto.graph import Graph, GraphInvalid, decode_graph, validate
 
@@ -357,6 +358,8 @@ class GraphProjection:
     """Projects ``transcript_imported`` events into the ``graph`` schema; other events pass by."""
 
     position_table = "graph.positions"
+    filter_subjects = ("cos.events.*.*.transcript_imported",)
+    tables = GRAPH_TABLES
 
     def __init__(self, name: str = "graph-writer") -> None:
         self.name = name

@@ -1,28 +1,28 @@
-"""`cos replay`: rebuild the core projection from the stream into empty tables.
+"""`cos replay`: rebuild the journal-writer's projections from the stream into empty tables.
 
-The event log is the source of truth; the tables are a projection that can be dropped and rebuilt
-with an identical result. Replay reads the whole stream through an ephemeral consumer and applies
-it with the live writer's own projection and batching. Events that the live writer dead-lettered
-are skipped again (they are already in COS_DLQ). At the end the live writer's position is set to
-the last replayed event, so a writer started afterwards continues from there.
+The event log is the source of truth; the tables are projections that can be dropped and rebuilt
+with an identical result. Replay reads the stream through an ephemeral consumer per projection
+(the core tables, the session graph, the Memory plugin's entries) and applies it with the live
+writer's own projection code and batching. Events the live writer dead-lettered are skipped again
+(they are already in COS_DLQ). Each projection's position ends at the last replayed event, so a
+writer started afterwards continues from there.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import asyncpg
 import nats.errors
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from commonos.journal_writer.schema import CORE_TABLES
-from commonos.journal_writer.service import writer_schemas
-from commonos.journal_writer.store import JournalProjection
-from commonos.proto.subjects import EVENTS_ALL, EVENTS_STREAM
+from commonos.journal_writer.service import writer_projections, writer_schemas
+from commonos.proto.subjects import EVENTS_STREAM
 from commonos.runtime import nats as cos_nats
-from commonos.runtime.consumer import BatchConsumer, ConsumerOptions
+from commonos.runtime.consumer import BatchConsumer, ConsumerOptions, Projection
+from commonos.runtime.fetcher import PullFetcher
 from commonos.runtime.http import Health
 from commonos.runtime.postgres import apply_schemas, connect, create_pool
 from commonos.runtime.settings import Settings
@@ -44,17 +44,23 @@ class ReplayResult:
         return (self.applied + self.skipped) / self.seconds if self.seconds > 0 else 0.0
 
 
-async def _prepare(dsn: str, truncate: bool) -> None:
+def _tables(projection: Projection) -> tuple[str, ...]:
+    return tuple(getattr(projection, "tables", ()))
+
+
+async def _prepare(dsn: str, projections: Sequence[Projection], truncate: bool) -> None:
     conn = await connect(dsn)
     try:
         await apply_schemas(conn, writer_schemas())
-        counts = {t: await conn.fetchval(f"SELECT count(*) FROM {t}") for t in CORE_TABLES}
+        tables = [t for p in projections for t in _tables(p)]
+        counts = {t: await conn.fetchval(f"SELECT count(*) FROM {t}") for t in tables}
         if any(counts.values()):
             if not truncate:
                 filled = ", ".join(f"{t} ({n} rows)" for t, n in counts.items() if n)
                 raise ReplayError(f"the tables are not empty: {filled}; pass --truncate to empty them first")
-            await conn.execute(f"TRUNCATE {', '.join(CORE_TABLES)} CASCADE")
-        await conn.execute("DELETE FROM projection_positions WHERE consumer = $1", JournalProjection().name)
+            await conn.execute(f"TRUNCATE {', '.join(tables)} CASCADE")
+        for p in projections:
+            await conn.execute(f"DELETE FROM {p.position_table} WHERE consumer = $1", p.name)
     finally:
         await conn.close()
 
@@ -64,49 +70,94 @@ async def replay(
     *,
     truncate: bool = False,
     batch_size: int = 1000,
+    projections: Sequence[Projection] | None = None,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> ReplayResult:
-    """Apply every event of COS_EVENTS to the core tables of `settings.database_url`."""
+    """Apply every event of COS_EVENTS to the tables of `settings.database_url`.
+
+    `on_progress(done, total)` counts deliveries over all projections' passes.
+    """
     _, dsn = settings.require_urls()
-    await _prepare(dsn, truncate)
+    chosen = list(projections) if projections is not None else writer_projections()
+    await _prepare(dsn, chosen, truncate)
     nc = await cos_nats.connect(settings, "cos-replay")
     pool: asyncpg.Pool | None = None
     started = time.perf_counter()
+    applied = skipped = 0
+    last_seq = 0
     try:
         js = nc.jetstream()
         info = await js.stream_info(EVENTS_STREAM)
-        last = info.state.last_seq
-        total = info.state.messages
         pool = await create_pool(dsn, min_size=1, max_size=2)
-        consumer = BatchConsumer(
-            js, pool, JournalProjection(), Health(), ConsumerOptions(batch_size=batch_size, dead_letters=False)
-        )
-        if total == 0:
-            return ReplayResult(0, 0, 0, time.perf_counter() - started)
-        sub = await js.pull_subscribe(
-            EVENTS_ALL,
-            stream=EVENTS_STREAM,
-            config=ConsumerConfig(
-                ack_policy=AckPolicy.EXPLICIT,
-                deliver_policy=DeliverPolicy.ALL,
-                max_ack_pending=-1,
-                inactive_threshold=60.0,
-            ),
-        )
-        done_seq = 0
+        consumers = [
+            BatchConsumer(
+                js,
+                pool,
+                p,
+                Health(),
+                ConsumerOptions(
+                    batch_size=batch_size,
+                    dead_letters=False,
+                    filter_subjects=tuple(getattr(p, "filter_subjects", ("cos.events.>",))),
+                ),
+            )
+            for p in chosen
+        ]
+        totals = []
+        for c in consumers:
+            subjects = list(c.options.filter_subjects)
+            pending = 0
+            if info.state.messages:
+                probe = await js.add_consumer(
+                    EVENTS_STREAM,
+                    ConsumerConfig(
+                        ack_policy=AckPolicy.NONE,
+                        deliver_policy=DeliverPolicy.ALL,
+                        inactive_threshold=5.0,
+                        filter_subjects=subjects,
+                    ),
+                )
+                pending = probe.num_pending or 0
+                await js.delete_consumer(EVENTS_STREAM, probe.name)
+            totals.append(pending)
+        total = sum(totals)
         seen = 0
-        while done_seq < last:
+        for consumer, expected in zip(consumers, totals, strict=True):
+            if expected == 0:
+                continue
+            created = await js.add_consumer(
+                EVENTS_STREAM,
+                ConsumerConfig(
+                    ack_policy=AckPolicy.EXPLICIT,
+                    deliver_policy=DeliverPolicy.ALL,
+                    max_ack_pending=-1,
+                    inactive_threshold=60.0,
+                    filter_subjects=list(consumer.options.filter_subjects),
+                ),
+            )
+            fetcher = await PullFetcher(nc, EVENTS_STREAM, created.name, batch=batch_size).start()
+            got = 0
             try:
-                msgs = await sub.fetch(batch_size, timeout=5)
-            except nats.errors.TimeoutError:
-                raise ReplayError(f"the stream stopped delivering at seq {done_seq} of {last}") from None
-            await consumer.process(msgs)
-            done_seq = msgs[-1].metadata.sequence.stream
-            seen += len(msgs)
-            if on_progress is not None:
-                on_progress(seen, total)
-        await sub.unsubscribe()
-        return ReplayResult(consumer.applied, consumer.rejected, done_seq, time.perf_counter() - started)
+                while got < expected:
+                    msgs = await fetcher.fetch(timeout_s=10.0)
+                    if not msgs:
+                        raise ReplayError(
+                            f"{consumer.name}: the stream stopped delivering after {got} of {expected} events"
+                        )
+                    await consumer.process(msgs)
+                    got += len(msgs)
+                    seen += len(msgs)
+                    last_seq = max(last_seq, msgs[-1].metadata.sequence.stream or 0)
+                    if on_progress is not None:
+                        on_progress(seen, total)
+            except nats.errors.Error as exc:
+                raise ReplayError(f"{consumer.name}: {exc}") from exc
+            finally:
+                await fetcher.stop()
+                await js.delete_consumer(EVENTS_STREAM, created.name)
+            applied += consumer.applied
+            skipped += consumer.rejected
+        return ReplayResult(applied, skipped, last_seq, time.perf_counter() - started)
     finally:
         if pool is not None:
             await pool.close()

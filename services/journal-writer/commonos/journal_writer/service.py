@@ -26,8 +26,9 @@ DEFAULT_HTTP_PORT = 9462
 def writer_schemas() -> list[str]:
     """The core schema, then the plugin schemas whose projections run in this process."""
     from commonos.journal_writer.graph_schema import SCHEMA as GRAPH_SCHEMA
+    from commonos.loop.memory_schema import SCHEMA as MEMORY_SCHEMA
 
-    return [SCHEMA, GRAPH_SCHEMA]
+    return [SCHEMA, MEMORY_SCHEMA, GRAPH_SCHEMA]
 
 
 def partition_suffix(settings: Settings) -> str:
@@ -37,13 +38,17 @@ def partition_suffix(settings: Settings) -> str:
     return f"-p{settings.partition or 0}-of-{settings.partitions}"
 
 
-def writer_projections(suffix: str = "") -> list[Projection]:
+def writer_projections(suffix: str = "", unpartitioned: bool = True) -> list[Projection]:
+    """The core projection, the session graph's and, on one instance only, the Memory plugin's."""
     from commonos.journal_writer.graph_projection import GraphProjection
+    from commonos.journal_writer.memory import MemoryProjection
 
     projections: list[Projection] = [
         JournalProjection("journal-writer" + suffix),
         GraphProjection("graph-writer" + suffix),
     ]
+    if unpartitioned:
+        projections.append(MemoryProjection())
     return projections
 
 
@@ -64,6 +69,20 @@ async def apply_schemas_when_reachable(dsn: str, schemas: Sequence[str], health:
                 await asyncio.wait_for(stop.wait(), backoff)
             backoff = min(backoff * 2, 5.0)
     return False
+
+
+def consumer_options(
+    settings: Settings, projection: Projection, filter_subjects: tuple[str, ...] = ("cos.events.>",)
+) -> ConsumerOptions:
+    """A projection may narrow the subjects it reads (`filter_subjects`) and opt out of partitioning."""
+    partitioned = getattr(projection, "partitioned", True)
+    return ConsumerOptions(
+        batch_size=settings.batch_size,
+        batch_timeout_s=settings.batch_timeout_s,
+        filter_subjects=getattr(projection, "filter_subjects", filter_subjects),
+        partitions=settings.partitions if partitioned else 1,
+        partition=(settings.partition or 0) if partitioned else 0,
+    )
 
 
 async def serve(
@@ -92,14 +111,9 @@ async def serve(
         if not await apply_schemas_when_reachable(database_url, schemas, health, stop):
             return 0
         pool = await create_pool(database_url, min_size=1, max_size=2 + len(projections))
-        options = ConsumerOptions(
-            batch_size=settings.batch_size,
-            batch_timeout_s=settings.batch_timeout_s,
-            filter_subjects=filter_subjects,
-            partitions=settings.partitions,
-            partition=settings.partition or 0,
-        )
-        consumers = [BatchConsumer(js, pool, p, health, options) for p in projections]
+        consumers = [
+            BatchConsumer(js, pool, p, health, consumer_options(settings, p, filter_subjects)) for p in projections
+        ]
         tasks = [asyncio.create_task(c.run(stop), name=c.name) for c in consumers]
         stopper = asyncio.create_task(stop.wait())
         await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
@@ -125,6 +139,7 @@ def main() -> int:
         settings = Settings.from_env(http_port=DEFAULT_HTTP_PORT)
         setup_logging(settings.log_level)
         suffix = partition_suffix(settings)
-        return await serve(settings, writer_projections(suffix), writer_schemas(), "journal-writer" + suffix)
+        projections = writer_projections(suffix, unpartitioned=(settings.partition or 0) == 0)
+        return await serve(settings, projections, writer_schemas(), "journal-writer" + suffix)
 
     return run(_main)

@@ -14,6 +14,7 @@ from commonos.journal_writer.projection import (
     plan_events,
     profiles_mentioned,
 )
+from commonos.journal_writer.schema import CORE_TABLES
 from commonos.proto.events import Event
 from commonos.runtime.postgres import Conn
 
@@ -22,6 +23,7 @@ class JournalProjection:
     """The core projection: events -> profiles, sessions, turns, messages, tool_calls, approvals."""
 
     position_table = "projection_positions"
+    tables = CORE_TABLES
 
     def __init__(self, name: str = "journal-writer") -> None:
         self.name = name

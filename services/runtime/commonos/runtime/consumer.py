@@ -218,6 +218,14 @@ class BatchConsumer:
             info = await self.js.consumer_info(EVENTS_STREAM, self.name)
         except nats.js.errors.NotFoundError:
             info = None
+        wanted = self.consumer_config()
+        if info is not None and (info.config.filter_subject, info.config.filter_subjects) != (
+            wanted.filter_subject,
+            wanted.filter_subjects,
+        ):
+            log.info("%s: consumer filter changed; recreating it from %d", self.name, self.position + 1)
+            await self.js.delete_consumer(EVENTS_STREAM, self.name)
+            info = None
         if info is not None and info.delivered.stream_seq > self.position:
             log.info(
                 "%s: consumer delivered up to %d but %d is committed; restarting it from %d",
