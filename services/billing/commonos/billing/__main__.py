@@ -1,0 +1,3 @@
+from commonos.billing.service import main
+
+raise SystemExit(main())

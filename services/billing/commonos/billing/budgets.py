@@ -1,0 +1,345 @@
+"""Budgets: running spend per budgeted tag and period, and one alert per budget and period.
+
+Periods are calendar days or months in UTC; a call belongs to the period of its own time (``created_at``),
+so replaying the stream puts every call in the same period again.
+
+In the consumer's transaction, after the batch's rows are inserted (:meth:`BudgetTracker.apply`):
+
+1. ``budget_spend`` (tag, period, period_start) gets the cost of the batch's NEW rows added; a key seen for
+   the first time is initialised from ``model_calls`` instead (that sum already includes the batch), so a
+   budget added to the config later still counts the whole period.
+2. Each budget whose period has reached its limit (spent >= limit) and has no ``budget_alerts`` row gets one
+   (``INSERT … ON CONFLICT DO NOTHING``) and, for the current or the previous period, an alert on
+   ``cos.alerts.budget`` whose ``Nats-Msg-Id`` is derived from the budget and the period. The publish waits
+   for JetStream's PubAck inside the transaction: if the transaction then fails, the batch is redelivered,
+   the alert is published again with the same id and JetStream drops it as a duplicate; once committed, the
+   row stops any further alert for that period. A crossing found for an older period (a replay of history)
+   is recorded with ``published = false``.
+
+Concurrency (several billing partitions, a reprice): spend rows only ever get deltas added by writers, which
+row locks order and which commute. A key is created only under a transaction-scoped advisory lock. A reprice
+holds that lock for its whole transaction, locks the spend rows it recomputes (``FOR UPDATE``, so writers that
+already added a delta commit first) and recomputes them in a later statement, which sees those writers' rows;
+writers that come later add their delta to the recomputed value.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import TYPE_CHECKING, Final, Protocol
+
+import msgspec
+
+from commonos.billing.config import Budget, Period
+from commonos.billing.metrics import BUDGET_ALERTS, BUDGET_EXCEEDED, BUDGET_LIMIT, BUDGET_SPENT
+from commonos.proto.events import utcnow
+
+if TYPE_CHECKING:
+    from commonos.billing.projection import ModelCallRow
+    from commonos.runtime.postgres import Conn
+
+__all__ = [
+    "BUDGET_LOCK_KEY",
+    "AlertSink",
+    "BudgetAlert",
+    "BudgetStep",
+    "BudgetTracker",
+    "SpendKey",
+    "alert_for",
+    "alert_msg_id",
+    "is_recent",
+    "period_bounds",
+    "spend_deltas",
+]
+
+#: Advisory lock (transaction scope) serialising spend updates of the consumer and of a reprice ("cosbudg").
+BUDGET_LOCK_KEY: Final = 0x636F7362756467
+_ALERT_NAMESPACE: Final = uuid.UUID("5b0f3c1e-8f0e-4d3a-9b7a-63e0c0b1d9a2")
+ALERT_TYPE: Final = "budget_exceeded"
+
+
+def period_bounds(period: Period, at: datetime) -> tuple[datetime, datetime]:
+    """The UTC calendar day or month containing ``at`` (naive = UTC): ``[start, end)``."""
+    at = at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
+    if period is Period.DAY:
+        start = at.replace(hour=0, minute=0, second=0, microsecond=0)
+        return start, start + timedelta(days=1)
+    start = at.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    end = start.replace(year=start.year + 1, month=1) if start.month == 12 else start.replace(month=start.month + 1)
+    return start, end
+
+
+def is_recent(period: Period, period_start: datetime, now: datetime) -> bool:
+    """True for the current period of ``now`` and the one before it: the periods worth an alert."""
+    current_start, _ = period_bounds(period, now)
+    previous_start, _ = period_bounds(period, current_start - timedelta(microseconds=1))
+    return period_start >= previous_start
+
+
+class SpendKey(msgspec.Struct, frozen=True, order=True):
+    tag: str
+    period: Period
+    period_start: datetime
+
+
+@dataclass(slots=True)
+class SpendDelta:
+    """What a batch's new rows add to one key: cost, calls, and the priced rows in batch order."""
+
+    period_end: datetime
+    usd: Decimal = Decimal(0)
+    calls: int = 0
+    rows: list[tuple[uuid.UUID, Decimal]] = field(default_factory=list)
+
+
+def spend_deltas(budgets: Sequence[Budget], rows: Iterable[ModelCallRow]) -> dict[SpendKey, SpendDelta]:
+    """Per budgeted (tag, period, period start): what ``rows`` add. Pure."""
+    periods_by_tag: dict[str, list[Period]] = {}
+    for budget in budgets:
+        periods_by_tag.setdefault(budget.tag, []).append(budget.period)
+    deltas: dict[SpendKey, SpendDelta] = {}
+    for row in rows:
+        for tag in row.tags:
+            periods = periods_by_tag.get(tag)
+            if not periods:
+                continue
+            for period in periods:
+                start, end = period_bounds(period, row.created_at)
+                key = SpendKey(tag, period, start)
+                delta = deltas.get(key)
+                if delta is None:
+                    delta = deltas[key] = SpendDelta(end)
+                delta.calls += 1
+                if row.cost_usd is not None:
+                    delta.usd += row.cost_usd
+                    delta.rows.append((row.event_id, row.cost_usd))
+    return deltas
+
+
+class BudgetAlert(msgspec.Struct, frozen=True, kw_only=True, tag="budget_exceeded", tag_field="type"):
+    """The body published on ``cos.alerts.budget`` (JSON; amounts as exact decimal strings)."""
+
+    alert_id: uuid.UUID
+    budget: str
+    tag: str
+    period: Period
+    period_start: datetime
+    period_end: datetime
+    limit_usd: Decimal
+    spent_usd: Decimal
+    #: The call that took the spend to the limit, when it was in the batch that found the crossing.
+    crossed_by_event_id: uuid.UUID | None
+    occurred_at: datetime
+
+
+def alert_msg_id(budget: Budget, period_start: datetime) -> str:
+    """``Nats-Msg-Id`` of the one alert of a budget and period: JetStream drops a republish of it."""
+    return f"cos-budget-alert:{budget.name}:{budget.period}:{period_start.astimezone(UTC):%Y-%m-%dT%H:%MZ}"
+
+
+def alert_for(
+    budget: Budget,
+    key: SpendKey,
+    period_end: datetime,
+    spent: Decimal,
+    delta: SpendDelta | None,
+    now: datetime,
+) -> BudgetAlert:
+    """The alert for ``budget`` whose period ``key`` now has ``spent`` (>= its limit). Pure."""
+    crossed_by: uuid.UUID | None = None
+    if delta is not None:
+        running = spent - delta.usd  # the period's spend before this batch
+        if running < budget.limit_usd:
+            for event_id, usd in delta.rows:
+                running += usd
+                if running >= budget.limit_usd:
+                    crossed_by = event_id
+                    break
+    return BudgetAlert(
+        alert_id=uuid.uuid5(_ALERT_NAMESPACE, alert_msg_id(budget, key.period_start)),
+        budget=budget.name,
+        tag=budget.tag,
+        period=budget.period,
+        period_start=key.period_start,
+        period_end=period_end,
+        limit_usd=budget.limit_usd,
+        spent_usd=spent,
+        crossed_by_event_id=crossed_by,
+        occurred_at=now,
+    )
+
+
+class AlertSink(Protocol):
+    async def publish(self, alert: BudgetAlert, msg_id: str) -> None:
+        """Store the alert durably (JetStream PubAck) or raise; a republish with ``msg_id`` is dropped."""
+
+
+@dataclass(slots=True)
+class BudgetStep:
+    """What one transaction learned: spend of the keys it touched, and the alerts it recorded."""
+
+    spent: dict[SpendKey, Decimal] = field(default_factory=dict)
+    alerted: list[tuple[str, datetime, bool]] = field(default_factory=list)  # budget, period start, published
+
+
+_UPDATE_SPEND: Final = """
+UPDATE budget_spend b
+SET spent_usd = b.spent_usd + d.usd, calls = b.calls + d.calls, updated_at = now()
+FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::numeric[], $5::bigint[]) AS d(tag, period, start, usd, calls)
+WHERE b.tag = d.tag AND b.period = d.period AND b.period_start = d.start
+RETURNING b.tag, b.period, b.period_start, b.spent_usd
+"""
+
+#: A key seen for the first time (under the lock, so nobody else inserts it): its whole period so far, this
+#: transaction's rows included.
+_INIT_SPEND: Final = """
+INSERT INTO budget_spend (tag, period, period_start, period_end, spent_usd, calls)
+SELECT $1, $2, $3, $4, coalesce(sum(cost_usd), 0), count(*)
+FROM model_calls WHERE tags @> ARRAY[$1]::text[] AND created_at >= $3 AND created_at < $4
+RETURNING spent_usd
+"""
+
+_INSERT_ALERTS: Final = """
+INSERT INTO budget_alerts (budget, period_start, period_end, period, tag, limit_usd, spent_usd, alert_id,
+                           crossed_by_event_id, published)
+SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::timestamptz[], $4::text[], $5::text[], $6::numeric[],
+                     $7::numeric[], $8::uuid[], $9::uuid[], $10::bool[])
+ON CONFLICT (budget, period_start) DO NOTHING
+RETURNING budget, period_start
+"""
+
+_CURRENT_SPEND: Final = """
+SELECT spent_usd FROM budget_spend WHERE tag = $1 AND period = $2 AND period_start = $3
+"""
+
+_ALERTED: Final = "SELECT 1 FROM budget_alerts WHERE budget = $1 AND period_start = $2"
+
+
+class BudgetTracker:
+    """The budget step of the billing projection, and the budget gauges."""
+
+    def __init__(
+        self,
+        budgets: Sequence[Budget],
+        sink: AlertSink | None,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self.budgets = tuple(budgets)
+        self.sink = sink
+        self.clock = clock
+        self._by_key: dict[tuple[str, Period], Budget] = {(b.tag, b.period): b for b in self.budgets}
+        #: (budget name, period start) with a committed budget_alerts row: no need to ask again.
+        self._alerted: set[tuple[str, datetime]] = set()
+        #: Spend keys with a committed budget_spend row.
+        self._known: set[SpendKey] = set()
+        for budget in self.budgets:
+            BUDGET_LIMIT.labels(budget.name).set(float(budget.limit_usd))
+
+    async def load(self, conn: Conn) -> None:
+        """Set the gauges from the stored spend of each budget's current period (at start)."""
+        now = self.clock()
+        for budget in self.budgets:
+            start, _ = period_bounds(budget.period, now)
+            spent = await conn.fetchval(_CURRENT_SPEND, budget.tag, budget.period.value, start)
+            if spent is not None:
+                self._known.add(SpendKey(budget.tag, budget.period, start))
+            if await conn.fetchval(_ALERTED, budget.name, start):
+                self._alerted.add((budget.name, start))
+            self._set_gauges(budget, Decimal(spent or 0))
+
+    async def apply(self, conn: Conn, rows: Sequence[ModelCallRow]) -> BudgetStep | None:
+        """Update spend with ``rows`` (new rows only) and record/publish alerts; inside the transaction."""
+        deltas = spend_deltas(self.budgets, rows)
+        if not deltas:
+            return None
+        keys = sorted(deltas)
+        step = BudgetStep()
+        # A key is created only under the lock, taken before any spend row is locked (no deadlock with a
+        # reprice, which holds the lock and then locks spend rows). Known keys need no lock: deltas commute.
+        locked = any(key not in self._known for key in keys)
+        if locked:
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", BUDGET_LOCK_KEY)
+        await self._add_spend(conn, keys, deltas, step)
+        missing = [key for key in keys if key not in step.spent]
+        if missing and not locked:  # a row we knew was deleted by hand
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", BUDGET_LOCK_KEY)
+            await self._add_spend(conn, missing, deltas, step)
+            missing = [key for key in missing if key not in step.spent]
+        for key in missing:
+            step.spent[key] = await conn.fetchval(
+                _INIT_SPEND, key.tag, key.period.value, key.period_start, deltas[key].period_end
+            )
+        now = self.clock()
+        alerts: list[tuple[Budget, BudgetAlert, bool]] = []
+        for key in keys:
+            budget = self._by_key[key.tag, key.period]
+            spent = step.spent[key]
+            if spent < budget.limit_usd or (budget.name, key.period_start) in self._alerted:
+                continue
+            alert = alert_for(budget, key, deltas[key].period_end, spent, deltas[key], now)
+            alerts.append((budget, alert, self.sink is not None and is_recent(budget.period, key.period_start, now)))
+        if alerts:
+            recorded = {
+                (r["budget"], r["period_start"])
+                for r in await conn.fetch(
+                    _INSERT_ALERTS,
+                    [a.budget for _, a, _ in alerts],
+                    [a.period_start for _, a, _ in alerts],
+                    [a.period_end for _, a, _ in alerts],
+                    [a.period.value for _, a, _ in alerts],
+                    [a.tag for _, a, _ in alerts],
+                    [a.limit_usd for _, a, _ in alerts],
+                    [a.spent_usd for _, a, _ in alerts],
+                    [a.alert_id for _, a, _ in alerts],
+                    [a.crossed_by_event_id for _, a, _ in alerts],
+                    [publish for _, _, publish in alerts],
+                )
+            }
+            for budget, alert, publish in alerts:
+                key_alerted = (alert.budget, alert.period_start)
+                if key_alerted not in recorded:
+                    step.alerted.append((alert.budget, alert.period_start, False))  # an earlier batch did
+                    continue
+                if publish:
+                    assert self.sink is not None
+                    await self.sink.publish(alert, alert_msg_id(budget, alert.period_start))
+                step.alerted.append((alert.budget, alert.period_start, publish))
+        return step
+
+    @staticmethod
+    async def _add_spend(
+        conn: Conn, keys: list[SpendKey], deltas: dict[SpendKey, SpendDelta], step: BudgetStep
+    ) -> None:
+        """Add each key's delta to its existing row (row locks order concurrent writers; increments commute)."""
+        updated = await conn.fetch(
+            _UPDATE_SPEND,
+            [k.tag for k in keys],
+            [k.period.value for k in keys],
+            [k.period_start for k in keys],
+            [deltas[k].usd for k in keys],
+            [deltas[k].calls for k in keys],
+        )
+        for record in updated:
+            step.spent[SpendKey(record["tag"], Period(record["period"]), record["period_start"])] = record["spent_usd"]
+
+    def committed(self, step: BudgetStep) -> None:
+        """The transaction of ``step`` committed: remember its keys and alerts, update the gauges."""
+        self._known.update(step.spent)
+        for name, period_start, published in step.alerted:
+            self._alerted.add((name, period_start))
+            if published:
+                BUDGET_ALERTS.labels(name).inc()
+        now = self.clock()
+        for key, spent in step.spent.items():
+            budget = self._by_key.get((key.tag, key.period))
+            if budget is not None and key.period_start == period_bounds(budget.period, now)[0]:
+                self._set_gauges(budget, spent)
+
+    @staticmethod
+    def _set_gauges(budget: Budget, spent: Decimal) -> None:
+        BUDGET_SPENT.labels(budget.name).set(float(spent))
+        BUDGET_EXCEEDED.labels(budget.name).set(1 if spent >= budget.limit_usd else 0)

@@ -1,0 +1,158 @@
+"""``cos billing serve|reprice`` and ``cos report cost``.
+
+    cos billing serve
+    cos billing reprice --since 2026-11-01 [--until 2026-12-01] [--price-file prices.toml] [--dry-run]
+                        [--format table|json]
+    cos report cost [--since 2026-11-01|7d] [--until DATE] [--group-by tag:client|model|provider|day|profile]
+                    [--format table|json|csv]
+
+The database is ``COS_DATABASE_URL``, or the one of the system ``cos up`` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import asyncpg
+
+from commonos.billing.pricing import PriceFile, PriceFileError, load_price_file
+from commonos.billing.report import (
+    FORMATS,
+    GroupBy,
+    ReportError,
+    cost_report,
+    parse_group_by,
+    parse_when,
+    render_report,
+)
+from commonos.billing.reprice import render_reprice, reprice
+from commonos.cli.args import CliError
+from commonos.cli.system import endpoints
+from commonos.runtime.postgres import connect
+from commonos.runtime.settings import Settings
+
+T = TypeVar("T")
+
+
+def _when(text: str) -> datetime:
+    try:
+        return parse_when(text)
+    except ReportError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _group_by(text: str) -> GroupBy:
+    try:
+        return parse_group_by(text)
+    except ReportError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def database_url(settings: Settings) -> str:
+    """Only PostgreSQL is needed here: COS_DATABASE_URL alone is enough."""
+    return settings.database_url or endpoints(settings).database_url
+
+
+async def _with_database(dsn: str, work: Callable[[Any], Awaitable[T]]) -> T:
+    try:
+        conn = await connect(dsn, timeout=10)
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        raise CliError(f"cannot reach PostgreSQL: {type(exc).__name__}: {exc}") from None
+    try:
+        return await work(conn)
+    except asyncpg.UndefinedTableError:
+        raise CliError("no model_calls table in this database: billing has not run here yet") from None
+    finally:
+        await conn.close()
+
+
+def _report_cost(args: argparse.Namespace) -> int:
+    dsn = database_url(Settings.from_env())
+
+    async def work(conn: Any) -> str:
+        report = await cost_report(conn, args.group_by, args.since, args.until)
+        return render_report(report, args.format)
+
+    print(asyncio.run(_with_database(dsn, work)))
+    return 0
+
+
+def _reprice(args: argparse.Namespace) -> int:
+    settings = Settings.from_env()
+    path: Path | None = args.price_file or settings.price_file
+    price_file: PriceFile | None = None
+    if path is not None:
+        try:
+            price_file = load_price_file(path)
+        except PriceFileError as exc:
+            raise CliError(str(exc)) from None
+    if args.until is not None and args.until <= args.since:
+        raise CliError("--until must be after --since")
+    dsn = database_url(settings)
+
+    async def work(conn: Any) -> str:
+        result = await reprice(conn, args.since, args.until, price_file, dry_run=args.dry_run)
+        return render_reprice(result, args.format)
+
+    print(asyncio.run(_with_database(dsn, work)))
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from commonos.billing.service import main
+
+    return main()
+
+
+def register(sub: Any) -> None:
+    billing = sub.add_parser(
+        "billing",
+        help="CommonBill: priced model calls, repricing",
+        description="CommonBill prices every model call into the model_calls table.",
+    )
+    billing_sub = billing.add_subparsers(dest="billing_command", metavar="SUBCOMMAND", required=True)
+    serve = billing_sub.add_parser(
+        "serve", help="run the billing consumer in the foreground (COS_PRICE_FILE, COS_BILLING_CONFIG)"
+    )
+    serve.set_defaults(handler=_serve)
+
+    rp = billing_sub.add_parser(
+        "reprice",
+        help="price stored calls again with the current prices and print what changed",
+        description="Recompute cost_usd of stored calls with today's genai-prices data and price file. Only rows "
+        "whose cost, status or price source change are updated (with the new price version): running it again "
+        "changes nothing.",
+    )
+    rp.add_argument("--since", required=True, type=_when, help="first call time (date, date-time or 7d)")
+    rp.add_argument("--until", type=_when, help="end of the range, exclusive (default: no end)")
+    rp.add_argument("--price-file", type=Path, help="operator price file (default: COS_PRICE_FILE)")
+    rp.add_argument("--dry-run", action="store_true", help="print the changes, write nothing")
+    rp.add_argument("--format", choices=("table", "json"), default="table")
+    rp.set_defaults(handler=_reprice)
+
+    report = sub.add_parser("report", help="reports over the stored data")
+    report_sub = report.add_subparsers(dest="report_command", metavar="REPORT", required=True)
+    cost = report_sub.add_parser(
+        "cost",
+        help="cost of model calls by tag key, model, provider, day or profile",
+        description="Per-tag groups count a call once in every group it belongs to; the total counts it once.",
+    )
+    cost.add_argument("--since", type=_when, help="first call time (default: start of this month)")
+    cost.add_argument("--until", type=_when, help="end of the range, exclusive (default: now)")
+    cost.add_argument(
+        "--group-by",
+        type=_group_by,
+        default=GroupBy("model"),
+        metavar="tag:KEY|model|provider|day|profile",
+        help="what to group by (default: model)",
+    )
+    cost.add_argument("--format", choices=FORMATS, default="table")
+    cost.set_defaults(handler=_report_cost)
+
+
+__all__ = ["database_url", "register"]

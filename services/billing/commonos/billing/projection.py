@@ -1,0 +1,248 @@
+"""The billing projection: ``model_call_completed`` events -> priced ``model_calls`` rows.
+
+The first half is pure (event + :class:`Pricer` -> :class:`ModelCallRow`, rows -> column arrays) so the hot
+path can be benchmarked alone. :class:`BillingProjection` runs it inside the consumer's transaction: one
+``INSERT … SELECT FROM unnest(…) ON CONFLICT (event_id) DO NOTHING RETURNING event_id`` per batch, then the
+budget step for the rows that were really new. Metrics and the budgets' in-memory state are staged and only
+recorded once the consumer has committed (:meth:`BillingProjection.commit_staged`), so a batch that is rolled
+back and retried is not counted twice.
+
+Token convention (Anthropic, OpenAI and Codex usage alike, see :mod:`commonos.billing.usage`): the event's
+``input_tokens`` excludes cache reads and writes and its ``output_tokens`` includes ``reasoning_tokens``; the
+row keeps the same buckets unchanged.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
+
+from commonos.billing.pricing import Pricer
+from commonos.billing.usage import TokenUsage
+from commonos.proto.events import Event, ModelCallCompleted
+
+if TYPE_CHECKING:
+    from commonos.billing.budgets import BudgetStep, BudgetTracker
+    from commonos.billing.metrics import BillingMetrics, MetricBatch
+    from commonos.runtime.postgres import Conn
+
+__all__ = [
+    "INSERT_MODEL_CALLS",
+    "BillingProjection",
+    "InvalidModelCall",
+    "ModelCallRow",
+    "build_row",
+    "check_model_call",
+    "insert_arguments",
+    "usage_of",
+]
+
+_MAX_BIGINT: Final = 2**63 - 1
+_MAX_NAME_CHARS: Final = 256
+
+
+class InvalidModelCall(ValueError):
+    """A model_call_completed event that is well-formed but cannot be billed (it is dead-lettered)."""
+
+
+class ModelCallRow(NamedTuple):
+    """One ``model_calls`` row, in column order."""
+
+    event_id: uuid.UUID
+    profile_id: str
+    session_id: uuid.UUID
+    turn_id: uuid.UUID | None
+    request_id: str | None
+    provider: str
+    model: str
+    input_tokens: int
+    output_tokens: int
+    cache_read_tokens: int
+    cache_write_5m_tokens: int
+    cache_write_1h_tokens: int
+    reasoning_tokens: int
+    speed: str | None
+    latency_s: float | None
+    stop_reason: str | None
+    usage_estimated: bool
+    reported_cost_usd: Decimal | None
+    cost_usd: Decimal | None
+    cost_status: str
+    price_source: str
+    price_version: str
+    price_detail: str
+    tags: tuple[str, ...]
+    created_at: datetime
+
+
+def check_model_call(event: ModelCallCompleted) -> None:
+    """Raise :class:`InvalidModelCall` for a call that cannot be true or cannot be stored."""
+    if not event.provider.strip() or not event.model.strip():
+        raise InvalidModelCall("a model call names its provider and its model")
+    if len(event.provider) > _MAX_NAME_CHARS or len(event.model) > _MAX_NAME_CHARS:
+        raise InvalidModelCall(f"provider and model names are at most {_MAX_NAME_CHARS} characters")
+    if event.reasoning_tokens > event.output_tokens:
+        raise InvalidModelCall(
+            f"reasoning_tokens ({event.reasoning_tokens}) cannot exceed output_tokens ({event.output_tokens}) "
+            "which includes them"
+        )
+    counts = (
+        event.input_tokens,
+        event.output_tokens,
+        event.cache_read_tokens,
+        event.cache_write_5m_tokens,
+        event.cache_write_1h_tokens,
+    )
+    if max(counts) > _MAX_BIGINT:
+        raise InvalidModelCall("a token count does not fit in 64 bits")
+    reported = event.reported_cost_usd
+    if reported is not None and (not reported.is_finite() or reported < 0 or reported.adjusted() > 12):
+        raise InvalidModelCall(f"reported_cost_usd must be a finite amount from 0 to 1e12, got {reported}")
+
+
+def usage_of(event: ModelCallCompleted) -> TokenUsage:
+    """The event's token counts for the pricer: the same disjoint buckets, nothing converted."""
+    return TokenUsage(
+        input_tokens=event.input_tokens,
+        output_tokens=event.output_tokens,
+        cache_read_tokens=event.cache_read_tokens,
+        cache_write_5m_tokens=event.cache_write_5m_tokens,
+        cache_write_1h_tokens=event.cache_write_1h_tokens,
+        reasoning_tokens=event.reasoning_tokens,
+        usage_estimated=event.usage_estimated,
+        speed=event.speed,
+    )
+
+
+def build_row(event: ModelCallCompleted, pricer: Pricer) -> ModelCallRow:
+    """Price one call at its own time and shape its row (call :func:`check_model_call` first)."""
+    result = pricer.price(event.provider, event.model, usage_of(event), event.occurred_at, event.reported_cost_usd)
+    tags = event.tags
+    if len(tags) > 1 and len(set(tags)) != len(tags):
+        tags = tuple(sorted(set(tags)))  # a call counts once per tag, even if the event repeats one
+    return ModelCallRow(
+        event.event_id,
+        event.profile_id,
+        event.session_id,
+        event.turn_id,
+        event.request_id,
+        event.provider,
+        event.model,
+        event.input_tokens,
+        event.output_tokens,
+        event.cache_read_tokens,
+        event.cache_write_5m_tokens,
+        event.cache_write_1h_tokens,
+        event.reasoning_tokens,
+        event.speed,
+        event.latency_s,
+        event.stop_reason,
+        event.usage_estimated,
+        event.reported_cost_usd,
+        result.cost_usd,
+        result.status.value,
+        result.source,
+        result.version,
+        result.detail,
+        tags,
+        event.occurred_at,
+    )
+
+
+#: Tags travel as one space-separated string per row (a tag never contains a space), since PostgreSQL
+#: arrays cannot be ragged; ``string_to_array('', ' ')`` is the empty array.
+INSERT_MODEL_CALLS: Final = """
+INSERT INTO model_calls (
+    event_id, profile_id, session_id, turn_id, request_id, provider, model,
+    input_tokens, output_tokens, cache_read_tokens, cache_write_5m_tokens, cache_write_1h_tokens, reasoning_tokens,
+    speed, latency_s, stop_reason, usage_estimated, reported_cost_usd,
+    cost_usd, cost_status, price_source, price_version, price_detail, tags, created_at)
+SELECT e, p, s, t, r, pv, m, it, ot, crt, cw5, cw1, rt, sp, lat, sr, ue, rc, c, cs, ps, pver, pd,
+       string_to_array(tg, ' '), ca
+FROM unnest(
+    $1::uuid[], $2::text[], $3::uuid[], $4::uuid[], $5::text[], $6::text[], $7::text[],
+    $8::bigint[], $9::bigint[], $10::bigint[], $11::bigint[], $12::bigint[], $13::bigint[],
+    $14::text[], $15::float8[], $16::text[], $17::bool[], $18::numeric[],
+    $19::numeric[], $20::text[], $21::text[], $22::text[], $23::text[], $24::text[], $25::timestamptz[]
+) AS u(e, p, s, t, r, pv, m, it, ot, crt, cw5, cw1, rt, sp, lat, sr, ue, rc, c, cs, ps, pver, pd, tg, ca)
+ON CONFLICT (event_id) DO NOTHING
+RETURNING event_id
+"""
+
+_TAGS_COLUMN: Final = ModelCallRow._fields.index("tags")
+
+
+def insert_arguments(rows: Sequence[ModelCallRow]) -> list[list[Any]]:
+    """The 25 column arrays of :data:`INSERT_MODEL_CALLS`."""
+    columns: list[list[Any]] = [list(column) for column in zip(*rows, strict=True)]
+    columns[_TAGS_COLUMN] = [" ".join(tags) for tags in columns[_TAGS_COLUMN]]
+    return columns
+
+
+def new_rows(rows: Sequence[ModelCallRow], inserted: set[uuid.UUID]) -> list[ModelCallRow]:
+    """The rows the insert really added, each once (a batch may carry the same event twice)."""
+    fresh: list[ModelCallRow] = []
+    for row in rows:
+        if row.event_id in inserted:
+            inserted.discard(row.event_id)
+            fresh.append(row)
+    return fresh
+
+
+@dataclass(slots=True)
+class _Staged:
+    metrics: list[MetricBatch] = field(default_factory=list)
+    budgets: list[BudgetStep] = field(default_factory=list)
+
+
+class BillingProjection:
+    """The ``model_calls`` projection; one per process (it holds the cached :class:`Pricer`)."""
+
+    position_table = "billing_positions"
+
+    def __init__(
+        self,
+        pricer: Pricer,
+        metrics: BillingMetrics,
+        budgets: BudgetTracker | None = None,
+        name: str = "billing",
+    ) -> None:
+        self.name = name
+        self.pricer = pricer
+        self.metrics = metrics
+        self.budgets = budgets
+        self._staged = _Staged()
+
+    def check(self, event: Event) -> None:
+        if isinstance(event, ModelCallCompleted):
+            check_model_call(event)
+
+    async def apply(self, conn: Conn, events: Sequence[Event]) -> None:
+        pricer = self.pricer
+        rows = [build_row(e, pricer) for e in events if isinstance(e, ModelCallCompleted)]
+        if not rows:
+            return
+        records = await conn.fetch(INSERT_MODEL_CALLS, *insert_arguments(rows))
+        fresh = new_rows(rows, {r["event_id"] for r in records})
+        step = await self.budgets.apply(conn, fresh) if self.budgets is not None and fresh else None
+        # Staged last: an apply that raised staged nothing.
+        self._staged.metrics.append(self.metrics.stage(fresh))
+        if step is not None:
+            self._staged.budgets.append(step)
+
+    def discard_staged(self) -> None:
+        """Forget what applies of a transaction that did not commit staged."""
+        self._staged = _Staged()
+
+    def commit_staged(self) -> None:
+        """Record metrics and budget state of the transaction that has just committed."""
+        staged, self._staged = self._staged, _Staged()
+        for batch in staged.metrics:
+            self.metrics.record(batch)
+        if self.budgets is not None:
+            for step in staged.budgets:
+                self.budgets.committed(step)

@@ -1,0 +1,301 @@
+"""``cos report cost``: cost of model calls over a time range, grouped by a tag key, model, provider, day or
+profile.
+
+Grouping by ``tag:<key>`` counts a call once in each ``<key>:`` group it carries (the seed's "cost per client"
+query does the same), so the groups can add up to more than the total; calls without such a tag form the
+``(none)`` group. The total counts every call once. The report says both. Times are the calls' own times
+(``created_at``); ``since`` defaults to the start of the current month as the database sees it
+(``date_trunc('month', now())``, like the seed's query) and ``until`` is exclusive.
+
+The SQL and the rendering are here; the CLI only parses arguments.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
+from typing import Any, Final
+
+from commonos.runtime.postgres import Conn
+
+__all__ = [
+    "FORMATS",
+    "GROUP_BY_HELP",
+    "CostReport",
+    "GroupBy",
+    "ReportRow",
+    "columns",
+    "cost_report",
+    "parse_group_by",
+    "parse_when",
+    "render_report",
+]
+
+FORMATS: Final = ("table", "json", "csv")
+GROUP_BY_HELP: Final = "tag:<key>, model, provider, day or profile"
+
+_TAG_KEY = re.compile(r"[a-z0-9_-]+")
+_RELATIVE = re.compile(r"(\d+)([dhm])")
+
+#: Group expressions over model_calls; `tag` uses the unnest of the seed's query instead.
+_GROUP_EXPRESSIONS: Final = {
+    "model": "model",
+    "provider": "provider",
+    "profile": "profile_id",
+    "day": "to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD')",
+}
+
+_AGGREGATES: Final = """
+    sum(cost_usd) AS usd,
+    count(*) AS calls,
+    count(*) FILTER (WHERE cost_usd IS NULL) AS unpriced_calls,
+    coalesce(sum(input_tokens), 0)::bigint AS input_tokens,
+    coalesce(sum(output_tokens), 0)::bigint AS output_tokens,
+    coalesce(sum(cache_read_tokens), 0)::bigint AS cache_read_tokens,
+    coalesce(sum(cache_write_5m_tokens + cache_write_1h_tokens), 0)::bigint AS cache_write_tokens,
+    coalesce(sum(reasoning_tokens), 0)::bigint AS reasoning_tokens"""
+
+_RANGE: Final = "created_at >= $1 AND ($2::timestamptz IS NULL OR created_at < $2)"
+
+
+class ReportError(ValueError):
+    """A report argument that cannot be used; the message is one line."""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupBy:
+    kind: str  # "tag", "model", "provider", "day" or "profile"
+    tag_key: str | None = None
+
+    def __str__(self) -> str:
+        return f"tag:{self.tag_key}" if self.kind == "tag" else self.kind
+
+
+def parse_group_by(text: str) -> GroupBy:
+    text = text.strip()
+    if text.startswith("tag:"):
+        key = text[4:]
+        if not _TAG_KEY.fullmatch(key):
+            raise ReportError(f"{text!r}: a tag key is lower-case letters, digits, _ and - (tag:client)")
+        return GroupBy("tag", key)
+    if text in _GROUP_EXPRESSIONS:
+        return GroupBy(text)
+    raise ReportError(f"{text!r} is not a grouping: use {GROUP_BY_HELP}")
+
+
+def parse_when(text: str, now: datetime | None = None) -> datetime:
+    """A date (UTC midnight), an ISO date-time (no offset = UTC), or ``<n>d``/``<n>h``/``<n>m`` ago."""
+    text = text.strip()
+    relative = _RELATIVE.fullmatch(text)
+    if relative:
+        amount, unit = int(relative.group(1)), relative.group(2)
+        delta = {"d": timedelta(days=amount), "h": timedelta(hours=amount), "m": timedelta(minutes=amount)}[unit]
+        return (now or datetime.now(UTC)) - delta
+    try:
+        if len(text) == 10:
+            day = date.fromisoformat(text)
+            return datetime(day.year, day.month, day.day, tzinfo=UTC)
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise ReportError(f"{text!r} is not a date (2026-11-01), a date-time or a span ago (7d, 12h)") from None
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class ReportRow:
+    group: str | None  # None: the calls without a tag of the key (tag grouping), or the total
+    usd: Decimal | None  # None when no call of the group has a price
+    calls: int
+    unpriced_calls: int
+    input_tokens: int
+    output_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+    reasoning_tokens: int
+
+    @classmethod
+    def from_record(cls, record: Any, group: str | None) -> ReportRow:
+        return cls(
+            group=group,
+            usd=record["usd"],
+            calls=record["calls"],
+            unpriced_calls=record["unpriced_calls"],
+            input_tokens=record["input_tokens"],
+            output_tokens=record["output_tokens"],
+            cache_read_tokens=record["cache_read_tokens"],
+            cache_write_tokens=record["cache_write_tokens"],
+            reasoning_tokens=record["reasoning_tokens"],
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "group": self.group,
+            "usd": str(self.usd) if self.usd is not None else None,
+            "calls": self.calls,
+            "unpriced_calls": self.unpriced_calls,
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "cache_read_tokens": self.cache_read_tokens,
+            "cache_write_tokens": self.cache_write_tokens,
+            "reasoning_tokens": self.reasoning_tokens,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class CostReport:
+    group_by: GroupBy
+    since: datetime
+    until: datetime | None
+    groups: list[ReportRow]
+    total: ReportRow
+    untagged: ReportRow | None = None  # tag grouping only
+    notes: list[str] = field(default_factory=list)
+
+
+def grouped_sql(group_by: GroupBy) -> str:
+    """The per-group query; $1 since, $2 until (NULL: open), $3 the tag prefix ("client:")."""
+    if group_by.kind == "tag":
+        return f"""
+            SELECT tag AS grp, {_AGGREGATES}
+            FROM model_calls, unnest(tags) AS tag
+            WHERE starts_with(tag, $3) AND {_RANGE}
+            GROUP BY tag
+            ORDER BY usd DESC NULLS LAST, grp"""
+    order = "grp" if group_by.kind == "day" else "usd DESC NULLS LAST, grp"
+    return f"""
+        SELECT {_GROUP_EXPRESSIONS[group_by.kind]} AS grp, {_AGGREGATES}
+        FROM model_calls
+        WHERE {_RANGE}
+        GROUP BY grp
+        ORDER BY {order}"""
+
+
+_TOTAL_SQL: Final = f"SELECT {_AGGREGATES} FROM model_calls WHERE {_RANGE}"
+_UNTAGGED_SQL: Final = f"""
+    SELECT {_AGGREGATES} FROM model_calls
+    WHERE {_RANGE} AND NOT EXISTS (SELECT 1 FROM unnest(tags) AS tag WHERE starts_with(tag, $3))"""
+
+
+async def cost_report(
+    conn: Conn, group_by: GroupBy, since: datetime | None = None, until: datetime | None = None
+) -> CostReport:
+    """Run the report in one read-only snapshot, so groups and total agree."""
+    async with conn.transaction(isolation="repeatable_read", readonly=True):
+        resolved = await conn.fetchval("SELECT coalesce($1::timestamptz, date_trunc('month', now()))", since)
+        args: list[Any] = [resolved, until]
+        if group_by.kind == "tag":
+            args.append(f"{group_by.tag_key}:")
+        records = await conn.fetch(grouped_sql(group_by), *args)
+        total = await conn.fetchrow(_TOTAL_SQL, resolved, until)
+        untagged = await conn.fetchrow(_UNTAGGED_SQL, *args) if group_by.kind == "tag" else None
+    assert total is not None
+    groups = [ReportRow.from_record(r, r["grp"]) for r in records]
+    total_row = ReportRow.from_record(total, None)
+    untagged_row = ReportRow.from_record(untagged, None) if untagged is not None and untagged["calls"] else None
+    notes: list[str] = []
+    if group_by.kind == "tag":
+        notes.append(
+            f"Each call is counted once in every {group_by.tag_key}: group it carries, so groups can add up to "
+            "more than the total; the total counts each call once."
+        )
+    if total_row.unpriced_calls:
+        notes.append(
+            f"{total_row.unpriced_calls} call(s) have no price (cost_status unpriced): they count as calls, not "
+            "in USD. Add a price (COS_PRICE_FILE) and run `cos billing reprice`."
+        )
+    return CostReport(group_by, resolved, until, groups, total_row, untagged_row, notes)
+
+
+def _usd(value: Decimal | None) -> str:
+    return "n/a" if value is None else f"{value:,.4f}"
+
+
+def columns(header: tuple[str, ...], rows: Sequence[tuple[str, ...]], right_from: int) -> str:
+    """Plain aligned text columns; cells from ``right_from`` on are right-aligned (numbers)."""
+    widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
+
+    def line(cells: tuple[str, ...]) -> str:
+        return "  ".join(
+            cell.rjust(widths[i]) if i >= right_from else cell.ljust(widths[i]) for i, cell in enumerate(cells)
+        ).rstrip()
+
+    return "\n".join([line(header), *(line(r) for r in rows)])
+
+
+def _labelled(report: CostReport) -> list[tuple[str, ReportRow]]:
+    rows = [(row.group or "", row) for row in report.groups]
+    if report.untagged is not None:
+        rows.append(("(none)", report.untagged))
+    rows.append(("(total: each call once)", report.total))
+    return rows
+
+
+def render_report(report: CostReport, fmt: str = "table") -> str:
+    if fmt == "json":
+        return json.dumps(
+            {
+                "group_by": str(report.group_by),
+                "since": report.since.isoformat(),
+                "until": report.until.isoformat() if report.until else None,
+                "groups": [row.as_dict() for row in report.groups],
+                "untagged": report.untagged.as_dict() if report.untagged else None,
+                "total": report.total.as_dict(),
+                "notes": report.notes,
+            },
+            indent=2,
+        )
+    header = (
+        str(report.group_by),
+        "usd",
+        "calls",
+        "unpriced",
+        "input",
+        "output",
+        "reasoning",
+        "cache_read",
+        "cache_write",
+    )
+    if fmt == "csv":
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(header)
+        for label, row in _labelled(report):
+            writer.writerow(
+                (
+                    label,
+                    "" if row.usd is None else str(row.usd),
+                    row.calls,
+                    row.unpriced_calls,
+                    row.input_tokens,
+                    row.output_tokens,
+                    row.reasoning_tokens,
+                    row.cache_read_tokens,
+                    row.cache_write_tokens,
+                )
+            )
+        return out.getvalue().rstrip("\n")
+    table = [
+        (
+            label,
+            _usd(row.usd),
+            f"{row.calls:,}",
+            f"{row.unpriced_calls:,}",
+            f"{row.input_tokens:,}",
+            f"{row.output_tokens:,}",
+            f"{row.reasoning_tokens:,}",
+            f"{row.cache_read_tokens:,}",
+            f"{row.cache_write_tokens:,}",
+        )
+        for label, row in _labelled(report)
+    ]
+    until = report.until.isoformat() if report.until else "now"
+    lines = [f"Cost by {report.group_by}, {report.since.isoformat()} .. {until} (calls' own times, until exclusive)"]
+    lines.append(columns(header, table, right_from=1))
+    lines.extend(f"Note: {note}" for note in report.notes)
+    return "\n".join(lines)

@@ -1,0 +1,242 @@
+"""The billing process (CommonBill): a durable pull consumer of ``model_call_completed`` events.
+
+It applies the core schema then its own (under the schema advisory lock; it reads no core table), binds the
+durable consumer ``billing`` filtered on ``cos.events.*.*.model_call_completed``, and writes one priced
+``model_calls`` row per event in batches, each in one transaction with its position in ``billing_positions``;
+messages are acknowledged after the commit. Budget alerts go to ``cos.alerts.budget`` in the ``COS_ALERTS``
+stream. Configuration: ``COS_PRICE_FILE`` (operator prices, TOML), ``COS_BILLING_CONFIG`` (budgets, metric
+labels, TOML), and the common ``COS_*`` settings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from datetime import UTC
+from typing import Final
+
+import asyncpg
+import msgspec
+from nats.js import JetStreamContext
+from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+
+from commonos.billing.budgets import BudgetAlert, BudgetTracker
+from commonos.billing.config import BillingConfig, BillingConfigError, load_billing_config
+from commonos.billing.metrics import BillingMetrics
+from commonos.billing.pricing import PriceFileError, Pricer, load_price_file
+from commonos.billing.projection import BillingProjection
+from commonos.billing.schema import SCHEMA
+from commonos.journal_writer.schema import SCHEMA as CORE_SCHEMA
+from commonos.journal_writer.service import partition_suffix
+from commonos.proto.cloudevents import CONTENT_TYPE, MSG_ID, SPECVERSION
+from commonos.proto.subjects import ALERTS_BUDGET, MODEL_CALLS_FILTER
+from commonos.runtime import nats as cos_nats
+from commonos.runtime.consumer import BatchConsumer, ConsumerOptions, Delivery
+from commonos.runtime.http import Health, HttpServer
+from commonos.runtime.lifecycle import install_stop_signals, run, setup_logging
+from commonos.runtime.postgres import SCHEMA_LOCK_KEY, create_pool
+from commonos.runtime.settings import Settings
+
+log = logging.getLogger("commonos.billing")
+
+DEFAULT_HTTP_PORT: Final = 9463
+CONSUMER_NAME: Final = "billing"
+ALERTS_STREAM: Final = "COS_ALERTS"
+ALERTS_ALL: Final = "cos.alerts.>"
+ALERT_SOURCE: Final = "urn:commonos:billing"
+#: Long enough that an alert republished after a crash and a slow restart is still recognised.
+ALERTS_DUPLICATE_WINDOW_S: Final = 24 * 3600.0
+
+_alert_encoder: Final = msgspec.json.Encoder(decimal_format="string")
+
+
+def billing_schemas() -> list[str]:
+    """The core schema first (the specification's order), then billing's own."""
+    return [CORE_SCHEMA, SCHEMA]
+
+
+async def apply_billing_schemas(conn: asyncpg.Connection) -> None:
+    """Apply the core schema, then billing's, under the schema advisory lock.
+
+    Where the core tables belong to another role (the journal-writer's, with billing granted nothing on them)
+    the core statements are refused for lack of ownership: the core is then left to its owner, and billing's
+    own schema is applied all the same.
+    """
+    await conn.execute("SELECT pg_advisory_lock($1)", SCHEMA_LOCK_KEY)
+    try:
+        try:
+            async with conn.transaction():
+                await conn.execute(CORE_SCHEMA)
+        except asyncpg.InsufficientPrivilegeError as exc:
+            log.info("core schema left to its owner (%s); applying billing's own", exc)
+        await conn.execute(SCHEMA)
+    finally:
+        await conn.execute("SELECT pg_advisory_unlock($1)", SCHEMA_LOCK_KEY)
+
+
+async def apply_schemas_when_reachable(dsn: str, health: Health, stop: asyncio.Event) -> bool:
+    """Apply the schemas, waiting out a PostgreSQL that cannot be reached yet; False if stopped first."""
+    backoff = 0.1
+    while not stop.is_set():
+        try:
+            conn = await asyncpg.connect(dsn, timeout=5)
+            try:
+                await apply_billing_schemas(conn)
+            finally:
+                await conn.close()
+            return True
+        except (OSError, asyncpg.CannotConnectNowError, asyncpg.InterfaceError, TimeoutError) as exc:
+            health.set_ready("database", False, f"PostgreSQL unreachable: {type(exc).__name__}")
+            log.warning("PostgreSQL unreachable (%s); retrying", exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), backoff)
+            backoff = min(backoff * 2, 5.0)
+    return False
+
+
+def alerts_stream_config(replicas: int = 1) -> StreamConfig:
+    return StreamConfig(
+        name=ALERTS_STREAM,
+        subjects=[ALERTS_ALL],
+        storage=StorageType.FILE,
+        retention=RetentionPolicy.LIMITS,
+        discard=DiscardPolicy.OLD,
+        num_replicas=replicas,
+        duplicate_window=ALERTS_DUPLICATE_WINDOW_S,
+    )
+
+
+class NatsAlertSink:
+    """Publishes budget alerts to JetStream and waits for the PubAck; errors propagate (the batch retries)."""
+
+    def __init__(self, js: JetStreamContext, source: str = ALERT_SOURCE, ack_timeout_s: float = 5.0) -> None:
+        self.js = js
+        self.source = source
+        self.ack_timeout_s = ack_timeout_s
+
+    async def publish(self, alert: BudgetAlert, msg_id: str) -> None:
+        headers = {
+            "ce-specversion": SPECVERSION,
+            "ce-id": str(alert.alert_id),
+            "ce-source": self.source,
+            "ce-type": "cos.budget_exceeded.v1",
+            "ce-time": alert.occurred_at.astimezone(UTC).isoformat().replace("+00:00", "Z"),
+            "ce-subject": alert.budget,
+            "content-type": CONTENT_TYPE,
+            MSG_ID: msg_id,
+        }
+        ack = await self.js.publish(
+            ALERTS_BUDGET,
+            _alert_encoder.encode(alert),
+            timeout=self.ack_timeout_s,
+            stream=ALERTS_STREAM,
+            headers=headers,
+        )
+        log.info(
+            "budget %s reached %s of %s USD for the %s from %s%s",
+            alert.budget,
+            alert.spent_usd,
+            alert.limit_usd,
+            alert.period,
+            alert.period_start.date(),
+            " (duplicate dropped by JetStream)" if ack.duplicate else "",
+        )
+
+
+class BillingConsumer(BatchConsumer):
+    """A BatchConsumer that records the projection's metrics and budget state only after each commit."""
+
+    async def _commit(self, deliveries: list[Delivery]) -> None:
+        projection = self.projection
+        assert isinstance(projection, BillingProjection)
+        projection.discard_staged()
+        await super()._commit(deliveries)
+        projection.commit_staged()
+
+
+def load_pricer(settings: Settings) -> Pricer:
+    """The process' Pricer: genai-prices plus ``COS_PRICE_FILE`` when set (a bad file is a ConfigError)."""
+    if settings.price_file is None:
+        return Pricer()
+    try:
+        return Pricer(load_price_file(settings.price_file))
+    except PriceFileError as exc:
+        raise BillingConfigError(f"COS_PRICE_FILE: {exc}") from None
+
+
+async def serve(
+    settings: Settings,
+    config: BillingConfig | None = None,
+    pricer: Pricer | None = None,
+    stop: asyncio.Event | None = None,
+    name: str | None = None,
+) -> int:
+    """Run the billing consumer until ``stop`` is set (SIGTERM/SIGINT when not given).
+
+    With ``COS_PARTITIONS``/``COS_PARTITION`` each instance bills the sessions of its partition under its own
+    durable consumer (``billing-p<i>-of-<n>``); budgets stay exact across instances.
+    """
+    _, database_url = settings.require_urls()
+    name = name or CONSUMER_NAME + partition_suffix(settings)
+    config = config if config is not None else load_billing_config(settings.billing_config)
+    pricer = pricer if pricer is not None else load_pricer(settings)
+    own_stop = stop is None
+    stop = stop or asyncio.Event()
+    if own_stop:
+        install_stop_signals(stop)
+    health = Health()
+    http = HttpServer(health, settings.http_host, settings.http_port)
+    port = await http.start()
+    log.info("%s: /metrics /healthz /readyz on %s:%d", name, settings.http_host, port)
+    nc = await cos_nats.connect(settings, name)
+    pool: asyncpg.Pool | None = None
+    try:
+        js = nc.jetstream()
+        await cos_nats.ensure_streams(js, settings.stream_replicas)
+        await cos_nats.ensure_stream(js, alerts_stream_config(settings.stream_replicas))
+        if not await apply_schemas_when_reachable(database_url, health, stop):
+            return 0
+        pool = await create_pool(database_url, min_size=1, max_size=3)
+        budgets = BudgetTracker(config.budgets, NatsAlertSink(js)) if config.budgets else None
+        if budgets is not None:
+            async with pool.acquire() as conn:
+                await budgets.load(conn)
+        projection = BillingProjection(pricer, BillingMetrics(config.metrics), budgets, name=name)
+        options = ConsumerOptions(
+            batch_size=settings.batch_size,
+            batch_timeout_s=settings.batch_timeout_s,
+            filter_subjects=(MODEL_CALLS_FILTER,),
+            partitions=settings.partitions,
+            partition=settings.partition or 0,
+        )
+        consumer = BillingConsumer(js, pool, projection, health, options)
+        task = asyncio.create_task(consumer.run(stop), name=name)
+        stopper = asyncio.create_task(stop.wait())
+        await asyncio.wait([task, stopper], return_when=asyncio.FIRST_COMPLETED)
+        stop.set()
+        stopper.cancel()
+        # Let the batch in flight finish (or be abandoned un-acked) within the drain deadline.
+        done, _ = await asyncio.wait([task], timeout=settings.drain_timeout_s)
+        if not done:
+            task.cancel()
+        elif task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
+        log.info("%s: stopped after applying %d events", name, consumer.applied)
+        return 0
+    finally:
+        await http.stop()
+        if pool is not None:
+            await pool.close()
+        await nc.close()
+
+
+def main() -> int:
+    async def _main() -> int:
+        settings = Settings.from_env(http_port=DEFAULT_HTTP_PORT)
+        setup_logging(settings.log_level)
+        config = load_billing_config(settings.billing_config)
+        pricer = load_pricer(settings)
+        return await serve(settings, config, pricer)
+
+    return run(_main)
