@@ -4,7 +4,7 @@ The first half is pure (event + :class:`Pricer` -> :class:`ModelCallRow`, rows -
 path can be benchmarked alone. :class:`BillingProjection` runs it inside the consumer's transaction: one
 ``INSERT … SELECT FROM unnest(…) ON CONFLICT (event_id) DO NOTHING RETURNING event_id`` per batch, then the
 budget step for the rows that were really new. Metrics and the budgets' in-memory state are staged and only
-recorded once the consumer has committed (:meth:`BillingProjection.commit_staged`), so a batch that is rolled
+recorded once the consumer has committed (:meth:`BillingProjection.committed`), so a batch that is rolled
 back and retried is not counted twice.
 
 Token convention (Anthropic, OpenAI and Codex usage alike, see :mod:`commonos.billing.usage`): the event's
@@ -234,11 +234,11 @@ class BillingProjection:
         if step is not None:
             self._staged.budgets.append(step)
 
-    def discard_staged(self) -> None:
+    def rolled_back(self) -> None:
         """Forget what applies of a transaction that did not commit staged."""
         self._staged = _Staged()
 
-    def commit_staged(self) -> None:
+    def committed(self) -> None:
         """Record metrics and budget state of the transaction that has just committed."""
         staged, self._staged = self._staged, _Staged()
         for batch in staged.metrics:

@@ -32,7 +32,7 @@ from commonos.journal_writer.service import partition_suffix
 from commonos.proto.cloudevents import CONTENT_TYPE, MSG_ID, SPECVERSION
 from commonos.proto.subjects import ALERTS_BUDGET, MODEL_CALLS_FILTER
 from commonos.runtime import nats as cos_nats
-from commonos.runtime.consumer import BatchConsumer, ConsumerOptions, Delivery
+from commonos.runtime.consumer import BatchConsumer, ConsumerOptions
 from commonos.runtime.http import Health, HttpServer
 from commonos.runtime.lifecycle import install_stop_signals, run, setup_logging
 from commonos.runtime.postgres import SCHEMA_LOCK_KEY, create_pool
@@ -144,17 +144,6 @@ class NatsAlertSink:
         )
 
 
-class BillingConsumer(BatchConsumer):
-    """A BatchConsumer that records the projection's metrics and budget state only after each commit."""
-
-    async def _commit(self, deliveries: list[Delivery]) -> None:
-        projection = self.projection
-        assert isinstance(projection, BillingProjection)
-        projection.discard_staged()
-        await super()._commit(deliveries)
-        projection.commit_staged()
-
-
 def load_pricer(settings: Settings) -> Pricer:
     """The process' Pricer: genai-prices plus ``COS_PRICE_FILE`` when set (a bad file is a ConfigError)."""
     if settings.price_file is None:
@@ -210,7 +199,7 @@ async def serve(
             partitions=settings.partitions,
             partition=settings.partition or 0,
         )
-        consumer = BillingConsumer(js, pool, projection, health, options)
+        consumer = BatchConsumer(js, pool, projection, health, options)
         task = asyncio.create_task(consumer.run(stop), name=name)
         stopper = asyncio.create_task(stop.wait())
         await asyncio.wait([task, stopper], return_when=asyncio.FIRST_COMPLETED)

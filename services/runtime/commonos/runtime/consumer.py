@@ -102,9 +102,11 @@ class Projection(Protocol):
     def check(self, event: Event) -> None:
         """Raise ValueError if the event breaks an invariant (it is then dead-lettered).
 
-        A projection may also define `async prepare(conn, events)`, run on its own connection
-        before each batch's transaction, for idempotent writes that must not hold locks for the
-        whole batch.
+        A projection may also define
+        * `async prepare(conn, events)`, run on its own connection before each batch's transaction,
+          for idempotent writes that must not hold locks for the whole batch;
+        * `committed()` and `rolled_back()`, called after a batch commits and before each attempt,
+          for state kept outside the database (metrics) that must follow only committed batches.
         """
 
     async def apply(self, conn: Conn, events: Sequence[Event]) -> None:
@@ -368,6 +370,9 @@ class BatchConsumer:
 
     async def _commit(self, deliveries: list[Delivery]) -> None:
         good = [d for d in deliveries if d.event is not None and d.error is None and not d.foreign]
+        rolled_back = getattr(self.projection, "rolled_back", None)
+        if rolled_back is not None:
+            rolled_back()  # whatever an earlier, failed attempt at this batch staged is void
         prepare = getattr(self.projection, "prepare", None)
         if prepare is not None and good:
             async with self.pool.acquire() as conn:
@@ -394,6 +399,9 @@ class BatchConsumer:
             )
         self.position = deliveries[-1].stream_seq
         POSITION.labels(self.name).set(self.position)
+        committed = getattr(self.projection, "committed", None)
+        if committed is not None:
+            committed()
         for d in deliveries:
             if d.foreign:
                 continue
