@@ -13,6 +13,7 @@ from commonos.runtime.settings import ConfigError
 #: Modules with a `register(subparsers)` function, in the order `cos --help` lists them.
 COMMAND_MODULES = (
     "commonos.cli.up",
+    "commonos.cli.demo",
     "commonos.loop.cli",
     "commonos.journal_writer.cli",
     "commonos.billing.cli",

@@ -53,7 +53,7 @@ async def connect(settings: Settings, name: str, **overrides: Any) -> Client:
         log.warning("nats: %s", exc)
 
     async def on_disconnected() -> None:
-        log.warning("nats: disconnected")
+        log.info("nats: disconnected")
 
     async def on_reconnected() -> None:
         log.info("nats: reconnected")

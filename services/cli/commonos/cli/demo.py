@@ -1,0 +1,160 @@
+"""`cos demo`: the whole system on one machine, one scripted conversation, the seed's three queries.
+
+It starts what `cos up` starts (its own NATS and PostgreSQL unless URLs are configured, the
+journal-writer, billing and the loop), sends the demo profile a message whose scripted replies make
+a tool call, a risky call that is approved, one refused by policy and a delegated child turn, waits
+until every event is projected, prints the results of the specification's three queries and stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import nats
+import nats.js.errors
+from rich.console import Console
+from rich.table import Table
+
+from commonos.cli.args import CliError
+from commonos.cli.system import Endpoints, clear_state
+from commonos.cli.up import start_system
+from commonos.proto.subjects import EVENTS_STREAM
+from commonos.runtime.postgres import connect
+from commonos.runtime.settings import Settings
+
+MESSAGE = "Do I need an umbrella in Charleston today?"
+
+QUERIES = {
+    "The last ten turns, with their status": """
+SELECT t.started_at, t.profile_id, t.status, t.depth, s.title
+FROM turns t JOIN sessions s ON s.id = t.session_id
+ORDER BY t.started_at DESC
+LIMIT 10;""",
+    "Tool calls that needed approval, and the answer": """
+SELECT tc.name, tc.args, a.status, a.decided_at
+FROM approvals a JOIN tool_calls tc ON tc.id = a.tool_call_id
+ORDER BY a.decided_at DESC;""",
+    "Cost per client this month": """
+SELECT tag, sum(cost_usd) AS usd, count(*) AS calls
+FROM model_calls, unnest(tags) AS tag
+WHERE tag LIKE 'client:%' AND created_at >= date_trunc('month', now())
+GROUP BY tag
+ORDER BY usd DESC;""",
+}
+
+#: The consumers whose tables the queries read.
+CONSUMERS = ("journal-writer", "billing")
+
+
+async def wait_projected(endpoints: Endpoints, timeout_s: float = 60.0) -> None:
+    """Until every consumer the queries depend on has applied everything in the stream."""
+    nc = await nats.connect(endpoints.nats_url)
+    try:
+        js = nc.jetstream()
+        deadline = time.monotonic() + timeout_s
+        for name in CONSUMERS:
+            while True:
+                try:
+                    info = await js.consumer_info(EVENTS_STREAM, name)
+                    if info.num_pending == 0 and info.num_ack_pending == 0:
+                        break
+                except nats.js.errors.NotFoundError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise CliError(f"{name} did not catch up with the stream within {timeout_s:.0f}s")
+                await asyncio.sleep(0.1)
+    finally:
+        await nc.close()
+
+
+async def run_queries(database_url: str) -> dict[str, list[asyncpg.Record]]:
+    conn = await connect(database_url)
+    try:
+        return {title: await conn.fetch(sql) for title, sql in QUERIES.items()}
+    finally:
+        await conn.close()
+
+
+def print_results(console: Console, results: dict[str, list[asyncpg.Record]]) -> None:
+    for title, rows in results.items():
+        table = Table(title=title, title_justify="left")
+        columns = list(rows[0].keys()) if rows else ["(no rows)"]
+        for col in columns:
+            table.add_column(col, overflow="fold")
+        for row in rows:
+            table.add_row(*(_cell(v) for v in row.values()))
+        console.print(table)
+
+
+def _cell(value: Any) -> str:
+    if hasattr(value, "isoformat"):
+        return str(value.isoformat(timespec="seconds"))
+    return "" if value is None else str(value)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    os.environ.setdefault("COS_DATA_DIR", str(Path(".cos") / "demo"))
+    prices = Path("config/demo-prices.toml")
+    if prices.exists():
+        os.environ.setdefault("COS_PRICE_FILE", str(prices.resolve()))
+    settings = Settings.from_env()
+    console = Console()
+    console.print("[bold]Starting CommonOS[/bold] (embedded NATS and PostgreSQL unless COS_*_URL are set)")
+    system = start_system(settings)
+    try:
+        system.print_state(console)
+        assert system.endpoints is not None
+        console.print(f"\n[bold]you>[/bold] {args.message}")
+        chat = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "commonos.cli.main",
+                "chat",
+                "--profile",
+                args.profile,
+                "--tag",
+                "client:acme",
+                "--tag",
+                "project:site",
+                "--yes",
+                "-v",
+                args.message,
+            ],
+            env={
+                **os.environ,
+                "COS_NATS_URL": system.endpoints.nats_url,
+                "COS_DATABASE_URL": system.endpoints.database_url,
+            },
+            check=False,
+        )
+        if chat.returncode != 0:
+            raise CliError(f"the demo turn failed (exit {chat.returncode}); logs in {settings.data_dir / 'logs'}")
+        asyncio.run(wait_projected(system.endpoints))
+        console.print()
+        print_results(console, asyncio.run(run_queries(system.endpoints.database_url)))
+        console.print(f"\nData and logs: {settings.data_dir.resolve()} (the tables stay; run `cos up` to explore)")
+    finally:
+        clear_state(settings)
+        system.stop()
+    return 0
+
+
+def register(sub: Any) -> None:
+    demo = sub.add_parser(
+        "demo",
+        help="run the system, one scripted conversation, and the seed's three queries",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    demo.add_argument("--profile", default="default", help="profile to talk to (default: default)")
+    demo.add_argument("message", nargs="?", default=MESSAGE, help=f"the message (default: {MESSAGE!r})")
+    demo.set_defaults(handler=_demo)

@@ -1,0 +1,51 @@
+"""`cos demo` (what `make demo` runs) on its own embedded servers, end to end."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from tests.harness import cleanup, make_temp_root
+
+pytestmark = pytest.mark.slow
+
+
+def test_demo_prints_the_three_query_results() -> None:
+    root = make_temp_root("cos-demo-")
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("COS_")}
+        env |= {"COS_DATA_DIR": str(root / "data"), "COLUMNS": "200"}
+        done = subprocess.run(
+            [sys.executable, "-m", "commonos.cli.main", "demo"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+            check=False,
+        )
+        out = done.stdout
+        assert done.returncode == 0, done.stderr[-3000:] + out[-3000:]
+        for title in (
+            "The last ten turns, with their status",
+            "Tool calls that needed approval, and the answer",
+            "Cost per client this month",
+        ):
+            assert title in out
+        turns = out.split("The last ten turns")[1].split("Tool calls that needed approval")[0]
+        assert "Summarise this forecast" in turns and "Do I need an umbrella" in turns
+        approvals = out.split("Tool calls that needed approval")[1].split("Cost per client")[0]
+        assert "shell" in approvals and "approved" in approvals
+        assert "write_file" in approvals and "denied" in approvals
+        cost = out.split("Cost per client this month")[1]
+        # profiles/default/script.toml's 7 calls at config/demo-prices.toml (USD/Mtok: in 3, out 15, cache
+        # read 0.30, 5m write 3.75): 4827.9 + 1925.4 + 1937.4 + 1727.4 + 1862.4 + 1607.4 + 327 = 14214.9 µUSD.
+        assert "client:acme" in cost and "0.0142149000" in cost
+        assert not (Path(root / "data") / "state.json").exists()  # everything stopped
+    finally:
+        cleanup(root)
