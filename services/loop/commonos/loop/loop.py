@@ -23,6 +23,7 @@ from commonos.loop.journal import ApprovalDecision, Journal, JournalError, Model
 from commonos.loop.locks import SessionBusy, SessionLease, SessionLocks, default_owner
 from commonos.loop.profiles import Policy, Profile
 from commonos.loop.providers.base import ModelRequest, Provider, ProviderError
+from commonos.loop.registry import NoRegistry, TurnRegistry
 from commonos.loop.search import MessageSearch, NoSearch
 from commonos.loop.tools import Tool, ToolContext, ToolFailed, ToolOutput, builtin_tools, tool_specs
 from commonos.proto.events import ApprovalStatus, Risk, TurnStatus, utcnow
@@ -113,6 +114,7 @@ class Loop:
         tools: Mapping[str, Tool] | None = None,
         owner: str | None = None,
         max_tokens: int = DEFAULT_MAX_TOKENS,
+        registry: TurnRegistry | None = None,
     ) -> None:
         missing = set(profiles) - set(providers)
         if missing:
@@ -126,6 +128,7 @@ class Loop:
         self.tools = dict(tools) if tools is not None else builtin_tools()
         self.owner = owner or default_owner()
         self.max_tokens = max_tokens
+        self.registry: TurnRegistry = registry if registry is not None else NoRegistry()
         #: Set when the service stops: a turn cancelled from now on ends `interrupted`, not `cancelled`.
         self.shutting_down = False
         self._memory_locks: dict[str, asyncio.Lock] = {}
@@ -233,6 +236,7 @@ class Loop:
             await self.journal.start_turn(turn, context_snapshot=snapshot)
         else:
             await self.journal.start_turn(turn)
+        await self.registry.started(turn)
         if on_start is not None:
             on_start(turn)
         started = time.monotonic()
@@ -272,6 +276,7 @@ class Loop:
         metrics.TURNS.labels(status.value).inc()
         metrics.TURN_SECONDS.observe(time.monotonic() - started)
         await self.journal.finish_turn(turn, status, error)
+        await self.registry.finished(turn)
 
     async def _steps(
         self, profile: Profile, turn: TurnInfo, system: str, history: list[Message], text: str, lease: SessionLease

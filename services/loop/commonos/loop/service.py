@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 
 import msgspec
@@ -20,11 +21,12 @@ from nats.aio.subscription import Subscription
 
 from commonos.loop.approvals import NatsApprover
 from commonos.loop.journal import JournalError, SessionNotFound
-from commonos.loop.locks import LockUnavailable, NatsSessionLocks, SessionBusy
+from commonos.loop.locks import LockUnavailable, NatsSessionLocks, SessionBusy, default_owner
 from commonos.loop.loop import Loop, SessionProfileMismatch, TurnRequest, UnknownProfile
 from commonos.loop.nats_journal import NatsJournal
 from commonos.loop.profiles import ProfileError, load_profiles
 from commonos.loop.providers import build_provider
+from commonos.loop.registry import NatsTurnRegistry
 from commonos.loop.search import MessageSearch, NoSearch, PostgresMessageSearch
 from commonos.loop.subjects import CHAT_QUEUE_GROUP, chat_subject
 from commonos.proto.events import TurnStatus
@@ -33,6 +35,7 @@ from commonos.proto.tags import InvalidTag
 from commonos.runtime import nats as cos_nats
 from commonos.runtime.http import Health, HttpServer
 from commonos.runtime.lifecycle import install_stop_signals, setup_logging
+from commonos.runtime.publisher import EventPublisher, PublishError
 from commonos.runtime.settings import ConfigError, Settings
 
 log = logging.getLogger(__name__)
@@ -67,6 +70,9 @@ class LoopService:
         health: Health | None = None,
         grace_s: float = 5.0,
         handle_signals: bool = True,
+        registry: NatsTurnRegistry | None = None,
+        publisher: EventPublisher | None = None,
+        heartbeat_s: float = 5.0,
     ) -> None:
         self.nc = nc
         self.loop = loop
@@ -77,6 +83,9 @@ class LoopService:
         self._subs: list[Subscription] = []
         self._turns: set[asyncio.Task[None]] = set()
         self._stopping = False
+        self.registry = registry
+        self.publisher = publisher
+        self.heartbeat_s = heartbeat_s
 
     async def start(self) -> None:
         for profile in self.loop.profiles.values():
@@ -99,12 +108,21 @@ class LoopService:
             await self.shutdown()
 
     async def serve(self) -> None:
-        """Beat the liveness heartbeat and watch the NATS connection until the stop event."""
+        """Beat the liveness heartbeat, keep running turns registered and sweep dead ones, until stopped."""
+        interval = min(HEARTBEAT_S, self.heartbeat_s)
+        next_sweep = 0.0
         while not self.stop_event.is_set():
             self.health.beat()
             self.health.set_ready("nats", self.nc.is_connected, "not connected to NATS")
+            if self.registry is not None and self.publisher is not None and time.monotonic() >= next_sweep:
+                next_sweep = time.monotonic() + self.heartbeat_s
+                try:
+                    await self.registry.heartbeat()
+                    await self.registry.sweep(self.publisher)
+                except (nats.errors.Error, PublishError, TimeoutError) as exc:
+                    log.warning("running turns not swept (%s); trying again", type(exc).__name__)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stop_event.wait(), HEARTBEAT_S)
+                await asyncio.wait_for(self.stop_event.wait(), interval)
 
     async def shutdown(self) -> None:
         self._stopping = True
@@ -205,6 +223,9 @@ async def serve(settings: Settings, *, handle_signals: bool = True) -> int:
         await cos_nats.ensure_streams(js, settings.stream_replicas)
         if settings.database_url:
             search = await PostgresMessageSearch.connect(settings.database_url)
+        registry = NatsTurnRegistry(
+            js, default_owner(), stale_after_s=settings.turn_stale_s, replicas=settings.stream_replicas
+        )
         loop = Loop(
             NatsJournal(js),
             profiles,
@@ -212,6 +233,7 @@ async def serve(settings: Settings, *, handle_signals: bool = True) -> int:
             locks=NatsSessionLocks(js, replicas=settings.stream_replicas),
             approver=NatsApprover(nc),
             search=search,
+            registry=registry,
         )
         health = Health()
         http = HttpServer(health, settings.http_host, settings.http_port)
@@ -219,7 +241,14 @@ async def serve(settings: Settings, *, handle_signals: bool = True) -> int:
         log.info("loop: /metrics /healthz /readyz on http://%s:%d", settings.http_host, port)
         try:
             service = LoopService(
-                nc, loop, health=health, grace_s=settings.drain_timeout_s / 2, handle_signals=handle_signals
+                nc,
+                loop,
+                health=health,
+                grace_s=settings.drain_timeout_s / 2,
+                handle_signals=handle_signals,
+                registry=registry,
+                publisher=EventPublisher(js, "urn:commonos:loop"),
+                heartbeat_s=settings.turn_heartbeat_s,
             )
             await service.run()
         finally:

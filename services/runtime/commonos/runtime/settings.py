@@ -100,6 +100,9 @@ class Settings:
     partition: int | None = None
     price_file: Path | None = None
     billing_config: Path | None = None
+    #: A loop refreshes its running turns this often; a turn silent for `turn_stale_s` is interrupted.
+    turn_heartbeat_s: float = 5.0
+    turn_stale_s: float = 20.0
     log_level: str = "INFO"
 
     @classmethod
@@ -132,6 +135,8 @@ class Settings:
             partition=partition,
             price_file=_path(env, "PRICE_FILE"),
             billing_config=_path(env, "BILLING_CONFIG"),
+            turn_heartbeat_s=_float(env, "TURN_HEARTBEAT_S", 5.0, 0.1, 300.0),
+            turn_stale_s=_float(env, "TURN_STALE_S", 20.0, 0.5, 3600.0),
             log_level=level,
         )
 
