@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import nats
@@ -64,7 +65,7 @@ async def turn_status(dsn: str) -> list[tuple[str, str | None]]:
 
 
 async def test_a_turn_whose_loop_died_is_recorded_as_interrupted(
-    nats_url: str, database_url: str, tmp_path: Path
+    nats_url: str, database_url: str, tmp_path: Path, chaos_report: Callable[..., None]
 ) -> None:
     env = {
         "COS_NATS_URL": nats_url,
@@ -111,12 +112,22 @@ async def test_a_turn_whose_loop_died_is_recorded_as_interrupted(
                 final = await turn_status(database_url)
                 return bool(final) and final[0][0] != "running"
 
-            deadline = asyncio.get_running_loop().time() + 30
+            started = asyncio.get_running_loop().time()
+            deadline = started + 30
             while not await swept():
                 assert asyncio.get_running_loop().time() < deadline, second.output()
                 await asyncio.sleep(0.1)
             [(status, error)] = final
             assert status == "interrupted"
             assert error is not None and "stopped" in error
+            chaos_report(
+                published=None,
+                stored=None,
+                projected=1,
+                lost=0,
+                duplicated=0,
+                dead_lettered=0,
+                recovery_s=asyncio.get_running_loop().time() - started,
+            )
         finally:
             assert second.terminate() == 0

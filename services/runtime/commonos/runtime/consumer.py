@@ -258,7 +258,9 @@ class BatchConsumer:
         await self._wait_for_database(stop)
         if stop.is_set():
             return
-        await self.bind()
+        await self._bind_until_bound(stop)
+        if stop.is_set():
+            return
         fetcher = await PullFetcher(self.js._nc, EVENTS_STREAM, self.name, batch=self.options.batch_size).start()
         self.health.set_ready("starting", True)
         backoff = 0.1
@@ -269,7 +271,7 @@ class BatchConsumer:
                     msgs = await fetcher.fetch(timeout_s=1.0, linger_s=self.options.batch_timeout_s)
                 except ConsumerGone as exc:
                     log.warning("%s: %s; binding again", self.name, exc)
-                    await self.bind()
+                    await self._bind_until_bound(stop)
                     continue
                 except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
                     self.health.set_ready("nats", False, f"fetch failed: {type(exc).__name__}")
@@ -285,6 +287,20 @@ class BatchConsumer:
                     return  # stopping with the batch abandoned: nothing of it was acked
         finally:
             await fetcher.stop()
+
+    async def _bind_until_bound(self, stop: asyncio.Event) -> None:
+        """Bind, riding out a NATS outage or a JetStream leader election."""
+        backoff = 0.1
+        while not stop.is_set():
+            try:
+                await self.bind()
+                self.health.set_ready("nats", True)
+                return
+            except (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError) as exc:
+                self.health.set_ready("nats", False, f"cannot bind the consumer: {type(exc).__name__}")
+                log.warning("%s: cannot bind the consumer (%s); retrying", self.name, exc)
+                await _sleep_or_stop(stop, backoff)
+                backoff = min(backoff * 2, self.options.backoff_max_s)
 
     async def _wait_for_database(self, stop: asyncio.Event) -> None:
         backoff = 0.1

@@ -88,12 +88,24 @@ async def connect(settings: Settings, name: str, **overrides: Any) -> Client:
 
 
 async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
-    """Create the stream, or update it to `config`; safe to run from every service at start."""
+    """Create the stream, or bring it to `config`; safe to run from every service at start.
+
+    Replicas are never lowered: a service started with the single-node default against a stream
+    an operator runs at three replicas leaves it at three.
+    """
     try:
         await js.add_stream(config)
     except BadRequestError as exc:
         if exc.err_code != 10058:  # stream name already in use with a different configuration
             raise
+        existing = (await js.stream_info(config.name or "")).config
+        config.num_replicas = max(config.num_replicas or 1, existing.num_replicas or 1)
+        if (
+            existing.num_replicas == config.num_replicas
+            and existing.subjects == config.subjects
+            and (existing.duplicate_window == config.duplicate_window)
+        ):
+            return
         await js.update_stream(config)
 
 

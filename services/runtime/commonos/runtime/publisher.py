@@ -28,6 +28,15 @@ _RETRYABLE = (
 )
 
 
+#: JetStream API errors worth retrying: an election in progress (503), or the same message id still
+#: being stored by an earlier attempt (10158), whose retry then comes back as a duplicate.
+_TRANSIENT_ERR_CODES = frozenset({10158})
+
+
+def _transient_api_error(exc: nats.js.errors.APIError) -> bool:
+    return isinstance(exc, nats.js.errors.ServiceUnavailableError) or exc.err_code in _TRANSIENT_ERR_CODES
+
+
 class PublishError(RuntimeError):
     """An event could not be stored in JetStream before the deadline; it was not acknowledged."""
 
@@ -53,7 +62,9 @@ class EventPublisher:
                 return await self.js.publish(
                     subject, payload, timeout=self.ack_timeout_s, stream=EVENTS_STREAM, headers=dict(headers)
                 )
-            except _RETRYABLE as exc:
+            except (*_RETRYABLE, nats.js.errors.APIError) as exc:
+                if isinstance(exc, nats.js.errors.APIError) and not _transient_api_error(exc):
+                    raise PublishError(f"event {event.event_id} ({subject}) refused by JetStream: {exc}") from exc
                 if time.monotonic() + delay >= deadline:
                     raise PublishError(
                         f"event {event.event_id} ({subject}) not acknowledged within {self.deadline_s:.0f}s: "
