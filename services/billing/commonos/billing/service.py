@@ -27,7 +27,6 @@ from commonos.billing.metrics import BillingMetrics
 from commonos.billing.pricing import PriceFileError, Pricer, load_price_file
 from commonos.billing.projection import BillingProjection
 from commonos.billing.schema import SCHEMA
-from commonos.journal_writer.schema import SCHEMA as CORE_SCHEMA
 from commonos.journal_writer.service import partition_suffix
 from commonos.proto.cloudevents import CONTENT_TYPE, MSG_ID, SPECVERSION
 from commonos.proto.subjects import ALERTS_BUDGET, MODEL_CALLS_FILTER
@@ -35,7 +34,7 @@ from commonos.runtime import nats as cos_nats
 from commonos.runtime.consumer import BatchConsumer, ConsumerOptions
 from commonos.runtime.http import Health, HttpServer
 from commonos.runtime.lifecycle import install_stop_signals, run, setup_logging
-from commonos.runtime.postgres import SCHEMA_LOCK_KEY, create_pool
+from commonos.runtime.postgres import apply_schemas, create_pool
 from commonos.runtime.settings import Settings
 
 log = logging.getLogger("commonos.billing")
@@ -52,27 +51,14 @@ _alert_encoder: Final = msgspec.json.Encoder(decimal_format="string")
 
 
 def billing_schemas() -> list[str]:
-    """The core schema first (the specification's order), then billing's own."""
-    return [CORE_SCHEMA, SCHEMA]
+    """Billing's own schema. It reads no core table, so it never creates them: the core's tables belong to
+    the journal-writer, which applies them (first, in a process that applies both, such as `cos up`)."""
+    return [SCHEMA]
 
 
 async def apply_billing_schemas(conn: asyncpg.Connection) -> None:
-    """Apply the core schema, then billing's, under the schema advisory lock.
-
-    Where the core tables belong to another role (the journal-writer's, with billing granted nothing on them)
-    the core statements are refused for lack of ownership: the core is then left to its owner, and billing's
-    own schema is applied all the same.
-    """
-    await conn.execute("SELECT pg_advisory_lock($1)", SCHEMA_LOCK_KEY)
-    try:
-        try:
-            async with conn.transaction():
-                await conn.execute(CORE_SCHEMA)
-        except asyncpg.InsufficientPrivilegeError as exc:
-            log.info("core schema left to its owner (%s); applying billing's own", exc)
-        await conn.execute(SCHEMA)
-    finally:
-        await conn.execute("SELECT pg_advisory_unlock($1)", SCHEMA_LOCK_KEY)
+    """Apply billing's schema under the schema advisory lock."""
+    await apply_schemas(conn, billing_schemas())
 
 
 async def apply_schemas_when_reachable(dsn: str, health: Health, stop: asyncio.Event) -> bool:
@@ -88,6 +74,7 @@ async def apply_schemas_when_reachable(dsn: str, health: Health, stop: asyncio.E
             return True
         except (OSError, asyncpg.CannotConnectNowError, asyncpg.InterfaceError, TimeoutError) as exc:
             health.set_ready("database", False, f"PostgreSQL unreachable: {type(exc).__name__}")
+            health.beat()  # waiting for the database is this service working as designed, not a hang
             log.warning("PostgreSQL unreachable (%s); retrying", exc)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), backoff)

@@ -64,6 +64,7 @@ async def apply_schemas_when_reachable(dsn: str, schemas: Sequence[str], health:
             return True
         except (OSError, asyncpg.CannotConnectNowError, asyncpg.InterfaceError, TimeoutError) as exc:
             health.set_ready("database", False, f"PostgreSQL unreachable: {type(exc).__name__}")
+            health.beat()  # waiting for the database is this service working as designed, not a hang
             log.warning("PostgreSQL unreachable (%s); retrying", exc)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), backoff)

@@ -63,9 +63,9 @@ async def _connect(settings: Settings, name: str, **overrides: Any) -> Client:
     return await cos_nats.connect(settings, name, disconnected_cb=quiet, **overrides)
 
 
-def _settings() -> Settings:
+def _settings(http_port: int = 0) -> Settings:
     """Settings with the URLs of the running system (COS_* variables, or the one `cos up` started)."""
-    settings = Settings.from_env()
+    settings = Settings.from_env(http_port=http_port)
     if settings.nats_url:
         return settings
     from commonos.cli.system import endpoints
@@ -106,9 +106,9 @@ def _deny(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from commonos.loop.service import serve
+    from commonos.loop.service import DEFAULT_HTTP_PORT, serve
 
-    settings = _settings()
+    settings = _settings(http_port=DEFAULT_HTTP_PORT)
     return run(lambda: serve(settings))
 
 

@@ -206,6 +206,9 @@ class LoopService:
             log.warning("chat reply not sent: %s", exc)
 
 
+DEFAULT_HTTP_PORT = 9461
+
+
 async def serve(settings: Settings, *, handle_signals: bool = True) -> int:
     """`python -m commonos.loop serve`: load and check every profile, connect, serve until SIGTERM."""
     setup_logging(settings.log_level)

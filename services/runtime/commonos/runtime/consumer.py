@@ -315,6 +315,7 @@ class BatchConsumer:
                     raise
                 DB_UP.labels(self.name).set(0)
                 self.health.set_ready("database", False, f"PostgreSQL unreachable: {type(exc).__name__}")
+                self.health.beat()  # waiting out an outage is not a hang: liveness must not restart us
                 log.warning("%s: PostgreSQL unreachable (%s); retrying", self.name, exc)
                 await _sleep_or_stop(stop, backoff)
                 backoff = min(backoff * 2, self.options.backoff_max_s)
@@ -354,6 +355,7 @@ class BatchConsumer:
                         raise
                     DB_UP.labels(self.name).set(0)
                     DB_RETRIES.labels(self.name).inc()
+                    self.health.beat()
                     self.health.set_ready("database", False, f"PostgreSQL unreachable: {type(exc).__name__}")
                     log.warning("%s: batch not committed (%s); retrying", self.name, exc)
                     if stop is not None and stop.is_set():

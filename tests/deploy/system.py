@@ -1,0 +1,219 @@
+"""The deployed system in miniature: the loop, two partitioned journal-writers and billing as processes, each
+logged in to NATS as its own user of deploy/nats/auth.conf, and the events that exercise every metric."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import textwrap
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from commonos.billing.service import CONSUMER_NAME as BILLING_CONSUMER
+from commonos.journal_writer.service import consumer_options, partition_suffix, writer_projections
+from commonos.loop.service import ChatReply, ChatRequest
+from commonos.loop.subjects import chat_subject
+from commonos.proto import events as ev
+from commonos.proto.messages import AssistantMessage, UserMessage
+from commonos.proto.subjects import EVENTS_ALL, EVENTS_PREFIX, EVENTS_STREAM, MODEL_CALLS_FILTER
+from commonos.runtime.consumer import Projection
+from commonos.runtime.publisher import EventPublisher
+from commonos.runtime.settings import Settings
+from tests.deploy.conftest import SecuredNats, nats_password
+from tests.factories import Clock, SessionBuilder
+from tests.support import ServiceProcess, wait_for_position, wait_http
+
+PARTITIONS = 2
+LOOP_PROFILE = "ops"
+
+_CONFIG = """
+tags = ["team:ops"]
+provider = "scripted"
+model = "scripted-e2e"
+system_prompt = "Be brief."
+tools = ["list_dir"]
+max_steps = 4
+
+[provider_options]
+script = "script.toml"
+
+[approval]
+tools = { list_dir = "auto" }
+"""
+
+_SCRIPT = """
+[[conversations]]
+
+[[conversations.steps]]
+text = "Looking."
+tool_calls = [{ name = "list_dir", args = { path = "." } }]
+usage = { input_tokens = 100, output_tokens = 10 }
+
+[[conversations.steps]]
+text = "Done."
+usage = { input_tokens = 120, output_tokens = 12 }
+"""
+
+
+def writer_settings(partitions: int, partition: int) -> Settings:
+    return Settings(partitions=partitions, partition=partition if partitions > 1 else None)
+
+
+def instance_projections(partitions: int, partition: int) -> list[Projection]:
+    """The projections one journal-writer instance runs, as its `main()` chooses them."""
+    suffix = partition_suffix(writer_settings(partitions, partition))
+    return writer_projections(suffix, unpartitioned=partition == 0)
+
+
+def writer_consumers(partitions: int, partition: int) -> list[str]:
+    """The durable consumer names one journal-writer instance uses (from the service's own code)."""
+    return [p.name for p in instance_projections(partitions, partition)]
+
+
+def write_loop_profile(root: Path) -> Path:
+    folder = root / LOOP_PROFILE
+    (folder / "workspace").mkdir(parents=True)
+    (folder / "config.toml").write_text(textwrap.dedent(_CONFIG))
+    (folder / "script.toml").write_text(textwrap.dedent(_SCRIPT))
+    return root
+
+
+@dataclass
+class RunningSystem:
+    loop: ServiceProcess
+    writers: list[ServiceProcess]
+    billing: ServiceProcess
+
+    @property
+    def processes(self) -> list[ServiceProcess]:
+        return [self.loop, *self.writers, self.billing]
+
+    def outputs(self) -> str:
+        return "\n".join(f"--- {p.module} {p.http_port}\n{p.output()}" for p in self.processes)
+
+
+def _env(nats_url: str, database_url: str, user: str, **extra: str) -> dict[str, str]:
+    return {
+        "COS_NATS_URL": nats_url,
+        "COS_DATABASE_URL": database_url,
+        "COS_NATS_USER": user,
+        "COS_NATS_PASSWORD": nats_password(user),
+        "COS_DRAIN_TIMEOUT_S": "5",
+        **extra,
+    }
+
+
+@contextlib.asynccontextmanager
+async def running_system(nats: SecuredNats, database_url: str, tmp_path: Path) -> AsyncIterator[RunningSystem]:
+    """Start every service as its own process under its own NATS user; stop them (SIGTERM) afterwards."""
+    profiles = write_loop_profile(tmp_path / "profiles")
+    url = nats.url
+    system = RunningSystem(
+        loop=ServiceProcess(
+            "commonos.loop",
+            _env(url, database_url, "loop", COS_PROFILES_DIR=str(profiles)),
+            tmp_path / "loop.log",
+            args=("serve",),
+        ),
+        writers=[
+            ServiceProcess(
+                "commonos.journal_writer",
+                _env(url, database_url, "journal-writer", COS_PARTITIONS=str(PARTITIONS), COS_PARTITION=str(i)),
+                tmp_path / f"journal-writer-{i}.log",
+            )
+            for i in range(PARTITIONS)
+        ],
+        billing=ServiceProcess("commonos.billing", _env(url, database_url, "billing"), tmp_path / "billing.log"),
+    )
+    try:
+        for process in system.processes:
+            process.start()
+        try:
+            await asyncio.gather(*(wait_http(p.url + "/readyz", timeout_s=60) for p in system.processes))
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{system.outputs()}") from None
+        yield system
+    finally:
+        for process in system.processes:
+            if process.alive:
+                try:
+                    process.terminate(30)
+                except TimeoutError:
+                    process.kill()
+
+
+def sample_events(clock: Clock | None = None) -> list[ev.Event]:
+    """Two sessions of two profiles: every core event type, a priced and an unpriced model call."""
+    clock = clock or Clock()
+    out: list[ev.Event] = [
+        ev.ProfileUpserted(profile_id=profile, tags=("team:core",), occurred_at=clock.tick())
+        for profile in ("acme", "globex")
+    ]
+    for profile, model, provider in (("acme", "claude-sonnet-4-5", "anthropic"), ("globex", "mystery-1", "acme-ai")):
+        s = SessionBuilder(profile, clock, ("client:" + profile,)).create(title="hello")
+        turn = s.start_turn(snapshot={"system_prompt": "Be brief."})
+        s.message(turn, UserMessage(text="What is the weather?"))
+        s.model_call(turn, model=model, provider=provider)
+        s.tool_call(
+            turn, "c1", "shell", {"command": "date"}, "Mon", risk=ev.Risk.HIGH, approval=ev.ApprovalStatus.APPROVED
+        )
+        s.message(turn, AssistantMessage(text="Rain."))
+        s.finish(turn)
+        out += s.events
+    return out
+
+
+async def publish_as_loop(loop_client: Client, events: Sequence[ev.Event]) -> int:
+    """Publish as the loop would; returns the last stream sequence."""
+    publisher = EventPublisher(loop_client.jetstream(), "urn:commonos:loop")
+    acks = await publisher.publish_many(events)
+    return max(a.seq for a in acks)
+
+
+async def publish_poison(loop_client: Client) -> int:
+    """An event that cannot be decoded, on a well-formed subject: the journal-writers dead-letter it."""
+    js = loop_client.jetstream()
+    ack = await js.publish(f"{EVENTS_PREFIX}.acme.{uuid.uuid4()}.message_appended", b"{not json", timeout=5)
+    return int(ack.seq)
+
+
+async def chat(client: Client, text: str) -> ChatReply:
+    reply = await client.request(chat_subject(LOOP_PROFILE), msgspec.json.encode(ChatRequest(text=text)), timeout=30)
+    return msgspec.json.decode(reply.data, type=ChatReply)
+
+
+async def last_seq(js: JetStreamContext, filter_subject: str = EVENTS_ALL) -> int:
+    """Stream sequence of the last event on `filter_subject` now in COS_EVENTS."""
+    sub = await js.pull_subscribe(
+        filter_subject,
+        stream=EVENTS_STREAM,
+        config=ConsumerConfig(deliver_policy=DeliverPolicy.LAST, ack_policy=AckPolicy.NONE, inactive_threshold=10),
+    )
+    try:
+        if (await sub.consumer_info()).num_pending == 0:
+            return 0
+        [msg] = await sub.fetch(1, timeout=5)
+        return int(msg.metadata.sequence.stream)
+    finally:
+        await sub.unsubscribe()
+
+
+async def wait_until_projected(database_url: str, admin_js: JetStreamContext) -> None:
+    """Every consumer of every writer partition, and billing, has committed the last event it reads."""
+    waits = []
+    for i in range(PARTITIONS):
+        for p in instance_projections(PARTITIONS, i):
+            options = consumer_options(writer_settings(PARTITIONS, i), p)
+            target = max([await last_seq(admin_js, f) for f in options.filter_subjects])
+            if target:
+                waits.append(wait_for_position(database_url, p.name, target, table=p.position_table))
+    model_calls = await last_seq(admin_js, MODEL_CALLS_FILTER)
+    waits.append(wait_for_position(database_url, BILLING_CONSUMER, model_calls, table="billing_positions"))
+    await asyncio.gather(*waits)
