@@ -1,0 +1,82 @@
+"""`cos`: --help lists the commands; every bad argument is one line on stderr and exit status 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from commonos.cli.main import build_parser, main
+
+COMMANDS = (
+    "up",
+    "demo",
+    "chat",
+    "loop",
+    "approve",
+    "deny",
+    "journal-writer",
+    "replay",
+    "dlq",
+    "billing",
+    "report",
+    "import",
+    "schema",
+)
+
+
+def test_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    for command in COMMANDS:
+        assert f"    {command}" in out, command
+    # and nothing is listed that does not exist
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    assert set(sub.choices) == set(COMMANDS)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["bogus"], "invalid choice"),
+        (["up", "--nope"], "unrecognized arguments"),
+        (["report", "cost", "--group-by", "tag:"], "tag key"),
+        (["report", "cost", "--since", "yesterdayish"], "is not a date"),
+        (["report", "cost", "--format", "xml"], "invalid choice"),
+        (["chat", "--tag", "Bad:x", "hi"], "upper case in the key"),
+        (["approve", "not-a-uuid"], "is not a UUID"),
+        (["replay", "--batch-size", "x"], "invalid int"),
+        (["billing", "reprice"], "--since"),
+        (["dlq", "replay"], "--all"),
+        (["import", "claude", "/nonexistent/transcripts"], "does not exist"),
+        (["import", "mystery"], "invalid choice"),
+    ],
+)
+def test_bad_arguments_are_one_line(
+    argv: list[str],
+    fragment: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    monkeypatch.setenv("COS_DATA_DIR", str(tmp_path))
+    for name in ("COS_NATS_URL", "COS_DATABASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code  # type: ignore[assignment]
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("cos"), err
+    assert fragment in err
+    assert "Traceback" not in err
+
+
+def test_bad_configuration_is_one_line(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COS_NATS_URL", "http://not-nats")
+    assert main(["dlq", "list"]) == 2
+    err = capsys.readouterr().err
+    assert err == "cos: error: COS_NATS_URL='http://not-nats' is not a URL of the form nats://host:port\n"
