@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 import nats
+import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
@@ -12,9 +14,10 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from commonos.proto.cloudevents import decode_headers
 from commonos.proto.events import SessionCreated, decode_event
 from commonos.proto.subjects import EVENTS_ALL, EVENTS_STREAM
-from commonos.runtime.embedded import NatsServer
+from commonos.runtime.embedded import NatsServer, PostgresCluster, ServerStartError
 from commonos.runtime.nats import ensure_streams
 from commonos.runtime.publisher import EventPublisher
+from tests.harness import cleanup, make_temp_root
 
 
 def _event() -> SessionCreated:
@@ -73,3 +76,23 @@ async def test_acked_event_survives_sigkill(nats_server: NatsServer) -> None:
         await msg.ack_sync()
     finally:
         await nc.close()
+
+
+def test_a_server_that_cannot_start_fails_with_its_own_output(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.conf"
+    bad.write_text("jetstream { max_file_store: lots }\n")
+    with pytest.raises(ServerStartError) as err:
+        NatsServer(tmp_path / "n", config_file=bad).start()
+    assert "exited with code" in str(err.value)
+    assert "max_file_store" in str(err.value) or "lots" in str(err.value)  # nats-server's own words
+
+
+def test_postgres_that_cannot_start_fails_with_its_own_output(tmp_path: Path) -> None:
+    root = make_temp_root("cos-badpg-")
+    try:
+        cluster = PostgresCluster(root / "pg", settings={"shared_buffers": "not-a-size"})
+        with pytest.raises(ServerStartError) as err:
+            cluster.start()
+        assert "shared_buffers" in str(err.value)
+    finally:
+        cleanup(root)
