@@ -32,9 +32,10 @@ from commonos.proto.cloudevents import CONTENT_TYPE, MSG_ID, SPECVERSION
 from commonos.proto.subjects import ALERTS_BUDGET, MODEL_CALLS_FILTER
 from commonos.runtime import nats as cos_nats
 from commonos.runtime.consumer import BatchConsumer, ConsumerOptions
-from commonos.runtime.http import Health, HttpServer
-from commonos.runtime.lifecycle import install_stop_signals, run, setup_logging
+from commonos.runtime.http import Health
+from commonos.runtime.lifecycle import run, setup_logging
 from commonos.runtime.postgres import apply_schemas, create_pool
+from commonos.runtime.service import run_consumers, service_context
 from commonos.runtime.settings import Settings
 
 log = logging.getLogger("commonos.billing")
@@ -157,54 +158,30 @@ async def serve(
     name = name or CONSUMER_NAME + partition_suffix(settings)
     config = config if config is not None else load_billing_config(settings.billing_config)
     pricer = pricer if pricer is not None else load_pricer(settings)
-    own_stop = stop is None
-    stop = stop or asyncio.Event()
-    if own_stop:
-        install_stop_signals(stop)
-    health = Health()
-    http = HttpServer(health, settings.http_host, settings.http_port)
-    port = await http.start()
-    log.info("%s: /metrics /healthz /readyz on %s:%d", name, settings.http_host, port)
-    nc = await cos_nats.connect(settings, name)
-    pool: asyncpg.Pool | None = None
-    try:
-        js = nc.jetstream()
-        await cos_nats.ensure_streams(js, settings.stream_replicas)
-        await cos_nats.ensure_stream(js, alerts_stream_config(settings.stream_replicas))
-        if not await apply_schemas_when_reachable(database_url, health, stop):
+    async with service_context(settings, name, stop) as ctx:
+        await cos_nats.ensure_stream(ctx.js, alerts_stream_config(settings.stream_replicas))
+        if not await apply_schemas_when_reachable(database_url, ctx.health, ctx.stop):
             return 0
         pool = await create_pool(database_url, min_size=1, max_size=3)
-        budgets = BudgetTracker(config.budgets, NatsAlertSink(js)) if config.budgets else None
-        if budgets is not None:
-            async with pool.acquire() as conn:
-                await budgets.load(conn)
-        projection = BillingProjection(pricer, BillingMetrics(config.metrics), budgets, name=name)
-        options = ConsumerOptions(
-            batch_size=settings.batch_size,
-            batch_timeout_s=settings.batch_timeout_s,
-            filter_subjects=(MODEL_CALLS_FILTER,),
-            partitions=settings.partitions,
-            partition=settings.partition or 0,
-        )
-        consumer = BatchConsumer(js, pool, projection, health, options)
-        task = asyncio.create_task(consumer.run(stop), name=name)
-        stopper = asyncio.create_task(stop.wait())
-        await asyncio.wait([task, stopper], return_when=asyncio.FIRST_COMPLETED)
-        stop.set()
-        stopper.cancel()
-        # Let the batch in flight finish (or be abandoned un-acked) within the drain deadline.
-        done, _ = await asyncio.wait([task], timeout=settings.drain_timeout_s)
-        if not done:
-            task.cancel()
-        elif task.exception() is not None:
-            raise task.exception()  # type: ignore[misc]
-        log.info("%s: stopped after applying %d events", name, consumer.applied)
-        return 0
-    finally:
-        await http.stop()
-        if pool is not None:
+        try:
+            budgets = BudgetTracker(config.budgets, NatsAlertSink(ctx.js)) if config.budgets else None
+            if budgets is not None:
+                async with pool.acquire() as conn:
+                    await budgets.load(conn)
+            projection = BillingProjection(pricer, BillingMetrics(config.metrics), budgets, name=name)
+            options = ConsumerOptions(
+                batch_size=settings.batch_size,
+                batch_timeout_s=settings.batch_timeout_s,
+                filter_subjects=(MODEL_CALLS_FILTER,),
+                partitions=settings.partitions,
+                partition=settings.partition or 0,
+            )
+            consumer = BatchConsumer(ctx.js, pool, projection, ctx.health, options)
+            applied = await run_consumers([consumer], ctx.stop, settings.drain_timeout_s)
+        finally:
             await pool.close()
-        await nc.close()
+    log.info("%s: stopped after applying %d events", name, applied)
+    return 0
 
 
 def main() -> int:

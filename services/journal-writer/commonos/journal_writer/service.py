@@ -11,11 +11,11 @@ import asyncpg
 
 from commonos.journal_writer.schema import SCHEMA
 from commonos.journal_writer.store import JournalProjection
-from commonos.runtime import nats as cos_nats
 from commonos.runtime.consumer import BatchConsumer, ConsumerOptions, Projection
-from commonos.runtime.http import Health, HttpServer
-from commonos.runtime.lifecycle import install_stop_signals, run, setup_logging
+from commonos.runtime.http import Health
+from commonos.runtime.lifecycle import run, setup_logging
 from commonos.runtime.postgres import apply_schemas, create_pool
+from commonos.runtime.service import run_consumers, service_context
 from commonos.runtime.settings import Settings
 
 log = logging.getLogger("commonos.journal_writer")
@@ -96,43 +96,20 @@ async def serve(
 ) -> int:
     """Run consumers for `projections` until `stop` is set (SIGTERM/SIGINT when not given)."""
     _, database_url = settings.require_urls()
-    own_stop = stop is None
-    stop = stop or asyncio.Event()
-    if own_stop:
-        install_stop_signals(stop)
-    health = Health()
-    http = HttpServer(health, settings.http_host, settings.http_port)
-    port = await http.start()
-    log.info("%s: /metrics /healthz /readyz on %s:%d", name, settings.http_host, port)
-    nc = await cos_nats.connect(settings, name)
-    pool: asyncpg.Pool | None = None
-    try:
-        js = nc.jetstream()
-        await cos_nats.ensure_streams(js, settings.stream_replicas)
-        if not await apply_schemas_when_reachable(database_url, schemas, health, stop):
+    async with service_context(settings, name, stop) as ctx:
+        if not await apply_schemas_when_reachable(database_url, schemas, ctx.health, ctx.stop):
             return 0
         pool = await create_pool(database_url, min_size=1, max_size=2 + len(projections))
-        consumers = [
-            BatchConsumer(js, pool, p, health, consumer_options(settings, p, filter_subjects)) for p in projections
-        ]
-        tasks = [asyncio.create_task(c.run(stop), name=c.name) for c in consumers]
-        stopper = asyncio.create_task(stop.wait())
-        await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
-        stop.set()
-        # Let the batch in flight finish (or be abandoned un-acked) within the drain deadline.
-        _, pending = await asyncio.wait(tasks, timeout=settings.drain_timeout_s)
-        for t in pending:
-            t.cancel()
-        for t in tasks:
-            if t.done() and not t.cancelled() and t.exception() is not None:
-                raise t.exception()  # type: ignore[misc]
-        log.info("%s: stopped after applying %d events", name, sum(c.applied for c in consumers))
-        return 0
-    finally:
-        await http.stop()
-        if pool is not None:
+        try:
+            consumers = [
+                BatchConsumer(ctx.js, pool, p, ctx.health, consumer_options(settings, p, filter_subjects))
+                for p in projections
+            ]
+            applied = await run_consumers(consumers, ctx.stop, settings.drain_timeout_s)
+        finally:
             await pool.close()
-        await nc.close()
+    log.info("%s: stopped after applying %d events", name, applied)
+    return 0
 
 
 def main() -> int:
