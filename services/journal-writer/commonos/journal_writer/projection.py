@@ -34,6 +34,11 @@ STATEMENTS: Final[dict[str, str]] = {
                         THEN EXCLUDED.tags ELSE profiles.tags END,
             updated_at = greatest(profiles.updated_at, EXCLUDED.updated_at),
             created_at = least(profiles.created_at, EXCLUDED.created_at)""",
+    # The profile of a session exists before its session even where the cache of `prepare` is stale (a
+    # table emptied under a running writer); it takes no lock on an existing row.
+    "profile_exists": """
+        INSERT INTO profiles (id, tags, created_at, updated_at) VALUES ($1, '{}', $2, NULL)
+        ON CONFLICT (id) DO NOTHING""",
     "session_insert": """
         INSERT INTO sessions (id, profile_id, source, title, tags, parent_session_id, created_at, updated_at)
         VALUES ($1, $2, $3, $4, $5, $6, $7, $7)
@@ -211,6 +216,7 @@ def plan_event(plan: Plan, event: ev.Event) -> None:
         case ev.ProfileUpserted():
             plan.add("profile_upsert", (event.profile_id, list(event.tags), event.occurred_at))
         case ev.SessionCreated():
+            plan.add("profile_exists", (event.profile_id, event.occurred_at))
             title = title_from_text(event.title) if event.title else None
             plan.add(
                 "session_insert",

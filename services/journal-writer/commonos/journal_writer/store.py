@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 
 from commonos.journal_writer.projection import (
     BULK,
@@ -27,11 +28,14 @@ class JournalProjection:
 
     def __init__(self, name: str = "journal-writer") -> None:
         self.name = name
+        #: The earliest mention of each profile this process has written: most batches need no prepare step.
+        self._ensured: dict[str, datetime] = {}
 
     async def prepare(self, conn: Conn, events: Sequence[Event]) -> None:
-        mentioned = profiles_mentioned(events)
-        if mentioned:
-            await conn.executemany(PROFILE_ENSURE, mentioned)
+        earlier = [(p, t) for p, t in profiles_mentioned(events) if p not in self._ensured or t < self._ensured[p]]
+        if earlier:
+            await conn.executemany(PROFILE_ENSURE, earlier)
+            self._ensured.update(earlier)
 
     def check(self, event: Event) -> None:
         check_event(event)
