@@ -1,6 +1,7 @@
 """The billing process (CommonBill): a durable pull consumer of ``model_call_completed`` events.
 
-It applies the core schema then its own (under the schema advisory lock; it reads no core table), binds the
+It applies its own schema (under the schema advisory lock; it reads no core table and leaves those to the
+journal-writer), binds the
 durable consumer ``billing`` filtered on ``cos.events.*.*.model_call_completed``, and writes one priced
 ``model_calls`` row per event in batches, each in one transaction with its position in ``billing_positions``;
 messages are acknowledged after the commit. Budget alerts go to ``cos.alerts.budget`` in the ``COS_ALERTS``

@@ -153,8 +153,9 @@ def decode_delivery(msg: Msg, stream_seq: int) -> Delivery:
 
 @dataclass
 class ConsumerOptions:
-    batch_size: int = 500
-    batch_timeout_s: float = 0.05
+    batch_size: int = 1000
+    #: How long a batch waits for more events after its first arrived (latency against batch size).
+    batch_timeout_s: float = 0.005
     ack_wait_s: float = 60.0
     max_ack_pending: int = 20_000
     backoff_max_s: float = 5.0
@@ -395,26 +396,20 @@ class BatchConsumer:
         if prepare is not None and good:
             async with self.pool.acquire() as conn:
                 await prepare(conn, [d.event for d in good if d.event is not None])
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self.pool.acquire() as conn:
             try:
                 async with conn.transaction():
                     await self.projection.apply(conn, [d.event for d in good if d.event is not None])
+                    await self._finish(conn, deliveries)
             except asyncpg.PostgresError as exc:
                 if not is_poison(exc):
                     raise
-                await self._isolate(conn, good)
-            poison = [d for d in deliveries if d.error is not None]
-            if self.options.dead_letters:
-                for d in poison:
-                    await dead_letter(self.js, d.msg, d.error or "", self.name, d.stream_seq)
-            last = deliveries[-1].stream_seq
-            await conn.execute(
-                f"INSERT INTO {self.projection.position_table} (consumer, stream_seq, updated_at) "
-                "VALUES ($1, $2, now()) ON CONFLICT (consumer) DO UPDATE "
-                "SET stream_seq = EXCLUDED.stream_seq, updated_at = now()",
-                self.name,
-                last,
-            )
+                # Some event of the batch is rejected: apply them one by one to find which.
+                if rolled_back is not None:
+                    rolled_back()
+                async with conn.transaction():
+                    await self._isolate(conn, good)
+                    await self._finish(conn, deliveries)
         self.position = deliveries[-1].stream_seq
         POSITION.labels(self.name).set(self.position)
         committed = getattr(self.projection, "committed", None)
@@ -431,6 +426,21 @@ class BatchConsumer:
                 DEAD_LETTERS.labels(self.name, d.error.split(":", 1)[0][:40]).inc()
         self.applied += sum(1 for d in good if d.error is None)
         self.rejected += sum(1 for d in deliveries if d.error is not None)
+
+    async def _finish(self, conn: Conn, deliveries: list[Delivery]) -> None:
+        """Inside the batch's transaction: dead-letter its rejected events, record the position."""
+        poison = [d for d in deliveries if d.error is not None]
+        if self.options.dead_letters:
+            for d in poison:
+                await dead_letter(self.js, d.msg, d.error or "", self.name, d.stream_seq)
+        last = deliveries[-1].stream_seq
+        await conn.execute(
+            f"INSERT INTO {self.projection.position_table} (consumer, stream_seq, updated_at) "
+            "VALUES ($1, $2, now()) ON CONFLICT (consumer) DO UPDATE "
+            "SET stream_seq = EXCLUDED.stream_seq, updated_at = now()",
+            self.name,
+            last,
+        )
 
     async def _isolate(self, conn: Conn, good: list[Delivery]) -> None:
         """Apply events one at a time, each under a savepoint, to find the ones PostgreSQL rejects."""

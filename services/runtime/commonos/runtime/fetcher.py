@@ -50,6 +50,9 @@ class PullFetcher:
         self._prefix = ""
         self._sub: object | None = None
         self._gone: str | None = None
+        #: When the oldest message now in the buffer arrived: the linger counts from there, so an event
+        #: that arrived while the previous batch was being applied does not wait a full linger again.
+        self._first_at = 0.0
 
     async def start(self) -> PullFetcher:
         self._prefix = self.nc.new_inbox()
@@ -73,6 +76,8 @@ class PullFetcher:
             # A delivery carries the event's own subject, not the request's: the server serves
             # requests in order, so it counts against the oldest one.
             was_empty = not self._buffer
+            if was_empty:
+                self._first_at = time.monotonic()
             self._buffer.append(msg)
             if self._requests:
                 rid = next(iter(self._requests))
@@ -127,7 +132,7 @@ class PullFetcher:
                 raise ConsumerGone(reason)
             if not self._buffer:
                 await self._top_up()
-        linger_until = time.monotonic() + linger_s
+        linger_until = self._first_at + linger_s
         while len(self._buffer) < self.batch and self._requests:
             self._wake.clear()
             left = linger_until - time.monotonic()
@@ -138,4 +143,6 @@ class PullFetcher:
             except TimeoutError:
                 break
         out, self._buffer = self._buffer[: self.batch], self._buffer[self.batch :]
+        if self._buffer:
+            self._first_at = time.monotonic()
         return out

@@ -93,8 +93,8 @@ class Settings:
     http_port: int = 0
     data_dir: Path = Path(".cos")
     profiles_dir: Path = Path("profiles")
-    batch_size: int = 500
-    batch_timeout_s: float = 0.05
+    batch_size: int = 1000
+    batch_timeout_s: float = 0.005
     drain_timeout_s: float = 10.0
     partitions: int = 1
     partition: int | None = None
@@ -128,8 +128,8 @@ class Settings:
             http_port=_int(env, "HTTP_PORT", http_port, 0, 65535),
             data_dir=_path(env, "DATA_DIR") or Path(".cos"),
             profiles_dir=_path(env, "PROFILES_DIR") or Path("profiles"),
-            batch_size=_int(env, "BATCH_SIZE", 500, 1, 10000),
-            batch_timeout_s=_float(env, "BATCH_TIMEOUT_S", 0.05, 0.001, 60.0),
+            batch_size=_int(env, "BATCH_SIZE", 1000, 1, 10000),
+            batch_timeout_s=_float(env, "BATCH_TIMEOUT_S", 0.005, 0.0, 60.0),
             drain_timeout_s=_float(env, "DRAIN_TIMEOUT_S", 10.0, 0.1, 600.0),
             partitions=partitions,
             partition=partition,
