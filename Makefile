@@ -43,5 +43,9 @@ chaos: setup
 schema: setup
 	$(BIN)/cos schema export proto/schema
 
+# Every figure of the performance targets from one run (own servers, ~10 min); table + bench/out/summary.json.
+bench: setup
+	$(BIN)/python -m bench.run
+
 clean:
 	rm -rf $(VENV) .cos .pytest_cache .mypy_cache .ruff_cache bench/out
