@@ -18,8 +18,9 @@ import msgspec
 from commonos.proto.ids import new_id
 from commonos.proto.messages import Message
 
-TAG_PATTERN: Final = r"^[a-z0-9_-]+:[A-Za-z0-9_.-]+$"
-PROFILE_ID_PATTERN: Final = r"^[a-z0-9_-]{1,64}$"
+# `(?!\n)` before `$`: Python's `$` also matches before a final newline; ECMA regexes (JSON Schema) agree.
+TAG_PATTERN: Final = r"^[a-z0-9_-]+:[A-Za-z0-9_.-]+(?!\n)$"
+PROFILE_ID_PATTERN: Final = r"^[a-z0-9_-]{1,64}(?!\n)$"
 #: Profile-level events belong to no session; they use the nil UUID.
 NO_SESSION: Final = uuid.UUID(int=0)
 
@@ -229,6 +230,8 @@ def decode_event(payload: bytes | memoryview) -> Event:
         return _decoder.decode(payload)
     except msgspec.DecodeError as exc:
         raise EventDecodeError(str(exc)) from exc
+    except RecursionError:
+        raise EventDecodeError("JSON nested too deeply") from None
 
 
 def event_json_schema() -> dict[str, Any]:

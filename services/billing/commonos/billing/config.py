@@ -96,6 +96,8 @@ def parse_billing_config(raw: bytes, *, name: str) -> BillingConfig:
         raise BillingConfigError(f"{name}: not UTF-8: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise BillingConfigError(f"{name}: invalid TOML: {exc}") from None
+    except RecursionError:
+        raise BillingConfigError(f"{name}: invalid TOML: nested too deeply") from None
     unknown = sorted(set(document) - {"budget", "metrics"})
     if unknown:
         raise BillingConfigError(

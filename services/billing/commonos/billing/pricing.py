@@ -82,6 +82,9 @@ __all__ = [
 ]
 
 _QUANTUM = Decimal("1e-10")
+#: A bound on operator prices (USD per million tokens): far above any real model, far below what would
+#: overflow the exact arithmetic of a call's cost.
+MAX_PRICE_MTOK = Decimal(1_000_000)
 # Wide enough that no realistic call (billions of tokens at any rate) is ever rounded before quantizing.
 _CTX = Context(prec=60, rounding=ROUND_HALF_EVEN)
 _ZERO = Decimal(0)
@@ -327,6 +330,8 @@ def parse_price_file(raw: bytes, *, name: str) -> PriceFile:
         raise PriceFileError(f"{name}: not UTF-8: {exc}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise PriceFileError(f"{name}: invalid TOML: {exc}") from exc
+    except RecursionError:
+        raise PriceFileError(f"{name}: invalid TOML: nested too deeply") from None
     unknown = sorted(set(document) - {"price"})
     if unknown:
         raise PriceFileError(f"{name}: unknown top-level key(s) {', '.join(unknown)}; expected [[price]] tables")
@@ -376,6 +381,11 @@ def _parse_entry(table: object, index: int, file_name: str) -> PriceEntry:
             raise PriceFileError(f"{where}: '{key}' must be a decimal number, got {value!r}") from None
         if not amount.is_finite() or amount < 0:
             raise PriceFileError(f"{where}: '{key}' must be a finite non-negative number, got {value!r}")
+        if amount > MAX_PRICE_MTOK:
+            raise PriceFileError(
+                f"{where}: '{key}' = {value!r} USD per million tokens is beyond any real price "
+                f"(at most {MAX_PRICE_MTOK})"
+            )
         return amount
 
     input_mtok = price("input_mtok", required=True)

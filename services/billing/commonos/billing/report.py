@@ -95,8 +95,11 @@ def parse_when(text: str, now: datetime | None = None) -> datetime:
     relative = _RELATIVE.fullmatch(text)
     if relative:
         amount, unit = int(relative.group(1)), relative.group(2)
-        delta = {"d": timedelta(days=amount), "h": timedelta(hours=amount), "m": timedelta(minutes=amount)}[unit]
-        return (now or datetime.now(UTC)) - delta
+        try:
+            delta = {"d": timedelta(days=amount), "h": timedelta(hours=amount), "m": timedelta(minutes=amount)}[unit]
+            return (now or datetime.now(UTC)) - delta
+        except OverflowError:
+            raise ReportError(f"{text!r} reaches before the year 1") from None
     try:
         if len(text) == 10:
             day = date.fromisoformat(text)

@@ -13,5 +13,6 @@ class CliError(Exception):
 
 class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        sys.stderr.write(f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+        one_line = " ".join(message.split("\n"))
+        sys.stderr.write(f"{self.prog}: error: {one_line} (see `{self.prog} --help`)\n")
         raise SystemExit(2)

@@ -9,7 +9,7 @@ the adapter creates parents first.
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -44,9 +44,11 @@ def parse_time(value: object) -> datetime | None:
     if not isinstance(value, str) or not value:
         return None
     try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         return None
+    # A timestamp without an offset is read as UTC, as the vendors write them, so all times compare.
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 def raw_json(value: Any) -> msgspec.Raw:

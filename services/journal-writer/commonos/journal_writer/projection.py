@@ -155,19 +155,19 @@ class Plan:
         self.rows[statement].append(row)
 
 
-#: Run before a batch's transaction, in its own (see `profiles_mentioned`).
+#: Run after a batch's transaction, in its own (see `profiles_mentioned`).
 PROFILE_ENSURE: Final = """
-    INSERT INTO profiles (id, tags, created_at, updated_at) VALUES ($1, '{}', $2, NULL)
-    ON CONFLICT (id) DO UPDATE SET created_at = EXCLUDED.created_at
-    WHERE EXCLUDED.created_at < profiles.created_at"""
+    UPDATE profiles SET created_at = $2 WHERE id = $1 AND created_at > $2"""
 
 
 def profiles_mentioned(events: Sequence[ev.Event]) -> list[tuple[str, datetime]]:
     """Each profile a batch's sessions belong to, with its earliest mention, sorted by id.
 
     Sessions reference their profile, which may not have been upserted yet (or is upserted by
-    another partition's writer), so it is created on first mention. That runs in a short
-    transaction of its own, in id order, so concurrent writers never hold the row for a whole batch.
+    another partition's writer), so the batch creates it if missing (`profile_exists`, which takes no
+    lock on an existing row). Its created_at is then brought to the earliest mention after the commit,
+    in a short transaction of its own, in id order, so concurrent writers never hold the row for a
+    whole batch and agree on the result.
     """
     first: dict[str, datetime] = {}
     for event in events:

@@ -31,7 +31,8 @@ class JournalProjection:
         #: The earliest mention of each profile this process has written: most batches need no prepare step.
         self._ensured: dict[str, datetime] = {}
 
-    async def prepare(self, conn: Conn, events: Sequence[Event]) -> None:
+    async def after_commit(self, conn: Conn, events: Sequence[Event]) -> None:
+        """Bring each profile's created_at to its earliest mention, when a batch mentions it earlier."""
         earlier = [(p, t) for p, t in profiles_mentioned(events) if p not in self._ensured or t < self._ensured[p]]
         if earlier:
             await conn.executemany(PROFILE_ENSURE, earlier)

@@ -120,6 +120,8 @@ def load_profile(folder: Path) -> Profile:
         raise ProfileError(path, str(exc)) from None
     except msgspec.DecodeError as exc:
         raise ProfileError(path, f"not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ProfileError(path, "not valid TOML: nested too deeply") from None
 
     try:
         tags = tuple(parse_tag(t) for t in config.tags)
@@ -147,9 +149,13 @@ def load_profile(folder: Path) -> Profile:
     if config.system_prompt_file is not None:
         prompt_path = folder / config.system_prompt_file
         try:
-            system_prompt = prompt_path.read_text()
+            system_prompt = prompt_path.read_text(encoding="utf-8")
         except OSError as exc:
             raise ProfileError(path, f"system_prompt_file {prompt_path}: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise ProfileError(path, f"system_prompt_file {prompt_path}: not UTF-8 text") from None
+        except ValueError as exc:  # a NUL in the file name
+            raise ProfileError(path, f"system_prompt_file {config.system_prompt_file!r}: {exc}") from None
     workspace = Path(os.path.expanduser(config.workspace))
     return Profile(
         id=profile_id,

@@ -103,8 +103,9 @@ class Projection(Protocol):
         """Raise ValueError if the event breaks an invariant (it is then dead-lettered).
 
         A projection may also define
-        * `async prepare(conn, events)`, run on its own connection before each batch's transaction,
-          for idempotent writes that must not hold locks for the whole batch;
+        * `async after_commit(conn, events)`, run on its own connection after a batch committed, with
+          the events that were applied, for idempotent fix-ups that must not hold locks for the whole
+          batch (best effort: a failure is logged);
         * `committed()` and `rolled_back()`, called after a batch commits and before each attempt,
           for state kept outside the database (metrics) that must follow only committed batches.
         """
@@ -392,10 +393,6 @@ class BatchConsumer:
         rolled_back = getattr(self.projection, "rolled_back", None)
         if rolled_back is not None:
             rolled_back()  # whatever an earlier, failed attempt at this batch staged is void
-        prepare = getattr(self.projection, "prepare", None)
-        if prepare is not None and good:
-            async with self.pool.acquire() as conn:
-                await prepare(conn, [d.event for d in good if d.event is not None])
         async with self.pool.acquire() as conn:
             try:
                 async with conn.transaction():
@@ -412,6 +409,7 @@ class BatchConsumer:
                     await self._finish(conn, deliveries)
         self.position = deliveries[-1].stream_seq
         POSITION.labels(self.name).set(self.position)
+        await self._after_commit([d.event for d in good if d.event is not None and d.error is None])
         committed = getattr(self.projection, "committed", None)
         if committed is not None:
             committed()
@@ -426,6 +424,17 @@ class BatchConsumer:
                 DEAD_LETTERS.labels(self.name, d.error.split(":", 1)[0][:40]).inc()
         self.applied += sum(1 for d in good if d.error is None)
         self.rejected += sum(1 for d in deliveries if d.error is not None)
+
+    async def _after_commit(self, events: list[Event]) -> None:
+        """The projection's optional `after_commit`: best effort, never undoing or repeating the batch."""
+        after = getattr(self.projection, "after_commit", None)
+        if after is None or not events:
+            return
+        try:
+            async with self.pool.acquire() as conn:
+                await after(conn, events)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            log.warning("%s: after-commit step skipped (%s)", self.name, exc)
 
     async def _finish(self, conn: Conn, deliveries: list[Delivery]) -> None:
         """Inside the batch's transaction: dead-letter its rejected events, record the position."""

@@ -17,7 +17,7 @@ import nats.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from commonos.proto.cloudevents import MSG_ID
+from commonos.proto.cloudevents import MSG_ID, percent_decode
 from commonos.proto.subjects import DLQ_STREAM, EVENTS_STREAM, dlq_subject
 
 REASON: Final = "Cos-Dlq-Reason"
@@ -29,9 +29,19 @@ MAX_REASON_CHARS: Final = 2000
 
 
 def _clean(value: str, limit: int = MAX_REASON_CHARS) -> str:
-    """Header values are one line of printable text."""
+    """Header values are one line of printable ASCII: the reason is cut, then percent-encoded like the
+    CloudEvents headers (nats-py would read a non-ASCII header value back as something else)."""
     flat = " ".join(value.split())
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+    cut = flat if len(flat) <= limit else flat[: limit - 1] + "…"
+    # Spaces and printable ASCII stay readable; `%` and everything else become %XX of their UTF-8 bytes.
+    return "".join(ch if " " <= ch <= "~" and ch != "%" else "".join(f"%{b:02X}" for b in ch.encode()) for ch in cut)
+
+
+def _read(value: str) -> str:
+    try:
+        return percent_decode(value)
+    except UnicodeDecodeError:
+        return value
 
 
 @dataclass(frozen=True)
@@ -50,7 +60,8 @@ class DeadLetter:
 
 
 def dead_letter_headers(msg: Msg, reason: str, consumer: str, stream_seq: int) -> dict[str, str]:
-    headers = {k: _clean(v, 4096) for k, v in (msg.headers or {}).items()}
+    # The original headers are kept as they came (NATS headers are one line already), for a faithful replay.
+    headers = dict(msg.headers or {})
     headers.update(
         {
             REASON: _clean(reason),
@@ -89,13 +100,13 @@ async def list_dead_letters(js: JetStreamContext, limit: int | None = None) -> l
         except nats.js.errors.NotFoundError:
             seq += 1
             continue
-        headers = dict(raw.headers or {})
+        headers = {str(k): str(v) for k, v in (raw.headers or {}).items()}
         stream_seq = headers.get(STREAM_SEQ)
         letters.append(
             DeadLetter(
                 dlq_seq=raw.seq or seq,
-                subject=headers.get(ORIGINAL_SUBJECT, raw.subject or ""),
-                reason=headers.get(REASON, ""),
+                subject=_read(headers.get(ORIGINAL_SUBJECT, raw.subject or "")),
+                reason=_read(headers.get(REASON, "")),
                 consumer=headers.get(CONSUMER, ""),
                 stream_seq=int(stream_seq) if stream_seq and stream_seq.isdigit() else None,
                 dead_at=headers.get(DEAD_AT, ""),

@@ -71,7 +71,10 @@ class PullFetcher:
 
     async def _on_msg(self, msg: Msg) -> None:
         headers = msg.headers
-        status = headers.get(_STATUS) if headers and not msg.data else None
+        # A delivery carries an ack subject; a status message of the pull protocol never does (an empty
+        # event with a `Status` header of its own is a delivery, and goes to the dead-letter stream).
+        is_delivery = msg.reply.startswith("$JS.ACK.")
+        status = headers.get(_STATUS) if headers and not msg.data and not is_delivery else None
         if status is None:
             # A delivery carries the event's own subject, not the request's: the server serves
             # requests in order, so it counts against the oldest one.

@@ -47,7 +47,10 @@ def _url(env: Mapping[str, str], name: str, schemes: tuple[str, ...]) -> str | N
     if not raw:
         return None
     for part in raw.split(","):
-        parsed = urlparse(part.strip())
+        try:
+            parsed = urlparse(part.strip())
+        except ValueError as exc:
+            raise ConfigError(f"{PREFIX}{name}={part.strip()!r} is not a URL: {exc}") from None
         if parsed.scheme not in schemes or not parsed.hostname:
             raise ConfigError(f"{PREFIX}{name}={part.strip()!r} is not a URL of the form {schemes[0]}://host:port")
         try:
@@ -59,7 +62,12 @@ def _url(env: Mapping[str, str], name: str, schemes: tuple[str, ...]) -> str | N
 
 def _path(env: Mapping[str, str], name: str) -> Path | None:
     raw = env.get(PREFIX + name)
-    return Path(raw).expanduser() if raw else None
+    if not raw:
+        return None
+    try:
+        return Path(raw).expanduser()
+    except RuntimeError as exc:  # ~user of a user that does not exist
+        raise ConfigError(f"{PREFIX}{name}={raw!r}: {exc}") from None
 
 
 def _secret_or_file(env: Mapping[str, str], name: str) -> str | None:
@@ -71,9 +79,13 @@ def _secret_or_file(env: Mapping[str, str], name: str) -> str | None:
     if not file_name:
         return None
     try:
-        return Path(file_name).read_text().strip()
+        return Path(file_name).read_text(encoding="utf-8").strip()
     except OSError as exc:
         raise ConfigError(f"{PREFIX}{name}_FILE={file_name!r}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{PREFIX}{name}_FILE={file_name!r}: not UTF-8 text") from None
+    except ValueError as exc:  # a NUL in the name
+        raise ConfigError(f"{PREFIX}{name}_FILE={file_name!r}: {exc}") from None
 
 
 @dataclass(frozen=True, kw_only=True)
