@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeGuard
 
 import msgspec
 
@@ -37,6 +37,11 @@ from commonos.proto.graph import (
 
 _GIT_COMMIT = re.compile(r"\bgit\b[^\n;&|]*\bcommit\b")
 TITLE_MAX_CHARS = 200
+
+
+def is_count(value: object) -> TypeGuard[int]:
+    """A JSON whole number (not a boolean, which Python counts as an int)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def parse_time(value: object) -> datetime | None:

@@ -36,6 +36,7 @@ import msgspec
 
 from commonos.importer.builder import (
     GraphBuilder,
+    is_count,
     parse_time,
     raw_json,
     short_title,
@@ -46,7 +47,7 @@ from commonos.importer.discover import (
     claude_session_files,
     is_claude_agent_file,
 )
-from commonos.importer.model import VENDOR_CLAUDE_CODE, ImportedSession
+from commonos.importer.model import VENDOR_CLAUDE_CODE, ImportedSession, TranscriptError
 from commonos.proto.graph import (
     SPEED_STANDARD,
     AssistantMessage,
@@ -532,11 +533,11 @@ class _SessionReader:
 
         def count(key: str) -> int:
             value = usage.get(key)
-            return value if isinstance(value, int) and value > 0 else 0
+            return value if is_count(value) and value > 0 else 0
 
         cache_creation = usage.get("cache_creation")
         one_hour: int | None = None
-        if isinstance(cache_creation, dict) and isinstance(cache_creation.get("ephemeral_1h_input_tokens"), int):
+        if isinstance(cache_creation, dict) and is_count(cache_creation.get("ephemeral_1h_input_tokens")):
             one_hour = max(0, int(cache_creation["ephemeral_1h_input_tokens"]))
         speed = usage.get("speed")
         if not (isinstance(speed, str) and speed_valid(speed)):
@@ -681,14 +682,14 @@ class _SessionReader:
         if tool_use.verb == ToolVerb.READ:
             kind = TouchKind.READ
             read = structured.get("file") if isinstance(structured, dict) else None
-            if isinstance(read, dict) and isinstance(read.get("startLine"), int):
+            if isinstance(read, dict) and is_count(read.get("startLine")):
                 start = read["startLine"]
                 lines_read = read.get("numLines")
-                end = start + lines_read - 1 if isinstance(lines_read, int) and lines_read > 0 else None
-            elif isinstance(tool_input.get("offset"), int):
+                end = start + lines_read - 1 if is_count(lines_read) and lines_read > 0 else None
+            elif is_count(tool_input.get("offset")):
                 start = tool_input["offset"]
                 limit = tool_input.get("limit")
-                end = start + limit - 1 if isinstance(limit, int) and limit > 0 else None
+                end = start + limit - 1 if is_count(limit) and limit > 0 else None
         else:
             kind = TouchKind.EDIT
             patch = structured.get("structuredPatch") if isinstance(structured, dict) else None
@@ -767,7 +768,7 @@ def _report_usage(builder: GraphBuilder, tool_use: ToolUse, result: ToolResult) 
     if not isinstance(usage, dict):
         return
     counts = {
-        key: usage.get(key) if isinstance(usage.get(key), int) else None
+        key: usage.get(key) if is_count(usage.get(key)) else None
         for key in ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
     }
     usage_id = mint_id("token_usage", VENDOR, tool_use.id, "subagent_report")
@@ -824,7 +825,7 @@ def _read_tree(
             queue.append((child, child_id, InputOrigin.AGENT))
 
 
-def read_claude_file(path: Path) -> list[ImportedSession]:
+def _read_claude_file(path: Path) -> list[ImportedSession]:
     """Read one session transcript with its subagents; an agent file reads its owner session.
 
     Returns the session's graph first, then one graph per subagent transcript whose spawning
@@ -907,3 +908,13 @@ def read_claude(root: Path) -> Iterator[ImportedSession]:
     """Every session tree under a ``~/.claude``-style folder, one Graph per top-level session."""
     for session_path in claude_session_files(root):
         yield from read_claude_file(session_path)
+
+
+def read_claude_file(path: Path) -> list[ImportedSession]:
+    """Read one transcript (see `_read_claude_file`); content of an unexpected shape is a `TranscriptError`."""
+    try:
+        return _read_claude_file(path)
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError, msgspec.ValidationError) as exc:
+        if isinstance(exc, TranscriptError):
+            raise
+        raise TranscriptError(path, f"{type(exc).__name__}: {exc}") from exc

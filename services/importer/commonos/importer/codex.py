@@ -27,9 +27,9 @@ from typing import Any
 
 import msgspec
 
-from commonos.importer.builder import GraphBuilder, parse_time, raw_json, short_title
+from commonos.importer.builder import GraphBuilder, is_count, parse_time, raw_json, short_title
 from commonos.importer.discover import codex_rollout_files
-from commonos.importer.model import VENDOR_CODEX, ImportedSession
+from commonos.importer.model import VENDOR_CODEX, ImportedSession, TranscriptError
 from commonos.proto.graph import (
     AssistantMessage,
     EntityType,
@@ -226,7 +226,7 @@ class _RolloutReader:
 
         def count(key: str) -> int:
             value = usage.get(key)
-            return value if isinstance(value, int) and value > 0 else 0
+            return value if is_count(value) and value > 0 else 0
 
         cached = count("cached_input_tokens")
         uncached = max(0, count("input_tokens") - cached)
@@ -352,7 +352,7 @@ class _RolloutReader:
         exit_code = metadata.get("exit_code") if isinstance(metadata, dict) else None
         if text is not None and text.strip().startswith(REJECTED_OUTPUTS):
             status = ToolStatus.INTERRUPTED
-        elif isinstance(exit_code, int) and exit_code != 0:
+        elif is_count(exit_code) and exit_code != 0:
             status = ToolStatus.ERROR
         else:
             status = ToolStatus.OK
@@ -404,7 +404,7 @@ def _session_id_from_name(path: Path) -> str:
     return match.group(1) if match else path.stem
 
 
-def read_codex_file(path: Path) -> ImportedSession | None:
+def _read_codex_file(path: Path) -> ImportedSession | None:
     """Read one rollout as one top-level session graph; None when the file holds no records."""
     try:
         data = path.read_bytes()
@@ -475,3 +475,13 @@ def read_codex(root: Path) -> Iterator[ImportedSession]:
         imported = read_codex_file(path)
         if imported is not None:
             yield imported
+
+
+def read_codex_file(path: Path) -> ImportedSession | None:
+    """Read one transcript (see `_read_codex_file`); content of an unexpected shape is a `TranscriptError`."""
+    try:
+        return _read_codex_file(path)
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError, msgspec.ValidationError) as exc:
+        if isinstance(exc, TranscriptError):
+            raise
+        raise TranscriptError(path, f"{type(exc).__name__}: {exc}") from exc

@@ -26,3 +26,11 @@ class ImportedSession(msgspec.Struct, frozen=True, kw_only=True):
     branch: str | None
     source_path: Path
     source_bytes: int
+
+
+class TranscriptError(ValueError):
+    """A transcript whose content cannot be mapped (a field of an unexpected shape); names the file."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"{path}: cannot read this transcript: {reason}")
+        self.path = path
