@@ -72,9 +72,9 @@ async def naive_consumer(nats_url: str, dsn: str, *, name: str, max_events: int,
             event = decode_event(msg.data)
             projection.check(event)
             async with conn.transaction():
-                await projection.prepare(conn, [event])
                 await projection.apply(conn, [event])
                 await conn.execute(POSITION_UPSERT, name, msg.metadata.sequence.stream)
+            await projection.after_commit(conn, [event])
             await msg.ack()
             done += 1
         return Rate(done, time.perf_counter() - started)
