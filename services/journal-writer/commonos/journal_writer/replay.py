@@ -145,6 +145,11 @@ async def replay(
                             f"{consumer.name}: the stream stopped delivering after {got} of {expected} events"
                         )
                     await consumer.process(msgs)
+                    if consumer.gap:
+                        raise ReplayError(
+                            f"{consumer.name}: deliveries were lost in flight (a NATS leader "
+                            "change?); run the replay again with --truncate"
+                        )
                     got += len(msgs)
                     seen += len(msgs)
                     last_seq = max(last_seq, msgs[-1].metadata.sequence.stream or 0)

@@ -192,6 +192,10 @@ class BatchConsumer:
     position: int = 0
     applied: int = 0
     rejected: int = 0
+    #: Consumer sequence of the last delivery taken; a jump means deliveries were lost in flight.
+    last_delivery: int = 0
+    #: Set when deliveries were lost in flight: the cursor must restart from the committed position.
+    gap: bool = False
 
     @property
     def name(self) -> str:
@@ -287,8 +291,17 @@ class BatchConsumer:
                     continue
                 if not await self.process(msgs, stop):
                     return  # stopping with the batch abandoned: nothing of it was acked
+                if self.gap:
+                    await self._restart_cursor(fetcher, stop)
         finally:
             await fetcher.stop()
+
+    async def _restart_cursor(self, fetcher: PullFetcher, stop: asyncio.Event) -> None:
+        """Recreate the consumer right after the committed position and forget what was buffered."""
+        with contextlib.suppress(nats.js.errors.NotFoundError, nats.errors.Error):
+            await self.js.delete_consumer(EVENTS_STREAM, self.name)
+        fetcher.reset()
+        await self._bind_until_bound(stop)
 
     async def _bind_until_bound(self, stop: asyncio.Event) -> None:
         """Bind, riding out a NATS outage or a JetStream leader election."""
@@ -297,6 +310,8 @@ class BatchConsumer:
             try:
                 await self.bind()
                 self.health.set_ready("nats", True)
+                self.last_delivery = 0
+                self.gap = False
                 return
             except (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError) as exc:
                 self.health.set_ready("nats", False, f"cannot bind the consumer: {type(exc).__name__}")
@@ -322,12 +337,35 @@ class BatchConsumer:
                 await _sleep_or_stop(stop, backoff)
                 backoff = min(backoff * 2, self.options.backoff_max_s)
 
+    def _contiguous(self, msgs: Sequence[Msg]) -> Sequence[Msg]:
+        """The deliveries up to the first one lost in flight (a leader change, a reconnect).
+
+        JetStream counts every delivery of a consumer. Lost ones would come back only after `ack_wait`,
+        behind newer events, which would break per-session order (and the position would then skip
+        them), so the batch stops short and the cursor is restarted from the committed position.
+        """
+        for i, msg in enumerate(msgs):
+            delivery = msg.metadata.sequence.consumer or 0
+            if self.last_delivery and delivery != self.last_delivery + 1:
+                log.warning(
+                    "%s: deliveries %d..%d lost in flight; restarting from %d",
+                    self.name,
+                    self.last_delivery + 1,
+                    delivery - 1,
+                    self.position + 1,
+                )
+                self.gap = True
+                return msgs[:i]
+            self.last_delivery = delivery
+        return msgs
+
     async def process(self, msgs: Sequence[Msg], stop: asyncio.Event | None = None) -> bool:
         """Apply one fetched batch; True if it was committed and acknowledged."""
         started = time.perf_counter()
         deliveries: list[Delivery] = []
         skipped: list[Msg] = []
         partitions, mine = self.options.partitions, self.options.partition
+        msgs = self._contiguous(msgs)
         for msg in msgs:
             meta = msg.metadata
             seq = meta.sequence.stream

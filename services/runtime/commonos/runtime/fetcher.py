@@ -64,6 +64,12 @@ class PullFetcher:
         )
         return self
 
+    def reset(self) -> None:
+        """Forget buffered deliveries and outstanding requests (the consumer was recreated)."""
+        self._buffer.clear()
+        self._requests.clear()
+        self._first_at = 0.0
+
     async def stop(self) -> None:
         if self._sub is not None:
             await self._sub.unsubscribe()  # type: ignore[attr-defined]
