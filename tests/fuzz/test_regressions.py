@@ -1,6 +1,6 @@
 """Bugs the fuzz targets found, each kept as its smallest failing example, now fixed: regressions.
 
-Where `strategies.py` still restricts a strategy because of one of these, it names the test here.
+The fuzz strategies generate all of these inputs again; bugs still open are in `test_known_bugs.py`.
 """
 
 from __future__ import annotations

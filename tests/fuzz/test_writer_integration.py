@@ -203,12 +203,9 @@ def check_dead_letters(
         letter = by_seq.get(seq)
         if reason is not None:
             assert letter is not None, f"seq {seq} ({reason}) was not dead-lettered: {delivery}"
-            # A non-ASCII reason reads back as an email Header, its text lost (test_known_bugs:
-            # test_a_non_ascii_dead_letter_reason_reads_back_as_text).
-            if isinstance(letter.reason, str) or fz.KNOWN_BUGS:
-                assert letter.reason == one_line(reason), (seq, letter.reason, reason)
+            assert letter.reason == one_line(reason), (seq, letter.reason, reason)
         elif letter is not None:
-            assert str(letter.reason).startswith("rejected by PostgreSQL: "), (seq, letter.reason)
+            assert letter.reason.startswith("rejected by PostgreSQL: "), (seq, letter.reason)
         else:
             assert event is not None
             accepted.append(event)

@@ -431,7 +431,10 @@ def encode_graph(graph: Graph) -> bytes:
 
 def decode_graph(data: bytes) -> Graph:
     """Decode a graph from JSON; a ``null`` list (Go's nil slice) decodes as empty."""
-    wire = _graph_decoder.decode(data)
+    try:
+        wire = _graph_decoder.decode(data)
+    except RecursionError:
+        raise msgspec.DecodeError("JSON nested too deeply") from None
     return Graph(
         sessions=wire.sessions or [],
         attributes=wire.session_attributes or [],

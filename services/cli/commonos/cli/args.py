@@ -13,6 +13,6 @@ class CliError(Exception):
 
 class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        one_line = " ".join(message.split("\n"))
+        one_line = " ".join(message.splitlines())
         sys.stderr.write(f"{self.prog}: error: {one_line} (see `{self.prog} --help`)\n")
         raise SystemExit(2)

@@ -50,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.handler(args) or 0)
     except (CliError, ConfigError) as exc:
-        print("cos: error: " + " ".join(str(exc).split("\n")), file=sys.stderr)
+        print("cos: error: " + " ".join(str(exc).splitlines()), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -914,7 +914,15 @@ def read_claude_file(path: Path) -> list[ImportedSession]:
     """Read one transcript (see `_read_claude_file`); content of an unexpected shape is a `TranscriptError`."""
     try:
         return _read_claude_file(path)
-    except (TypeError, ValueError, KeyError, AttributeError, IndexError, msgspec.ValidationError) as exc:
+    except (
+        TypeError,
+        ValueError,
+        KeyError,
+        AttributeError,
+        IndexError,
+        RecursionError,
+        msgspec.ValidationError,
+    ) as exc:
         if isinstance(exc, TranscriptError):
             raise
         raise TranscriptError(path, f"{type(exc).__name__}: {exc}") from exc

@@ -1,0 +1,65 @@
+"""Bugs the fuzz targets found that are still open, each kept as its smallest failing example.
+
+Every test asserts the contract and is marked `xfail(strict=True)` while the bug stands. When a fix
+lands the test passes, strict turns that into a failure: move the test to `test_regressions.py` and
+delete the restriction in `strategies.py` that names it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from commonos.cli.main import main
+from commonos.importer.claude import read_claude_file
+from commonos.importer.codex import read_codex_file
+from commonos.importer.model import TranscriptError
+from commonos.proto import graph as g
+
+DEEP = b'{"a":' * 100_000 + b"1" + b"}" * 100_000
+
+
+def test_deep_json_graph_raises_decode_error() -> None:
+    with pytest.raises(msgspec.DecodeError):
+        g.decode_graph(b'{"tool_uses": [' + DEEP + b"]}")
+
+
+@pytest.mark.parametrize("vendor", ["claude", "codex"])
+def test_deep_json_transcript_line_is_skipped_or_a_transcript_error(tmp_path: Path, vendor: str) -> None:
+    good = b'{"type": "user", "uuid": "u1", "message": {"content": "hi"}}'
+    path = tmp_path / ("s.jsonl" if vendor == "claude" else "rollout-x.jsonl")
+    path.write_bytes(good + b"\n" + DEEP + b"\n")
+    with pytest.raises(TranscriptError):
+        if vendor == "claude":
+            read_claude_file(path)
+        else:
+            read_codex_file(path)
+        raise TranscriptError(path, "skipped, which is fine too")
+
+
+@pytest.mark.parametrize("token", ["--no\rsuch", "--no\u2028such"], ids=["cr", "line-separator"])
+def test_cli_error_with_a_line_break_is_one_line(token: str) -> None:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as exit_:
+        main([token])
+    assert exit_.value.code == 2
+    assert len(err.getvalue().splitlines()) == 1, err.getvalue()
+
+
+@pytest.mark.xfail(
+    raises=msgspec.ValidationError,
+    strict=True,
+    reason="a line's `uuid` that is a JSON number or boolean becomes a VendorID.vendor_id as is: the graph "
+    "then fails to decode (`Expected str`), and the graph projection dead-letters the whole import",
+)
+@pytest.mark.parametrize("uuid", [7, True], ids=["number", "boolean"])
+def test_claude_non_string_line_uuid_keeps_the_graph_decodable(tmp_path: Path, uuid: object) -> None:
+    path = tmp_path / "s.jsonl"
+    path.write_text(json.dumps({"type": "user", "uuid": uuid, "message": {"content": "hi"}}) + "\n")
+    [imported] = read_claude_file(path)
+    assert g.decode_graph(g.encode_graph(imported.graph)) == imported.graph
