@@ -107,8 +107,12 @@ class GraphBuilder:
         value: str | None,
         source_ref: str | None = None,
     ) -> None:
-        """Record that ``our_id`` is known to the vendor as ``value``; the first mapping wins."""
-        if not value:
+        """Record that ``our_id`` is known to the vendor as ``value``; the first mapping wins.
+
+        Only a string is an identifier: a transcript field of another type (a number where a uuid
+        belongs) maps nothing, so the graph stays decodable.
+        """
+        if not value or not isinstance(value, str):
             return
         key = (str(our_type), self.vendor, kind, value)
         if key in self.vendor_ids:

@@ -1,8 +1,5 @@
-"""Bugs the fuzz targets found that are still open, each kept as its smallest failing example.
-
-Every test asserts the contract and is marked `xfail(strict=True)` while the bug stands. When a fix
-lands the test passes, strict turns that into a failure: move the test to `test_regressions.py` and
-delete the restriction in `strategies.py` that names it.
+"""More bugs the fuzz targets found (after the first round of fixes), each kept as its smallest
+failing example; all fixed now, so these are regressions like `test_regressions.py`.
 """
 
 from __future__ import annotations
@@ -51,12 +48,6 @@ def test_cli_error_with_a_line_break_is_one_line(token: str) -> None:
     assert len(err.getvalue().splitlines()) == 1, err.getvalue()
 
 
-@pytest.mark.xfail(
-    raises=msgspec.ValidationError,
-    strict=True,
-    reason="a line's `uuid` that is a JSON number or boolean becomes a VendorID.vendor_id as is: the graph "
-    "then fails to decode (`Expected str`), and the graph projection dead-letters the whole import",
-)
 @pytest.mark.parametrize("uuid", [7, True], ids=["number", "boolean"])
 def test_claude_non_string_line_uuid_keeps_the_graph_decodable(tmp_path: Path, uuid: object) -> None:
     path = tmp_path / "s.jsonl"
