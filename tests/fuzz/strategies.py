@@ -5,7 +5,7 @@ wrong type, huge strings, deep nesting, invalid UTF-8, unknown fields and types)
 target sees both the near-misses that get deep into the code and the garbage it must turn away at
 the door.
 
-Inputs that trip a bug still open, pinned by an xfail test in `test_known_bugs.py`, are left out
+Inputs that tripped a bug fixed late, pinned by a regression in `test_regressions_second_round.py`, are left out
 unless `COS_FUZZ_KNOWN_BUGS=1`, so every target keeps guarding everything else; each such restriction
 names its test. Once the bug is fixed the xfail turns into an XPASS failure: move the test to
 `test_regressions.py` and delete the restriction.
@@ -41,7 +41,7 @@ KNOWN_BUGS: Final = os.environ.get("COS_FUZZ_KNOWN_BUGS") == "1"
 #: Nesting far past the interpreter's recursion limit, wherever a parser starts.
 DEPTH: Final = 100_000
 TOML_DEPTH: Final = 5_000
-# The graph decoder and the transcript readers still let a RecursionError out (test_known_bugs:
+# The graph decoder and the transcript readers let a RecursionError out before the fix (test_regressions_second_round:
 # test_deep_json_graph_*, test_deep_json_transcript_line_*): graphs and transcripts stay shallower.
 GRAPH_DEPTH: Final = DEPTH if KNOWN_BUGS else 150
 
@@ -1133,7 +1133,7 @@ def transcript_lines(
 ) -> list[JSON]:
     """A coherent transcript with stray records inserted and a few records structurally mutated.
 
-    Nesting stays within `GRAPH_DEPTH` (a deep line still escapes the readers: test_known_bugs:
+    Nesting stays within `GRAPH_DEPTH` (a deep line escaped the readers before the fix: test_regressions_second_round:
     test_deep_json_transcript_line_*).
     """
     records = list(draw(coherent))
@@ -1453,7 +1453,7 @@ rollouts = jsonl(transcript_lines(codex_rollout(), codex_records))
 @cache
 def _argv_token() -> st.SearchStrategy[str]:
     # Undecodable bytes reach sys.argv as surrogate escapes. A line break other than "\n" still breaks
-    # the one-line usage error (test_known_bugs: test_cli_error_with_a_line_break_*).
+    # the one-line usage error (test_regressions_second_round: test_cli_error_with_a_line_break_*).
     breaks = "" if KNOWN_BUGS else "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
     chars = st.characters(codec="utf-8", exclude_characters=breaks) | st.characters(
         min_codepoint=0xDC80, max_codepoint=0xDCFF

@@ -1,6 +1,6 @@
 """Bugs the fuzz targets found, each kept as its smallest failing example, now fixed: regressions.
 
-The fuzz strategies generate all of these inputs again; bugs still open are in `test_known_bugs.py`.
+The fuzz strategies generate all of these inputs again; later findings are in `test_regressions_second_round.py`.
 """
 
 from __future__ import annotations
