@@ -76,7 +76,10 @@ class _Process:
         assert self.proc.stdout is not None
         threading.Thread(target=self._pump, args=(self.proc.stdout,), daemon=True).start()
         if not self._ready.wait(timeout_s) or self.match is None:
-            code = self.proc.poll()
+            try:  # its output ended: give the process a moment to report its exit status
+                code: int | None = self.proc.wait(2)
+            except subprocess.TimeoutExpired:
+                code = None
             self.kill()
             output = "\n".join(self._tail)
             state = f"exited with code {code}" if code is not None else f"not ready after {timeout_s:.0f}s"
