@@ -393,7 +393,7 @@ def test_billing_config_example() -> None:
         ),
         ("[metrics]\ntag_label_keys = ['Client']\n", "tag key 'Client' is not valid"),
         ("[metrics]\nmax_models = 0\n", "'max_models' must be a whole number"),
-        ("[budgets]\n", "unknown top-level key(s) budgets"),
+        ("[budgets]\n", "unknown top-level key(s) 'budgets'"),
     ],
 )
 def test_bad_billing_config(text: str, message: str) -> None:

@@ -5,10 +5,9 @@ wrong type, huge strings, deep nesting, invalid UTF-8, unknown fields and types)
 target sees both the near-misses that get deep into the code and the garbage it must turn away at
 the door.
 
-Inputs that tripped a bug fixed late, pinned by a regression in `test_regressions_second_round.py`, are left out
-unless `COS_FUZZ_KNOWN_BUGS=1`, so every target keeps guarding everything else; each such restriction
-names its test. Once the bug is fixed the xfail turns into an XPASS failure: move the test to
-`test_regressions.py` and delete the restriction.
+Nothing is left out for a known bug: every bug the targets found is fixed and kept as its smallest
+failing example in `test_regressions.py` / `test_regressions_second_round.py`. A bug found and not
+fixed at once is pinned there as a strict xfail, and the strategy that draws it is left as it is.
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
 import re
 import uuid
 from collections.abc import Mapping, Sequence
@@ -35,20 +33,16 @@ from commonos.proto import graph as g
 from commonos.proto.cloudevents import MSG_ID, event_headers
 from commonos.proto.messages import AssistantMessage, ToolCall, ToolResultMessage, UserMessage
 
-#: Also generate the inputs of known, not yet fixed bugs (the targets then fail on them).
-KNOWN_BUGS: Final = os.environ.get("COS_FUZZ_KNOWN_BUGS") == "1"
-
 #: Nesting far past the interpreter's recursion limit, wherever a parser starts.
 DEPTH: Final = 100_000
 TOML_DEPTH: Final = 5_000
-# The graph decoder and the transcript readers let a RecursionError out before the fix (test_regressions_second_round:
-# test_deep_json_graph_*, test_deep_json_transcript_line_*): graphs and transcripts stay shallower.
-GRAPH_DEPTH: Final = DEPTH if KNOWN_BUGS else 150
 
 JSON = Any
 
 # --- text ------------------------------------------------------------------------------------------------
 
+#: What `str.splitlines` breaks a line at.
+LINE_BREAKS: Final = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
 #: Any text a JSON document can carry encoded as UTF-8 (no lone surrogates).
 unicode_text = st.text(st.characters(codec="utf-8"), max_size=40)
 #: Text as it may reach us from a lenient encoder: lone surrogates included.
@@ -177,12 +171,10 @@ class Deep:
         return b'{"a":[' * half + b"null" + b"]}" * half
 
 
-@cache
-def deep_values(max_depth: int = DEPTH) -> st.SearchStrategy[Deep]:
-    """Deep nesting of any depth up to `max_depth`, the depths that break parsers drawn often."""
-    past_the_limit = [d for d in (1_000, 10_000, 100_000) if d <= max_depth]
-    depths = st.integers(1, max_depth) | (st.sampled_from(past_the_limit) if past_the_limit else st.nothing())
-    return st.builds(Deep, depths, st.sampled_from(["array", "object", "mixed"]))
+#: Deep nesting of any depth, the depths that break parsers drawn often.
+deep_values = st.builds(
+    Deep, st.integers(1, DEPTH) | st.sampled_from([1_000, 10_000, DEPTH]), st.sampled_from(["array", "object", "mixed"])
+)
 
 
 def dump_json(value: JSON, *, ensure_ascii: bool = True) -> bytes:
@@ -450,7 +442,7 @@ MUTATIONS: Final = ("drop", "retype", "edge", "huge", "deep", "unknown_field", "
 
 
 @st.composite
-def mutated(draw: st.DrawFn, doc: dict[str, JSON], *, max_depth: int = DEPTH) -> dict[str, JSON]:
+def mutated(draw: st.DrawFn, doc: dict[str, JSON]) -> dict[str, JSON]:
     """`doc` (a decoded JSON object) with 0 to 3 structural mutations anywhere inside it."""
     doc = copy.deepcopy(doc)
     for _ in range(draw(st.integers(0, 3))):
@@ -480,7 +472,7 @@ def mutated(draw: st.DrawFn, doc: dict[str, JSON], *, max_depth: int = DEPTH) ->
         elif op == "huge":
             parent[last] = draw(huge_text())
         else:
-            parent[last] = draw(deep_values(max_depth))
+            parent[last] = draw(deep_values)
     return doc
 
 
@@ -496,7 +488,7 @@ def event_payloads(draw: st.DrawFn) -> bytes:
     if mode == "raw":
         return draw(st.binary(max_size=512))
     if mode == "json":
-        return dump_json(draw(json_values() | deep_values()))
+        return dump_json(draw(json_values() | deep_values))
     event = draw(valid_events())
     if mode == "valid":
         return ev.encode_event(event)
@@ -804,11 +796,12 @@ def field(draw: st.DrawFn, good: st.SearchStrategy[Any], bad: st.SearchStrategy[
 
 @st.composite
 def optional_fields(draw: st.DrawFn, fields: Mapping[str, Field]) -> dict[str, Any]:
-    """A subset of `fields`, each drawn by `field`, plus maybe an unknown key."""
+    """A subset of `fields`, each drawn by `field`, plus maybe an unknown key (line breaks included)."""
     chosen = draw(st.lists(st.sampled_from(sorted(fields)), unique=True, max_size=len(fields)))
     out = {name: draw(field(*fields[name])) for name in chosen}
     if draw(st.integers(0, 15)) == 0:
-        out[draw(st.sampled_from(["unknown", "Tags", "max-steps"]) | unicode_text)] = draw(toml_values())
+        keys = st.sampled_from(["unknown", "Tags", "max-steps", *LINE_BREAKS]) | unicode_text
+        out[draw(keys)] = draw(toml_values())
     return out
 
 
@@ -944,9 +937,8 @@ def billing_configs(draw: st.DrawFn) -> bytes:
         "max_models": (limits, st.integers(-1, 0) | st.integers(10_001, 20_000)),
         "max_providers": (limits, st.booleans() | st.floats()),
     }
-    budgets = [
-        {**base, **extra} for base, extra in draw(st.lists(st.tuples(required, optional_fields(budget)), max_size=4))
-    ]
+    extras = optional_fields(budget)
+    budgets = [{**base, **extra} for base, extra in draw(st.lists(st.tuples(required, extras), max_size=4))]
     doc: dict[str, Any] = {"budget": TableArray(budgets)}
     if draw(st.booleans()):
         doc["metrics"] = Table(draw(optional_fields(metrics)))
@@ -1131,11 +1123,7 @@ claude_records = st.one_of(
 def transcript_lines(
     draw: st.DrawFn, coherent: st.SearchStrategy[list[JSON]], extra: st.SearchStrategy[JSON]
 ) -> list[JSON]:
-    """A coherent transcript with stray records inserted and a few records structurally mutated.
-
-    Nesting stays within `GRAPH_DEPTH` (a deep line escaped the readers before the fix: test_regressions_second_round:
-    test_deep_json_transcript_line_*).
-    """
+    """A coherent transcript with stray records inserted and a few records structurally mutated."""
     records = list(draw(coherent))
     for _ in range(draw(st.integers(0, 3))):
         records.insert(draw(st.integers(0, len(records))), draw(extra))
@@ -1143,7 +1131,7 @@ def transcript_lines(
         if records:
             at = draw(st.integers(0, len(records) - 1))
             if isinstance(records[at], dict):
-                records[at] = draw(mutated(records[at], max_depth=GRAPH_DEPTH))
+                records[at] = draw(mutated(records[at]))
     return records
 
 
@@ -1157,7 +1145,7 @@ def jsonl(draw: st.DrawFn, records: st.SearchStrategy[list[JSON]]) -> bytes:
         if bad == 0:
             line = draw(damaged(line))
         elif bad == 1:
-            line = dump_json(draw(json_values() | deep_values(GRAPH_DEPTH)))
+            line = dump_json(draw(json_values() | deep_values))
         elif bad == 2:
             line = b""
         lines.append(line)
@@ -1452,12 +1440,8 @@ rollouts = jsonl(transcript_lines(codex_rollout(), codex_records))
 
 @cache
 def _argv_token() -> st.SearchStrategy[str]:
-    # Undecodable bytes reach sys.argv as surrogate escapes. A line break other than "\n" still breaks
-    # the one-line usage error (test_regressions_second_round: test_cli_error_with_a_line_break_*).
-    breaks = "" if KNOWN_BUGS else "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
-    chars = st.characters(codec="utf-8", exclude_characters=breaks) | st.characters(
-        min_codepoint=0xDC80, max_codepoint=0xDCFF
-    )
+    # Undecodable bytes reach sys.argv as surrogate escapes.
+    chars = st.characters(codec="utf-8") | st.characters(min_codepoint=0xDC80, max_codepoint=0xDCFF)
     spans = st.builds(lambda n, u: f"{n}{u}", st.integers(0, 10**20), st.sampled_from("dhm"))
     return st.one_of(
         st.text(chars, max_size=20),
@@ -1724,8 +1708,8 @@ def valid_graphs(draw: st.DrawFn) -> dict[str, JSON]:
 #: Graph JSON: valid, mutated and damaged, or noise.
 graph_payloads = st.one_of(
     valid_graphs().map(dump_json),
-    valid_graphs().flatmap(lambda d: mutated(d, max_depth=GRAPH_DEPTH)).map(dump_json).flatmap(damaged),
+    valid_graphs().flatmap(mutated).map(dump_json).flatmap(damaged),
     json_values().map(dump_json),
-    deep_values(GRAPH_DEPTH).map(dump_json),
+    deep_values.map(dump_json),
     st.binary(max_size=256),
 )

@@ -69,6 +69,7 @@ def test_parse_price_file_returns_a_price_file_or_raises_price_file_error(raw: b
         price_file = parse_price_file(raw, name="prices.toml")
     except PriceFileError as exc:
         assert str(exc).startswith("prices.toml: ")
+        assert len(str(exc).splitlines()) == 1, "the message is one line"
         event("PriceFileError")
         return
     event("parsed")

@@ -12,6 +12,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from commonos.billing.config import BillingConfigError, parse_billing_config
+from commonos.billing.pricing import PriceFileError, parse_price_file
 from commonos.cli.main import main
 from commonos.importer.claude import read_claude_file
 from commonos.importer.codex import read_codex_file
@@ -54,3 +56,27 @@ def test_claude_non_string_line_uuid_keeps_the_graph_decodable(tmp_path: Path, u
     path.write_text(json.dumps({"type": "user", "uuid": uuid, "message": {"content": "hi"}}) + "\n")
     [imported] = read_claude_file(path)
     assert g.decode_graph(g.encode_graph(imported.graph)) == imported.graph
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b'"a\\nb" = 1\n', b'[[budget]]\ntag = "a:b"\nlimit_usd = 1\n"x\\ry" = 1\n', b'[metrics]\n"\\u2028" = 1\n'],
+    ids=["top-level-newline", "budget-carriage-return", "metrics-line-separator"],
+)
+def test_billing_config_unknown_key_with_a_line_break_is_a_one_line_error(raw: bytes) -> None:
+    with pytest.raises(BillingConfigError) as error:
+        parse_billing_config(raw, name="billing.toml")
+    assert len(str(error.value).splitlines()) == 1, str(error.value)
+    assert "unknown" in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b'"a\\nb" = 1\n', b'[[price]]\nmodel = "m"\ninput_mtok = 1\noutput_mtok = 1\n"x\\u0085y" = 1\n'],
+    ids=["top-level-newline", "entry-next-line"],
+)
+def test_price_file_unknown_key_with_a_line_break_is_a_one_line_error(raw: bytes) -> None:
+    with pytest.raises(PriceFileError) as error:
+        parse_price_file(raw, name="prices.toml")
+    assert len(str(error.value).splitlines()) == 1, str(error.value)
+    assert "unknown" in str(error.value)

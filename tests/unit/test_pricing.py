@@ -473,7 +473,7 @@ def test_price_file_tiny_costs_are_quantized_to_1e10(tmp_path: Path) -> None:
     ("text", "message"),
     [
         ("[[price]\n", "prices.toml: invalid TOML: "),
-        ("[prices]\n", "prices.toml: unknown top-level key(s) prices; expected [[price]] tables"),
+        ("[prices]\n", "prices.toml: unknown top-level key(s) 'prices'; expected [[price]] tables"),
         ("price = 3\n", "prices.toml: 'price' must be an array of tables ([[price]])"),
         ("[[price]]\ninput_mtok = 1\noutput_mtok = 1\n", "prices.toml: [[price]] #1: 'model' is required"),
         (
@@ -490,7 +490,7 @@ def test_price_file_tiny_costs_are_quantized_to_1e10(tmp_path: Path) -> None:
         ),
         (
             '[[price]]\nmodel = "a"\ninput_mtok = 1\noutput_mtok = 1\ninput_mtoks = 2\n',
-            "prices.toml: [[price]] #1 (model 'a'): unknown key(s) input_mtoks",
+            "prices.toml: [[price]] #1 (model 'a'): unknown key(s) 'input_mtoks'",
         ),
         (
             '[[price]]\nmodel = "a"\ninput_mtok = 1\noutput_mtok = 1\neffective_from = "next week"\n',

@@ -101,7 +101,7 @@ def parse_billing_config(raw: bytes, *, name: str) -> BillingConfig:
     unknown = sorted(set(document) - {"budget", "metrics"})
     if unknown:
         raise BillingConfigError(
-            f"{name}: unknown top-level key(s) {', '.join(unknown)}; expected [[budget]] and [metrics]"
+            f"{name}: unknown top-level key(s) {', '.join(map(repr, unknown))}; expected [[budget]] and [metrics]"
         )
     tables = document.get("budget", [])
     if not isinstance(tables, list):
@@ -130,7 +130,7 @@ def _parse_budget(table: object, index: int, file_name: str) -> Budget:
         raise BillingConfigError(f"{where}: must be a table")
     unknown = sorted(set(table) - _BUDGET_KEYS)
     if unknown:
-        raise BillingConfigError(f"{where}: unknown key(s) {', '.join(unknown)}")
+        raise BillingConfigError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}")
     tag = table.get("tag")
     if not isinstance(tag, str):
         raise BillingConfigError(f"{where}: 'tag' is required and must be a string such as \"client:acme\"")
@@ -168,7 +168,7 @@ def _parse_metrics(table: object, file_name: str) -> MetricsConfig:
         raise BillingConfigError(f"{where}: must be a table")
     unknown = sorted(set(table) - _METRICS_KEYS)
     if unknown:
-        raise BillingConfigError(f"{where}: unknown key(s) {', '.join(unknown)}")
+        raise BillingConfigError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}")
     keys = table.get("tag_label_keys", [])
     if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
         raise BillingConfigError(f"{where}: 'tag_label_keys' must be a list of tag keys such as [\"client\"]")

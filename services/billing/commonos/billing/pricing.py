@@ -122,7 +122,7 @@ class PriceResult(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class PriceFileError(ValueError):
-    """An operator price file that cannot be used; the message names the file, the entry and the problem."""
+    """An operator price file that cannot be used; one line naming the file, the entry and the problem."""
 
 
 # --- rates -----------------------------------------------------------------------------------------------
@@ -334,7 +334,9 @@ def parse_price_file(raw: bytes, *, name: str) -> PriceFile:
         raise PriceFileError(f"{name}: invalid TOML: nested too deeply") from None
     unknown = sorted(set(document) - {"price"})
     if unknown:
-        raise PriceFileError(f"{name}: unknown top-level key(s) {', '.join(unknown)}; expected [[price]] tables")
+        raise PriceFileError(
+            f"{name}: unknown top-level key(s) {', '.join(map(repr, unknown))}; expected [[price]] tables"
+        )
     tables = document.get("price", [])
     if not isinstance(tables, list):
         raise PriceFileError(f"{name}: 'price' must be an array of tables ([[price]])")
@@ -361,7 +363,7 @@ def _parse_entry(table: object, index: int, file_name: str) -> PriceEntry:
         raise PriceFileError(f"{where}: 'model' is required and must be a non-empty string")
     unknown = sorted(set(table) - _ENTRY_KEYS)
     if unknown:
-        raise PriceFileError(f"{where}: unknown key(s) {', '.join(unknown)}")
+        raise PriceFileError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}")
     provider = table.get("provider")
     if provider is not None and not (isinstance(provider, str) and provider.strip()):
         raise PriceFileError(f"{where}: 'provider' must be a non-empty string")
