@@ -1,8 +1,8 @@
 """Integration fuzz target: fuzzed deliveries among valid events, through a real nats-server and
 PostgreSQL, projected by the journal-writer running in-process.
 
-Unlike the pure targets this one does not run 10,000 examples: it publishes a fixed number of
-generated deliveries (300, or 1,000 under `COS_FUZZ_PROFILE=long`) interleaved with a few hundred
+Unlike the pure targets this one does not run examples one by one: it publishes a fixed number of
+generated deliveries (300, or 10,000 under `COS_FUZZ_PROFILE=long`) interleaved with a few hundred
 valid events, in one run of the writer, and then checks the outcome of every one of them:
 
 * the writer reaches the end of the stream and its task never dies;
@@ -47,7 +47,7 @@ from tests.support import journal_writer, position
 pytestmark = pytest.mark.slow
 
 LONG: Final = os.environ.get(PROFILE_ENV) == "long"
-FUZZED: Final = 1000 if LONG else 300
+FUZZED: Final = 10_000 if LONG else 300
 VALID: Final = 400
 WRITER: Final = "journal-writer"
 CATCH_UP_S: Final = 90.0

@@ -2,20 +2,24 @@
 
 The event log is the source of truth; the tables are projections that can be dropped and rebuilt
 with an identical result. Replay reads the stream through an ephemeral consumer per projection
-(the core tables, the session graph, the Memory plugin's entries) and applies it with the live
-writer's own projection code and batching. Events the live writer dead-lettered are skipped again
+(the core tables, the session graph, the Memory plugin's entries), all at once, and applies it with
+the live writer's own projection code and batching. Events the live writer dead-lettered are skipped again
 (they are already in COS_DLQ). Each projection's position ends at the last replayed event, so a
 writer started afterwards continues from there.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import asyncpg
 import nats.errors
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from commonos.journal_writer.service import writer_projections, writer_schemas
@@ -75,7 +79,9 @@ async def replay(
 ) -> ReplayResult:
     """Apply every event of COS_EVENTS to the tables of `settings.database_url`.
 
-    `on_progress(done, total)` counts deliveries over all projections' passes.
+    The projections' passes run at the same time, each with its own consumer and connection, as the
+    live writer's consumers do; the first pass to fail stops the others. `on_progress(done, total)`
+    counts deliveries over all passes.
     """
     _, dsn = settings.require_urls()
     chosen = list(projections) if projections is not None else writer_projections()
@@ -83,12 +89,9 @@ async def replay(
     nc = await cos_nats.connect(settings, "cos-replay")
     pool: asyncpg.Pool | None = None
     started = time.perf_counter()
-    applied = skipped = 0
-    last_seq = 0
     try:
         js = nc.jetstream()
-        info = await js.stream_info(EVENTS_STREAM)
-        pool = await create_pool(dsn, min_size=1, max_size=2)
+        pool = await create_pool(dsn, min_size=1, max_size=len(chosen) + 1)
         consumers = [
             BatchConsumer(
                 js,
@@ -103,67 +106,94 @@ async def replay(
             )
             for p in chosen
         ]
-        totals = []
-        for c in consumers:
-            subjects = list(c.options.filter_subjects)
-            pending = 0
-            if info.state.messages:
-                probe = await js.add_consumer(
-                    EVENTS_STREAM,
-                    ConsumerConfig(
-                        ack_policy=AckPolicy.NONE,
-                        deliver_policy=DeliverPolicy.ALL,
-                        inactive_threshold=5.0,
-                        filter_subjects=subjects,
-                    ),
-                )
-                pending = probe.num_pending or 0
-                await js.delete_consumer(EVENTS_STREAM, probe.name)
-            totals.append(pending)
-        total = sum(totals)
-        seen = 0
-        for consumer, expected in zip(consumers, totals, strict=True):
-            if expected == 0:
-                continue
-            created = await js.add_consumer(
-                EVENTS_STREAM,
-                ConsumerConfig(
-                    ack_policy=AckPolicy.EXPLICIT,
-                    deliver_policy=DeliverPolicy.ALL,
-                    max_ack_pending=-1,
-                    inactive_threshold=60.0,
-                    filter_subjects=list(consumer.options.filter_subjects),
-                ),
-            )
-            fetcher = await PullFetcher(nc, EVENTS_STREAM, created.name, batch=batch_size).start()
-            got = 0
-            try:
-                while got < expected:
-                    msgs = await fetcher.fetch(timeout_s=10.0)
-                    if not msgs:
-                        raise ReplayError(
-                            f"{consumer.name}: the stream stopped delivering after {got} of {expected} events"
-                        )
-                    await consumer.process(msgs)
-                    if consumer.gap:
-                        raise ReplayError(
-                            f"{consumer.name}: deliveries were lost in flight (a NATS leader "
-                            "change?); run the replay again with --truncate"
-                        )
-                    got += len(msgs)
-                    seen += len(msgs)
-                    last_seq = max(last_seq, msgs[-1].metadata.sequence.stream or 0)
-                    if on_progress is not None:
-                        on_progress(seen, total)
-            except nats.errors.Error as exc:
-                raise ReplayError(f"{consumer.name}: {exc}") from exc
-            finally:
-                await fetcher.stop()
-                await js.delete_consumer(EVENTS_STREAM, created.name)
-            applied += consumer.applied
-            skipped += consumer.rejected
+        totals = await asyncio.gather(*(_pending(js, c) for c in consumers))
+        progress = _Progress(sum(totals), on_progress)
+        try:
+            async with asyncio.TaskGroup() as group:
+                passes = [
+                    group.create_task(_pass(nc, js, c, expected, batch_size, progress))
+                    for c, expected in zip(consumers, totals, strict=True)
+                    if expected
+                ]
+        except ExceptionGroup as failed:
+            first = failed.exceptions[0]
+            raise first if isinstance(first, Exception) else failed from None
+        last_seq = max((t.result() for t in passes), default=0)
+        applied = sum(c.applied for c in consumers)
+        skipped = sum(c.rejected for c in consumers)
         return ReplayResult(applied, skipped, last_seq, time.perf_counter() - started)
     finally:
         if pool is not None:
             await pool.close()
         await nc.close()
+
+
+@dataclass
+class _Progress:
+    total: int
+    report: Callable[[int, int], None] | None
+    done: int = 0
+
+    def add(self, n: int) -> None:
+        self.done += n
+        if self.report is not None:
+            self.report(self.done, self.total)
+
+
+async def _pending(js: JetStreamContext, consumer: BatchConsumer) -> int:
+    """How many events the stream holds on the consumer's subjects (a throwaway consumer counts them)."""
+    probe = await js.add_consumer(
+        EVENTS_STREAM,
+        ConsumerConfig(
+            ack_policy=AckPolicy.NONE,
+            deliver_policy=DeliverPolicy.ALL,
+            inactive_threshold=5.0,
+            filter_subjects=list(consumer.options.filter_subjects),
+        ),
+    )
+    await js.delete_consumer(EVENTS_STREAM, probe.name)
+    return probe.num_pending or 0
+
+
+async def _pass(
+    nc: NATS, js: JetStreamContext, consumer: BatchConsumer, expected: int, batch_size: int, progress: _Progress
+) -> int:
+    """Apply the `expected` events of one projection; returns the last stream sequence applied."""
+    created = await js.add_consumer(
+        EVENTS_STREAM,
+        ConsumerConfig(
+            ack_policy=AckPolicy.EXPLICIT,
+            deliver_policy=DeliverPolicy.ALL,
+            max_ack_pending=-1,
+            inactive_threshold=60.0,
+            filter_subjects=list(consumer.options.filter_subjects),
+        ),
+    )
+    fetcher = await PullFetcher(nc, EVENTS_STREAM, created.name, batch=batch_size).start()
+    got = last_seq = 0
+    try:
+        while got < expected:
+            msgs = await fetcher.fetch(timeout_s=10.0)
+            if not msgs:
+                raise ReplayError(f"{consumer.name}: the stream stopped delivering after {got} of {expected} events")
+            await consumer.process(msgs)
+            if consumer.gap:
+                raise ReplayError(
+                    f"{consumer.name}: deliveries were lost in flight (a NATS leader "
+                    "change?); run the replay again with --truncate"
+                )
+            got += len(msgs)
+            last_seq = max(last_seq, msgs[-1].metadata.sequence.stream or 0)
+            progress.add(len(msgs))
+    except nats.errors.Error as exc:
+        raise ReplayError(f"{consumer.name}: {exc}") from exc
+    finally:
+        await fetcher.stop()
+        await _quietly_delete(js, created.name)
+    return last_seq
+
+
+async def _quietly_delete(js: JetStreamContext, name: str) -> None:
+    """Delete a replay consumer; if NATS is gone it expires by itself (inactive_threshold)."""
+    with contextlib.suppress(nats.errors.Error):
+        await js.delete_consumer(EVENTS_STREAM, name)
