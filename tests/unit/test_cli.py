@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
+import importlib
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from commonos.cli.main import build_parser, main
+from commonos.cli.args import Parser
+from commonos.cli.main import COMMAND_MODULES, build_parser, main
+from commonos.cli.main import COMMANDS as COMMAND_TO_MODULE
 
 COMMANDS = (
     "up",
@@ -35,6 +41,36 @@ def test_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
     # and nothing is listed that does not exist
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     assert set(sub.choices) == set(COMMANDS)  # type: ignore[arg-type]
+
+
+def test_each_command_is_found_in_the_module_that_registers_it() -> None:
+    """`cos <command>` loads one module; the map it uses must say what the modules really register."""
+    registered = {}
+    for name in COMMAND_MODULES:
+        parser = Parser(prog="cos")
+        sub = parser.add_subparsers(dest="command", parser_class=Parser)
+        importlib.import_module(name).register(sub)
+        registered.update(dict.fromkeys(sub.choices, name))
+    assert registered == COMMAND_TO_MODULE
+    for command in COMMANDS:
+        only = next(a for a in build_parser(command)._actions if isinstance(a, argparse._SubParsersAction))
+        assert command in only.choices
+
+
+LOADED_BY = """
+import sys
+from commonos.cli.main import main
+try:
+    main(["import", "claude", "--help"])
+except SystemExit:
+    pass
+print(sorted(m for m in sys.modules if m.partition(".")[0] in ("nats", "asyncpg") or m.startswith("commonos.loop")))
+"""
+
+
+def test_cos_import_loads_neither_nats_nor_the_loop() -> None:
+    done = subprocess.run([sys.executable, "-c", LOADED_BY], capture_output=True, text=True, check=True)
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout[-2000:]
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,8 @@
-"""Entry point of `cos`. Each service contributes its own sub-commands."""
+"""Entry point of `cos`. Each service contributes its own sub-commands.
+
+`cos <command> ...` imports only the module that registers `<command>` (so `cos import` does not load
+NATS, asyncpg or the loop); `cos`, `cos --help` and an unknown command load them all.
+"""
 
 from __future__ import annotations
 
@@ -21,8 +25,26 @@ COMMAND_MODULES = (
     "commonos.cli.schema",
 )
 
+#: The top-level commands each module registers (tests/unit/test_cli.py checks this against `register`).
+COMMANDS = {
+    "up": "commonos.cli.up",
+    "demo": "commonos.cli.demo",
+    "chat": "commonos.loop.cli",
+    "loop": "commonos.loop.cli",
+    "approve": "commonos.loop.cli",
+    "deny": "commonos.loop.cli",
+    "journal-writer": "commonos.journal_writer.cli",
+    "replay": "commonos.journal_writer.cli",
+    "dlq": "commonos.journal_writer.cli",
+    "billing": "commonos.billing.cli",
+    "report": "commonos.billing.cli",
+    "import": "commonos.importer.cli",
+    "schema": "commonos.cli.schema",
+}
 
-def build_parser() -> argparse.ArgumentParser:
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The `cos` parser with every command, or with `command`'s alone when it is a known command."""
     parser = Parser(
         prog="cos",
         description="CommonOS events: an event-sourced backend for AI agents on NATS JetStream and PostgreSQL.",
@@ -30,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         "COS_DATA_DIR, ...); with no URLs, commands use the embedded system that `cos up` started.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
-    for name in COMMAND_MODULES:
+    for name in (COMMANDS[command],) if command in COMMANDS else COMMAND_MODULES:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
@@ -42,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)
     if not getattr(args, "handler", None):
         parser.print_help()

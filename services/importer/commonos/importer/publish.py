@@ -27,10 +27,9 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import msgspec
-from nats.js.api import PubAck
 
 from commonos.importer.model import VENDOR_CLAUDE_CODE, VENDOR_CODEX, ImportedSession
 from commonos.proto.events import Event, ModelCallCompleted, TranscriptImported, encode_event
@@ -42,6 +41,9 @@ from commonos.proto.graph import (
     encode_graph,
     validate,
 )
+
+if TYPE_CHECKING:  # a dry run does not load nats
+    from nats.js.api import PubAck
 
 #: Pricing provider of each vendor's models (billing's Pricer knows the vendor names too).
 VENDOR_PROVIDERS: Final[dict[str, str]] = {VENDOR_CLAUDE_CODE: "anthropic", VENDOR_CODEX: "openai"}
