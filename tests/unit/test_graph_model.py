@@ -9,6 +9,8 @@ from typing import TypeVar
 
 import msgspec
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from commonos.proto.graph import (
     SUBAGENT_DETAIL_KEY,
@@ -54,6 +56,13 @@ def test_mint_id_is_a_fixed_function_of_kind_and_parts() -> None:
     namespace = uuid.UUID("6f1c3b52-2d1e-5a8e-9c57-0c0a7e5e3d10")
     derived = uuid.uuid5(namespace, json.dumps(["tool_use", "x", "y"], separators=(",", ":")))
     assert mint_id("tool_use", "x", "y") == str(derived)
+
+
+@given(st.text(), st.lists(st.text(), max_size=4))
+def test_mint_id_is_uuid5_of_the_json_array(kind: str, parts: list[str]) -> None:
+    namespace = uuid.UUID("6f1c3b52-2d1e-5a8e-9c57-0c0a7e5e3d10")
+    name = msgspec.json.encode([kind, *parts]).decode()
+    assert mint_id(kind, *parts) == str(uuid.uuid5(namespace, name))
 
 
 def test_mint_id_separates_kinds_and_part_boundaries() -> None:
