@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -123,3 +124,31 @@ def test_corpus_totals_agree_with_ccusage(capsys: pytest.CaptureFixture[str]) ->
         totals = dry_json(capsys, vendor, CORPUS / vendor)["totals"]
         kinds = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
         assert tuple(totals[k] for k in kinds) == expected
+
+
+async def test_reading_in_processes_gives_what_reading_in_one_does(tmp_path: Path) -> None:
+    """`--jobs`: the summary, the errors and the events published, in order, do not depend on it."""
+    from commonos.billing.pricing import Pricer
+    from commonos.importer.cli import SOURCES, import_files
+    from commonos.importer.publish import PublishCounts
+    from commonos.proto.events import Event
+
+    home = small_claude_home(tmp_path, sessions=5)
+    (home / "projects" / "-work-demo" / "0-not-a-file.jsonl").mkdir()  # read first, and fails
+
+    async def collect(jobs: int) -> tuple[Any, ...]:
+        published: list[list[Event]] = []
+
+        async def publish(events: Sequence[Event]) -> PublishCounts:
+            published.append(list(events))
+            return PublishCounts(events=len(events), stored=len(events))
+
+        dry = await import_files(SOURCES["claude"], home, Pricer(), publish=None, settle_s=0, jobs=jobs)
+        run = await import_files(SOURCES["claude"], home, Pricer(), publish=publish, settle_s=0, jobs=jobs)
+        assert dry.trees == run.trees and dry.errors == run.errors
+        return list(run.trees.items()), run.errors, run.published, [[e.event_id for e in p] for p in published]
+
+    one = await collect(1)
+    assert len(one[0]) == 5 and len(one[1]) == 1 and "0-not-a-file.jsonl" in one[1][0]
+    assert len(one[3]) == 5 and all(one[3])
+    assert await collect(3) == one

@@ -16,3 +16,14 @@ class Parser(argparse.ArgumentParser):
         one_line = " ".join(message.splitlines())
         sys.stderr.write(f"{self.prog}: error: {one_line} (see `{self.prog} --help`)\n")
         raise SystemExit(2)
+
+
+def positive_int(text: str) -> int:
+    """An argparse `type` for counts that must be 1 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value

@@ -135,12 +135,17 @@ class _Stream:
 
 
 def _decode_lines(path: Path) -> list[_Line]:
-    """Every well-formed JSON object line; a torn last line (file still being written) is skipped."""
+    """Every well-formed JSON object line; a torn last line (file still being written) is skipped.
+
+    A file removed since it was listed has no lines; one that cannot be read is a `TranscriptError`.
+    """
     lines: list[_Line] = []
     try:
         data = path.read_bytes()
-    except OSError:
+    except FileNotFoundError:
         return lines
+    except OSError as exc:
+        raise TranscriptError(path, str(exc.strerror or exc)) from None
     for number, raw in enumerate(data.splitlines(), start=1):
         if not raw.strip():
             continue

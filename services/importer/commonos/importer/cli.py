@@ -15,12 +15,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import logging
+import multiprocessing
+import os
+import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -38,7 +44,7 @@ from rich.progress import (
 from rich.table import Table
 
 from commonos.billing.pricing import Pricer
-from commonos.cli.args import CliError
+from commonos.cli.args import CliError, positive_int
 from commonos.importer.claude import read_claude_file
 from commonos.importer.codex import read_codex_file
 from commonos.importer.discover import (
@@ -48,7 +54,7 @@ from commonos.importer.discover import (
     codex_rollout_files,
     is_claude_agent_file,
 )
-from commonos.importer.model import VENDOR_CLAUDE_CODE, VENDOR_CODEX, ImportedSession
+from commonos.importer.model import VENDOR_CLAUDE_CODE, VENDOR_CODEX, ImportedSession, TranscriptError
 from commonos.importer.publish import (
     DEFAULT_MAX_PAYLOAD,
     GraphTooLarge,
@@ -144,6 +150,8 @@ def read_trees(source: Source, path: Path) -> list[TreeRead]:
     out = []
     try:
         read = source.read(path)
+    except TranscriptError as exc:  # names the file
+        return [TreeRead(None, str(exc))]
     except Exception as exc:  # one unreadable file must not stop an import of thousands
         return [TreeRead(None, f"{path}: cannot be read: {type(exc).__name__}: {exc}")]
     for imported in read:
@@ -195,6 +203,63 @@ class ImportRun:
     published: PublishCounts = field(default_factory=PublishCounts)
 
 
+@dataclass
+class FileRead:
+    """What one top-level transcript gave: a summary per tree, the events to publish per tree, errors."""
+
+    summaries: list[SessionSummary] = field(default_factory=list)
+    events: list[list[Event]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    bytes_read: int = 0
+
+
+def read_file(
+    source: Source, path: Path, pricer: Pricer, *, publishing: bool, max_payload: int, settled_only: bool
+) -> FileRead:
+    """Read, validate and summarise one top-level file; with ``publishing``, build each tree's events too."""
+    out = FileRead()
+    trees = read_trees(source, path)
+    for tree in trees:
+        if tree.imported is None:
+            out.errors.append(tree.error or f"{path}: unreadable")
+            continue
+        out.summaries.append(summarize_tree(pricer, tree.imported))
+        if not publishing:
+            continue
+        try:
+            events = tree_events(tree.imported, max_payload=max_payload, settled_only=settled_only)
+        except (GraphTooLarge, GraphInvalid) as exc:
+            out.errors.append(f"{tree.imported.source_path}: not published: {exc}")
+            continue
+        if events.events:
+            out.events.append(events.events)
+    out.bytes_read = _bytes_of(path, trees)
+    return out
+
+
+def default_jobs() -> int:
+    """Reader processes for an import: one per usable core where processes can be forked, else none."""
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return 1
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+# Set in each reader process by `_start_reader`: the process is forked, so nothing here is pickled.
+_reader: tuple[Source, Pricer, bool, int] | None = None
+
+
+def _start_reader(source: Source, pricer: Pricer, publishing: bool, max_payload: int) -> None:
+    global _reader
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    _reader = (source, pricer, publishing, max_payload)
+
+
+def _read_in_reader(path: Path, settled_only: bool) -> FileRead:
+    assert _reader is not None, "not a reader process"
+    source, pricer, publishing, max_payload = _reader
+    return read_file(source, path, pricer, publishing=publishing, max_payload=max_payload, settled_only=settled_only)
+
+
 async def import_files(
     source: Source,
     root: Path,
@@ -204,25 +269,66 @@ async def import_files(
     max_payload: int = DEFAULT_MAX_PAYLOAD,
     settle_s: float = 10.0,
     progress: bool = False,
+    jobs: int = 1,
 ) -> ImportRun:
     """Read every transcript under ``root``, summarise each tree and, with ``publish``, publish its events.
 
-    A file written to within ``settle_s`` seconds may end in a response still being written: the
-    calls whose usage may still grow are left for a later import (see ``settled_invocations``).
+    With ``jobs`` above 1 the files are read by that many forked processes while this one publishes;
+    results are taken in file order, so the summary, the errors and the order of publishing are the
+    same as with one. A file written to within ``settle_s`` seconds may end in a response still being
+    written: the calls whose usage may still grow are left for a later import (see
+    ``settled_invocations``).
     """
     run = ImportRun()
     tops = source.top_files(root)
     total = sum(size for size, _ in source.scan(root).values())
+    publishing = publish is not None
+    now = time.time()
+    recent = {path: now - _mtime(path) < settle_s for path in tops}
+    jobs = max(1, min(jobs, len(tops)))
     with _progress(total, progress) as advance:
-        for path in tops:
-            recent = time.time() - _mtime(path) < settle_s
-            trees = read_trees(source, path)
-            for tree in trees:
-                if tree.imported is None:
-                    run.errors.append(tree.error or f"{path}: unreadable")
-                    continue
-                await _import_tree(run, tree.imported, pricer, publish, max_payload, state=None, settled_only=recent)
-            advance(_bytes_of(path, trees))
+
+        async def take(read: FileRead) -> None:
+            run.errors.extend(read.errors)
+            for summary in read.summaries:
+                run.trees[summary.session_id] = summary
+            for events in read.events:
+                assert publish is not None
+                run.published.add(await publish(events))
+            advance(read.bytes_read)
+
+        if jobs == 1:
+            for path in tops:
+                read = read_file(
+                    source, path, pricer, publishing=publishing, max_payload=max_payload, settled_only=recent[path]
+                )
+                await take(read)
+            return run
+        pool = ProcessPoolExecutor(
+            jobs,
+            mp_context=multiprocessing.get_context("fork"),
+            initializer=_start_reader,
+            initargs=(source, pricer, publishing, max_payload),
+        )
+        try:
+            waiting = iter(tops)
+            reading: collections.deque[asyncio.Future[FileRead]] = collections.deque()
+
+            def read_next() -> None:
+                path = next(waiting, None)
+                if path is not None:
+                    reading.append(asyncio.wrap_future(pool.submit(_read_in_reader, path, recent[path])))
+
+            for _ in range(2 * jobs):  # enough to keep every reader busy, few enough to bound memory
+                read_next()
+            while reading:
+                read = await reading.popleft()
+                read_next()
+                await take(read)
+        except BrokenProcessPool as exc:
+            raise CliError(f"a reader process died ({exc}); try again with --jobs 1") from None
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
     return run
 
 
@@ -487,7 +593,9 @@ def run_import(args: argparse.Namespace) -> int:
     pricer = Pricer()
     progress = not args.no_progress
     if args.dry_run:
-        run = asyncio.run(import_files(source, root, pricer, publish=None, settle_s=args.settle_s, progress=progress))
+        run = asyncio.run(
+            import_files(source, root, pricer, publish=None, settle_s=args.settle_s, progress=progress, jobs=args.jobs)
+        )
         published: PublishCounts | None = None
     else:
         settings = _nats_settings()
@@ -513,6 +621,7 @@ async def _publish_run(
                 max_payload=max_payload,
                 settle_s=args.settle_s,
                 progress=progress,
+                jobs=args.jobs,
             )
         from commonos.runtime.lifecycle import install_stop_signals
 
@@ -563,5 +672,12 @@ def register(sub: Any) -> None:
             help="bill the last call of a file written to within this many seconds only once it is quiet (default 10)",
         )
         p.add_argument("--format", choices=("table", "json"), default="table", help="summary format")
+        p.add_argument(
+            "--jobs",
+            type=positive_int,
+            default=default_jobs(),
+            metavar="N",
+            help=f"processes reading transcripts at once (default: the usable cores, here {default_jobs()})",
+        )
         p.add_argument("--no-progress", action="store_true", help="no progress bar")
         p.set_defaults(handler=run_import, source=name)

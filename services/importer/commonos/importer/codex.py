@@ -405,11 +405,13 @@ def _session_id_from_name(path: Path) -> str:
 
 
 def _read_codex_file(path: Path) -> ImportedSession | None:
-    """Read one rollout as one top-level session graph; None when the file holds no records."""
+    """Read one rollout as one top-level session graph; None when the file holds no records or is gone."""
     try:
         data = path.read_bytes()
-    except OSError:
+    except FileNotFoundError:
         return None
+    except OSError as exc:
+        raise TranscriptError(path, str(exc.strerror or exc)) from None
     records: list[tuple[dict[str, Any], str]] = []
     for number, raw in enumerate(data.splitlines(), start=1):
         if not raw.strip():

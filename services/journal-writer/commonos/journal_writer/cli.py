@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from commonos.cli.args import CliError
+from commonos.cli.args import CliError, positive_int
 from commonos.cli.system import endpoints
 
 
@@ -151,7 +151,7 @@ def register(sub: Any) -> None:
         "journal-writer first, or point COS_DATABASE_URL at another database.",
     )
     rp.add_argument("--truncate", action="store_true", help="empty the core tables first")
-    rp.add_argument("--batch-size", type=int, default=1000, metavar="N", help="events per transaction (1000)")
+    rp.add_argument("--batch-size", type=positive_int, default=1000, metavar="N", help="events per transaction (1000)")
     rp.add_argument("--quiet", action="store_true", help="no progress bar")
     rp.set_defaults(handler=_replay)
 
