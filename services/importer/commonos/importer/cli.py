@@ -214,10 +214,15 @@ class FileRead:
 
 
 def read_file(
-    source: Source, path: Path, pricer: Pricer, *, publishing: bool, max_payload: int, settled_only: bool
+    source: Source, path: Path, pricer: Pricer, *, publishing: bool, max_payload: int, settle_s: float
 ) -> FileRead:
-    """Read, validate and summarise one top-level file; with ``publishing``, build each tree's events too."""
+    """Read, validate and summarise one top-level file; with ``publishing``, build each tree's events too.
+
+    A file written to within ``settle_s`` seconds may end in a response still being written: the calls
+    whose usage may still grow are left for a later import (see ``settled_invocations``).
+    """
     out = FileRead()
+    settled_only = time.time() - _mtime(path) < settle_s
     trees = read_trees(source, path)
     for tree in trees:
         if tree.imported is None:
@@ -245,19 +250,19 @@ def default_jobs() -> int:
 
 
 # Set in each reader process by `_start_reader`: the process is forked, so nothing here is pickled.
-_reader: tuple[Source, Pricer, bool, int] | None = None
+_reader: tuple[Source, Pricer, bool, int, float] | None = None
 
 
-def _start_reader(source: Source, pricer: Pricer, publishing: bool, max_payload: int) -> None:
+def _start_reader(source: Source, pricer: Pricer, publishing: bool, max_payload: int, settle_s: float) -> None:
     global _reader
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    _reader = (source, pricer, publishing, max_payload)
+    _reader = (source, pricer, publishing, max_payload, settle_s)
 
 
-def _read_in_reader(path: Path, settled_only: bool) -> FileRead:
+def _read_in_reader(path: Path) -> FileRead:
     assert _reader is not None, "not a reader process"
-    source, pricer, publishing, max_payload = _reader
-    return read_file(source, path, pricer, publishing=publishing, max_payload=max_payload, settled_only=settled_only)
+    source, pricer, publishing, max_payload, settle_s = _reader
+    return read_file(source, path, pricer, publishing=publishing, max_payload=max_payload, settle_s=settle_s)
 
 
 async def import_files(
@@ -275,16 +280,12 @@ async def import_files(
 
     With ``jobs`` above 1 the files are read by that many forked processes while this one publishes;
     results are taken in file order, so the summary, the errors and the order of publishing are the
-    same as with one. A file written to within ``settle_s`` seconds may end in a response still being
-    written: the calls whose usage may still grow are left for a later import (see
-    ``settled_invocations``).
+    same as with one. ``settle_s``: see `read_file`.
     """
     run = ImportRun()
     tops = source.top_files(root)
     total = sum(size for size, _ in source.scan(root).values())
     publishing = publish is not None
-    now = time.time()
-    recent = {path: now - _mtime(path) < settle_s for path in tops}
     jobs = max(1, min(jobs, len(tops)))
     with _progress(total, progress) as advance:
 
@@ -300,7 +301,7 @@ async def import_files(
         if jobs == 1:
             for path in tops:
                 read = read_file(
-                    source, path, pricer, publishing=publishing, max_payload=max_payload, settled_only=recent[path]
+                    source, path, pricer, publishing=publishing, max_payload=max_payload, settle_s=settle_s
                 )
                 await take(read)
             return run
@@ -308,7 +309,7 @@ async def import_files(
             jobs,
             mp_context=multiprocessing.get_context("fork"),
             initializer=_start_reader,
-            initargs=(source, pricer, publishing, max_payload),
+            initargs=(source, pricer, publishing, max_payload, settle_s),
         )
         try:
             waiting = iter(tops)
@@ -317,7 +318,7 @@ async def import_files(
             def read_next() -> None:
                 path = next(waiting, None)
                 if path is not None:
-                    reading.append(asyncio.wrap_future(pool.submit(_read_in_reader, path, recent[path])))
+                    reading.append(asyncio.wrap_future(pool.submit(_read_in_reader, path)))
 
             for _ in range(2 * jobs):  # enough to keep every reader busy, few enough to bound memory
                 read_next()
