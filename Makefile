@@ -38,7 +38,7 @@ format: setup
 # The long fault-injection run: every chaos scenario at full size (a 1,000,000-event backlog, 30 s
 # database refusal, ...) and every fuzz target at 10,000+ examples; prints the chaos report.
 chaos: setup
-	COS_CHAOS=long COS_FUZZ_PROFILE=long $(BIN)/pytest tests/chaos tests/fuzz -p no:randomly $(PYTEST_ARGS)
+	COS_CHAOS=long COS_FUZZ_PROFILE=long $(BIN)/pytest tests/chaos tests/fuzz -p no:randomly --hypothesis-show-statistics $(PYTEST_ARGS)
 
 schema: setup
 	$(BIN)/cos schema export proto/schema

@@ -3,16 +3,19 @@
 `COS_FUZZ_PROFILE=long` runs every pure target for 10,000 examples; the default `short` runs 300, in
 a fixed (derandomized) order so `make test` is reproducible. No example database is kept, and what
 Hypothesis caches (constants it collects, Unicode tables) goes to the temporary folder, so nothing is
-written under the repository; a failure prints the blob to reproduce it.
+written under the repository; a failure prints the blob to reproduce it. `make chaos` adds
+`--hypothesis-show-statistics`, which prints how many examples each target ran; the integration
+target's own figures (`fuzz_report`) are printed at the end of the run.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -51,3 +54,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if str(item.path).startswith(here):
             item.add_marker(pytest.mark.timeout(LONG_TIMEOUT_S))
+
+
+#: Lines the integration target reports, printed at the end of the run.
+FUZZ_REPORT: list[str] = []
+
+
+@pytest.fixture
+def fuzz_report(request: pytest.FixtureRequest) -> Callable[[str], None]:
+    return lambda line: FUZZ_REPORT.append(f"{request.node.name}: {line}")
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if FUZZ_REPORT:
+        terminalreporter.section(f"fuzz report ({_chosen})")
+        for line in FUZZ_REPORT:
+            terminalreporter.write_line(line)

@@ -19,7 +19,7 @@ import asyncio
 import os
 import random
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -213,9 +213,10 @@ def check_dead_letters(
 
 
 async def test_fuzzed_deliveries_are_dead_lettered_with_their_reason_and_write_nothing(
-    nats_url: str, database_url: str
+    nats_url: str, database_url: str, fuzz_report: Callable[[str], None]
 ) -> None:
     fuzzed = generate_deliveries(FUZZED)
+    assert len(fuzzed) == FUZZED, "hypothesis stopped early"
     valid = list(event_stream(VALID, seed=23))
     nc = await nats.connect(nats_url)
     try:
@@ -233,6 +234,10 @@ async def test_fuzzed_deliveries_are_dead_lettered_with_their_reason_and_write_n
         await nc.close()
 
     accepted = check_dead_letters(fuzzed_at, valid_at, letters)
+    fuzz_report(
+        f"fuzzed deliveries: {len(fuzzed)} generated, {len(fuzzed_at)} stored by JetStream, "
+        f"{len(letters)} dead-lettered, {len(accepted)} accepted; {len(valid_at)} valid events among them"
+    )
     stored = (await stored_ids(database_url)).tables()
     wanted = RowIds().add(valid).tables()
     legit = RowIds().add([*valid, *accepted]).tables()
