@@ -80,3 +80,17 @@ def test_price_file_unknown_key_with_a_line_break_is_a_one_line_error(raw: bytes
         parse_price_file(raw, name="prices.toml")
     assert len(str(error.value).splitlines()) == 1, str(error.value)
     assert "unknown" in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "session_id", ["x" * 5000, "../elsewhere/s1", "a\x00b", ".."], ids=["too-long", "up", "nul", "dots"]
+)
+def test_an_agent_file_whose_session_id_is_not_a_file_name_has_no_owner(tmp_path: Path, session_id: str) -> None:
+    projects = tmp_path / "projects"
+    (projects / "-repo").mkdir(parents=True)
+    (projects / "elsewhere").mkdir()
+    line = {"type": "user", "uuid": "a-u0", "sessionId": session_id, "message": {"role": "user", "content": "hi"}}
+    (projects / "elsewhere" / "s1.jsonl").write_text(json.dumps({**line, "sessionId": "s1"}) + "\n")
+    agent = projects / "-repo" / "agent-a1.jsonl"
+    agent.write_text(json.dumps(line) + "\n")
+    assert read_claude_file(agent) == []

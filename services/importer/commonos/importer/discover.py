@@ -65,15 +65,24 @@ def claude_agent_files(session_path: Path) -> list[Path]:
 
 
 def claude_owner_session_file(agent_path: Path) -> Path | None:
-    """The session transcript an agent file belongs to, or None when it is not on disk."""
+    """The session transcript an agent file belongs to, or None when it is not on disk.
+
+    A ``sessionId`` that is not a plain file name (a path, a NUL, too long for the file system) names
+    no owner: an agent file never leads the importer out of its project folder.
+    """
     if agent_path.parent.name == "subagents":
-        candidate = agent_path.parent.parent.with_suffix(".jsonl")
-        return candidate if candidate.is_file() else None
+        return _file_or_none(agent_path.parent.parent.with_suffix(".jsonl"))
     session_id = first_session_id(agent_path)
-    if session_id is None:
+    if session_id is None or session_id in ("", ".", "..") or "/" in session_id or "\x00" in session_id:
         return None
-    candidate = agent_path.parent / f"{session_id}.jsonl"
-    return candidate if candidate.is_file() else None
+    return _file_or_none(agent_path.parent / f"{session_id}.jsonl")
+
+
+def _file_or_none(path: Path) -> Path | None:
+    try:
+        return path if path.is_file() else None
+    except OSError:  # a name too long, for one
+        return None
 
 
 def codex_rollout_files(root: Path) -> Iterator[Path]:
