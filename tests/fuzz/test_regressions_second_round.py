@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -58,26 +59,26 @@ def test_claude_non_string_line_uuid_keeps_the_graph_decodable(tmp_path: Path, u
     assert g.decode_graph(g.encode_graph(imported.graph)) == imported.graph
 
 
-@pytest.mark.parametrize(
-    "raw",
-    [b'"a\\nb" = 1\n', b'[[budget]]\ntag = "a:b"\nlimit_usd = 1\n"x\\ry" = 1\n', b'[metrics]\n"\\u2028" = 1\n'],
-    ids=["top-level-newline", "budget-carriage-return", "metrics-line-separator"],
-)
-def test_billing_config_unknown_key_with_a_line_break_is_a_one_line_error(raw: bytes) -> None:
-    with pytest.raises(BillingConfigError) as error:
-        parse_billing_config(raw, name="billing.toml")
-    assert len(str(error.value).splitlines()) == 1, str(error.value)
-    assert "unknown" in str(error.value)
+BILLING = (parse_billing_config, BillingConfigError)
+PRICES = (parse_price_file, PriceFileError)
 
 
 @pytest.mark.parametrize(
-    "raw",
-    [b'"a\\nb" = 1\n', b'[[price]]\nmodel = "m"\ninput_mtok = 1\noutput_mtok = 1\n"x\\u0085y" = 1\n'],
-    ids=["top-level-newline", "entry-next-line"],
+    ("parse", "error_type", "raw"),
+    [
+        (*BILLING, b'"a\\nb" = 1\n'),
+        (*BILLING, b'[[budget]]\ntag = "a:b"\nlimit_usd = 1\n"x\\ry" = 1\n'),
+        (*BILLING, b'[metrics]\n"\\u2028" = 1\n'),
+        (*PRICES, b'"a\\nb" = 1\n'),
+        (*PRICES, b'[[price]]\nmodel = "m"\ninput_mtok = 1\noutput_mtok = 1\n"x\\u0085y" = 1\n'),
+    ],
+    ids=["billing-top-level", "billing-budget", "billing-metrics", "prices-top-level", "prices-entry"],
 )
-def test_price_file_unknown_key_with_a_line_break_is_a_one_line_error(raw: bytes) -> None:
-    with pytest.raises(PriceFileError) as error:
-        parse_price_file(raw, name="prices.toml")
+def test_an_unknown_key_with_a_line_break_is_a_one_line_error(
+    parse: Callable[..., object], error_type: type[Exception], raw: bytes
+) -> None:
+    with pytest.raises(error_type) as error:
+        parse(raw, name="file.toml")
     assert len(str(error.value).splitlines()) == 1, str(error.value)
     assert "unknown" in str(error.value)
 
