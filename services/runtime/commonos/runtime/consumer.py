@@ -192,7 +192,8 @@ class BatchConsumer:
     position: int = 0
     applied: int = 0
     rejected: int = 0
-    #: Consumer sequence of the last delivery taken; a jump means deliveries were lost in flight.
+    #: Consumer sequence of the last delivery taken (set by `bind`); the next one must follow it, or
+    #: deliveries were lost in flight.
     last_delivery: int = 0
     #: Set when deliveries were lost in flight: the cursor must restart from the committed position.
     gap: bool = False
@@ -250,6 +251,10 @@ class BatchConsumer:
                 config.deliver_policy = DeliverPolicy.BY_START_SEQUENCE
                 config.opt_start_seq = self.position + 1
             await self.js.add_consumer(EVENTS_STREAM, config)
+        # Deliveries are counted from here: the first one taken must be the next of this consumer,
+        # or a batch starting after a hole would carry the position past events never applied.
+        self.last_delivery = info.delivered.consumer_seq if info is not None else 0
+        self.gap = False
 
     async def load_position(self) -> int:
         async with self.pool.acquire() as conn:
@@ -277,6 +282,7 @@ class BatchConsumer:
                     msgs = await fetcher.fetch(timeout_s=1.0, linger_s=self.options.batch_timeout_s)
                 except ConsumerGone as exc:
                     log.warning("%s: %s; binding again", self.name, exc)
+                    fetcher.reset()  # what it holds may come from before the change, with holes
                     await self._bind_until_bound(stop)
                     continue
                 except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
@@ -310,8 +316,6 @@ class BatchConsumer:
             try:
                 await self.bind()
                 self.health.set_ready("nats", True)
-                self.last_delivery = 0
-                self.gap = False
                 return
             except (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError) as exc:
                 self.health.set_ready("nats", False, f"cannot bind the consumer: {type(exc).__name__}")
@@ -346,7 +350,7 @@ class BatchConsumer:
         """
         for i, msg in enumerate(msgs):
             delivery = msg.metadata.sequence.consumer or 0
-            if self.last_delivery and delivery != self.last_delivery + 1:
+            if delivery != self.last_delivery + 1:
                 log.warning(
                     "%s: deliveries %d..%d lost in flight; restarting from %d",
                     self.name,
