@@ -37,13 +37,21 @@ def _transient_api_error(exc: nats.js.errors.APIError) -> bool:
     return isinstance(exc, nats.js.errors.ServiceUnavailableError) or exc.err_code in _TRANSIENT_ERR_CODES
 
 
+#: Longest pause between two attempts, and how long a retry waits for its PubAck. While a stream
+#: elects a new leader (4 to 10 s on nats-server after a leader dies) an attempt is answered with "no
+#: responders" or not at all; short, cheap retries (deduplicated by the event id) reach the new leader
+#: within 0.4 s of its election, where waiting the whole ack timeout on each would add up to that.
+_MAX_RETRY_DELAY_S = 0.1
+_RETRY_ACK_TIMEOUT_S = 0.3
+
+
 class PublishError(RuntimeError):
     """An event could not be stored in JetStream before the deadline; it was not acknowledged."""
 
 
 class EventPublisher:
     def __init__(
-        self, js: JetStreamContext, source: str, *, ack_timeout_s: float = 5.0, deadline_s: float = 30.0
+        self, js: JetStreamContext, source: str, *, ack_timeout_s: float = 2.0, deadline_s: float = 30.0
     ) -> None:
         self.js = js
         self.source = source
@@ -57,10 +65,13 @@ class EventPublisher:
         headers = event_headers(event, self.source)
         deadline = time.monotonic() + self.deadline_s
         delay = 0.05
+        timeout = self.ack_timeout_s
+        attempt = 0
         while True:
+            attempt += 1
             try:
                 return await self.js.publish(
-                    subject, payload, timeout=self.ack_timeout_s, stream=EVENTS_STREAM, headers=dict(headers)
+                    subject, payload, timeout=timeout, stream=EVENTS_STREAM, headers=dict(headers)
                 )
             except (*_RETRYABLE, nats.js.errors.APIError) as exc:
                 if isinstance(exc, nats.js.errors.APIError) and not _transient_api_error(exc):
@@ -70,9 +81,17 @@ class EventPublisher:
                         f"event {event.event_id} ({subject}) not acknowledged within {self.deadline_s:.0f}s: "
                         f"{type(exc).__name__}"
                     ) from exc
-                log.warning("publish of %s not acknowledged (%s); retrying", event.event_id, type(exc).__name__)
+                # One warning per event; an election means many quick retries.
+                log.log(
+                    logging.WARNING if attempt == 1 else logging.DEBUG,
+                    "publish of %s not acknowledged (%s); retrying until acknowledged or %.0fs have passed",
+                    event.event_id,
+                    type(exc).__name__,
+                    self.deadline_s,
+                )
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+                delay = min(delay * 2, _MAX_RETRY_DELAY_S)
+                timeout = min(self.ack_timeout_s, _RETRY_ACK_TIMEOUT_S)
 
     async def publish_many(self, events: Sequence[_Event], window: int = 1000) -> list[PubAck]:
         """Pipelined publishing: up to `window` un-acked at once; any without a PubAck is retried alone.
