@@ -47,7 +47,12 @@ from commonos.importer.discover import (
     claude_session_files,
     is_claude_agent_file,
 )
-from commonos.importer.model import VENDOR_CLAUDE_CODE, ImportedSession, TranscriptError
+from commonos.importer.model import (
+    VENDOR_CLAUDE_CODE,
+    ImportedSession,
+    TranscriptError,
+    shape_errors_as_transcript_errors,
+)
 from commonos.proto.graph import (
     SPEED_STANDARD,
     AssistantMessage,
@@ -917,17 +922,5 @@ def read_claude(root: Path) -> Iterator[ImportedSession]:
 
 def read_claude_file(path: Path) -> list[ImportedSession]:
     """Read one transcript (see `_read_claude_file`); content of an unexpected shape is a `TranscriptError`."""
-    try:
+    with shape_errors_as_transcript_errors(path):
         return _read_claude_file(path)
-    except (
-        TypeError,
-        ValueError,
-        KeyError,
-        AttributeError,
-        IndexError,
-        RecursionError,
-        msgspec.ValidationError,
-    ) as exc:
-        if isinstance(exc, TranscriptError):
-            raise
-        raise TranscriptError(path, f"{type(exc).__name__}: {exc}") from exc

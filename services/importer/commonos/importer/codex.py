@@ -29,7 +29,7 @@ import msgspec
 
 from commonos.importer.builder import GraphBuilder, is_count, parse_time, raw_json, short_title
 from commonos.importer.discover import codex_rollout_files
-from commonos.importer.model import VENDOR_CODEX, ImportedSession, TranscriptError
+from commonos.importer.model import VENDOR_CODEX, ImportedSession, TranscriptError, shape_errors_as_transcript_errors
 from commonos.proto.graph import (
     AssistantMessage,
     EntityType,
@@ -481,17 +481,5 @@ def read_codex(root: Path) -> Iterator[ImportedSession]:
 
 def read_codex_file(path: Path) -> ImportedSession | None:
     """Read one transcript (see `_read_codex_file`); content of an unexpected shape is a `TranscriptError`."""
-    try:
+    with shape_errors_as_transcript_errors(path):
         return _read_codex_file(path)
-    except (
-        TypeError,
-        ValueError,
-        KeyError,
-        AttributeError,
-        IndexError,
-        RecursionError,
-        msgspec.ValidationError,
-    ) as exc:
-        if isinstance(exc, TranscriptError):
-            raise
-        raise TranscriptError(path, f"{type(exc).__name__}: {exc}") from exc

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
@@ -34,3 +36,18 @@ class TranscriptError(ValueError):
     def __init__(self, path: Path, reason: str) -> None:
         super().__init__(f"{path}: cannot read this transcript: {reason}")
         self.path = path
+
+
+#: What mapping content of an unexpected shape raises (a str where a dict was expected, ...).
+_SHAPE_ERRORS = (TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError, msgspec.ValidationError)
+
+
+@contextlib.contextmanager
+def shape_errors_as_transcript_errors(path: Path) -> Iterator[None]:
+    """Turn an error from content of an unexpected shape into a `TranscriptError` naming `path`."""
+    try:
+        yield
+    except TranscriptError:
+        raise
+    except _SHAPE_ERRORS as exc:
+        raise TranscriptError(path, f"{type(exc).__name__}: {exc}") from exc
