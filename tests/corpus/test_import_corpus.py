@@ -7,7 +7,6 @@ so, where it is absent; fixture tests always run.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -30,9 +29,8 @@ from commonos.proto.graph import (
     encode_graph,
     validate,
 )
+from tests.importer.transcripts import CORPUS, needs_corpus
 
-CORPUS = Path(os.environ.get("COS_CORPUS_DIR") or Path(__file__).resolve().parents[2].parent / "shared" / "corpus")
-needs_corpus = pytest.mark.skipif(not (CORPUS / "claude").is_dir(), reason=f"corpus missing at {CORPUS}")
 CLAUDE_PROJECTS = CORPUS / "claude" / "projects"
 CODEX_SESSIONS = CORPUS / "codex" / "sessions"
 

@@ -20,6 +20,7 @@ from commonos.importer.codex import read_codex_file
 from commonos.importer.model import ImportedSession, TranscriptError
 from commonos.proto import graph as g
 from tests.fuzz import strategies as fz
+from tests.fuzz.checks import check_graph_round_trip_and_validity
 
 FILE_DEADLINE = timedelta(seconds=1)
 
@@ -33,14 +34,7 @@ def check_graph(graph: g.Graph) -> None:
     ):
         if rows:
             event(f"has {what}")
-    assert g.decode_graph(g.encode_graph(graph)) == graph
-    try:
-        g.validate(graph)
-    except g.GraphInvalid as exc:
-        assert exc.violations
-        event("GraphInvalid")
-        return
-    event("valid graph")
+    check_graph_round_trip_and_validity(graph)
 
 
 @settings(deadline=FILE_DEADLINE)
