@@ -12,7 +12,16 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from commonos.runtime.embedded import NatsServer
-from tests.harness import ExternalServer, PgServer, cleanup, make_temp_root, new_nats, start_pg, stop_pg
+from tests.harness import (
+    SMALL_MAX_PAYLOAD,
+    ExternalServer,
+    PgServer,
+    cleanup,
+    make_temp_root,
+    new_nats,
+    start_pg,
+    stop_pg,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -75,6 +84,25 @@ async def nats_server(server_root: Path) -> AsyncIterator[NatsServer | ExternalS
 @pytest.fixture
 def nats_url(nats_server: NatsServer | ExternalServer) -> str:
     return nats_server.url
+
+
+@pytest.fixture(params=[None, SMALL_MAX_PAYLOAD], ids=["max_payload=1MiB", "max_payload=64KiB"])
+def sized_nats_server(request: pytest.FixtureRequest, server_root: Path) -> Iterator[NatsServer]:
+    """A nats-server of the test's own, once with nats-server's default max_payload and once with 64 KiB:
+    every size-limit test runs against both."""
+    server = new_nats(server_root, max_payload=request.param or 1024 * 1024)
+    assert isinstance(server, NatsServer)
+    yield server
+    server.kill()
+
+
+@pytest.fixture
+def small_nats_server(server_root: Path) -> Iterator[NatsServer]:
+    """A nats-server of the test's own whose max_payload is 64 KiB."""
+    server = new_nats(server_root, max_payload=SMALL_MAX_PAYLOAD)
+    assert isinstance(server, NatsServer)
+    yield server
+    server.kill()
 
 
 @pytest.fixture

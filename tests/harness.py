@@ -93,11 +93,17 @@ def stop_pg(server: PgServer) -> None:
         server._container.stop()
 
 
-def new_nats(root: Path) -> NatsServer | ExternalServer:
+#: The small max_payload every size-limit test also runs against, so the limits are exercised cheaply.
+SMALL_MAX_PAYLOAD = 64 * 1024
+
+
+def new_nats(root: Path, max_payload: int | None = None) -> NatsServer | ExternalServer:
+    """A nats-server of the test's own; an external one (COS_TEST_NATS_URL) unless the test needs a
+    particular max_payload, which only a server the harness starts can have."""
     external = os.environ.get("COS_TEST_NATS_URL")
-    if external:
+    if external and max_payload is None:
         return ExternalServer(external, "nats-server")
-    return NatsServer(root / f"nats-{uuid.uuid4().hex[:8]}").start()
+    return NatsServer(root / f"nats-{uuid.uuid4().hex[:8]}", max_payload=max_payload).start()
 
 
 def cleanup(root: Path) -> None:

@@ -63,12 +63,13 @@ class System:
         ports: dict[str, int] = json.loads(ports_file.read_text()) if ports_file.exists() else {}
         nats_url = s.nats_url
         if not nats_url:
-            self.nats = NatsServer(data / "nats", port=ports.get("nats"))
+            limit = s.nats_max_payload
+            self.nats = NatsServer(data / "nats", port=ports.get("nats"), max_payload=limit)
             try:
                 self.nats.start()
             except Exception:
                 # The remembered port may be taken now: take a new one.
-                self.nats = NatsServer(data / "nats").start()
+                self.nats = NatsServer(data / "nats", max_payload=limit).start()
             nats_url = self.nats.url
             self.components.append(Component("nats-server (embedded)", nats_url, self.nats._pid(), "running"))
         else:

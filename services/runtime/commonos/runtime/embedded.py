@@ -151,12 +151,17 @@ class NatsServer:
         extra_args: Sequence[str] = (),
         config_file: Path | None = None,
         name: str = "nats-server",
+        max_payload: int | None = None,
     ) -> None:
+        if max_payload is not None and config_file is not None:
+            raise ValueError("set max_payload in the config file itself")
         self.data_dir = data_dir
         self.port = port
         self.extra_args = list(extra_args)
         self.config_file = config_file
         self.name = name
+        #: The largest message (headers and body) the server accepts; None is nats-server's default (1 MiB).
+        self.max_payload = max_payload
         self._proc: _Process | None = None
 
     @property
@@ -168,8 +173,13 @@ class NatsServer:
     def start(self) -> NatsServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         argv = [nats_server_binary()]
-        if self.config_file is not None:
-            argv += ["-c", str(self.config_file)]
+        config_file = self.config_file
+        if self.max_payload is not None:
+            # nats-server takes max_payload only from a config file.
+            config_file = self.data_dir / "limits.conf"
+            config_file.write_text(f"max_payload: {int(self.max_payload)}\n")
+        if config_file is not None:
+            argv += ["-c", str(config_file)]
         argv += [
             "-a",
             "127.0.0.1",

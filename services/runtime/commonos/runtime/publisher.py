@@ -13,8 +13,9 @@ from nats.js import JetStreamContext
 from nats.js.api import PubAck
 
 from commonos.proto.cloudevents import event_headers
-from commonos.proto.events import _Event, encode_event
+from commonos.proto.events import _Event, encode_event, event_type
 from commonos.proto.subjects import EVENTS_STREAM, subject_for
+from commonos.runtime.limits import MessageTooLarge, check_fits, server_max_payload, with_stream_header
 
 log = logging.getLogger(__name__)
 
@@ -49,20 +50,63 @@ class PublishError(RuntimeError):
     """An event could not be stored in JetStream before the deadline; it was not acknowledged."""
 
 
+class EventTooLarge(PublishError):
+    """An event that cannot fit the server's max_payload (headers included); nothing of it was published."""
+
+    def __init__(self, message: str, size: int, limit: int) -> None:
+        super().__init__(message)
+        self.size = size
+        self.limit = limit
+
+
+#: What to change when an event does not fit, unless the producer says something more precise.
+DEFAULT_TOO_LARGE_HINT = "send less in one event, or raise the server's max_payload (COS_NATS_MAX_PAYLOAD for `cos up`)"
+
+
 class EventPublisher:
     def __init__(
-        self, js: JetStreamContext, source: str, *, ack_timeout_s: float = 2.0, deadline_s: float = 30.0
+        self,
+        js: JetStreamContext,
+        source: str,
+        *,
+        ack_timeout_s: float = 2.0,
+        deadline_s: float = 30.0,
+        too_large_hint: str = DEFAULT_TOO_LARGE_HINT,
     ) -> None:
         self.js = js
         self.source = source
         self.ack_timeout_s = ack_timeout_s
         self.deadline_s = deadline_s
+        self.too_large_hint = too_large_hint
 
-    async def publish(self, event: _Event) -> PubAck:
-        """Publish one event and wait for its PubAck, retrying with the same id until the deadline."""
+    @property
+    def max_payload(self) -> int:
+        """The connected server's limit for one message, headers included."""
+        return server_max_payload(getattr(self.js, "_nc", None))
+
+    def prepare(self, event: _Event) -> tuple[str, bytes, dict[str, str]]:
+        """Subject, body and headers of `event`; raises EventTooLarge if they cannot fit one message."""
         subject = subject_for(event)
         payload = encode_event(event)
         headers = event_headers(event, self.source)
+        try:
+            check_fits(
+                f"event {event.event_id} ({event_type(event)})",
+                payload,
+                with_stream_header(headers, EVENTS_STREAM),
+                self.max_payload,
+                self.too_large_hint,
+            )
+        except MessageTooLarge as exc:
+            raise EventTooLarge(str(exc), exc.size, exc.limit) from None
+        return subject, payload, headers
+
+    async def publish(self, event: _Event) -> PubAck:
+        """Publish one event and wait for its PubAck, retrying with the same id until the deadline.
+
+        Raises EventTooLarge, before sending anything, for an event over the server's max_payload.
+        """
+        subject, payload, headers = self.prepare(event)
         deadline = time.monotonic() + self.deadline_s
         delay = 0.05
         timeout = self.ack_timeout_s
@@ -97,22 +141,17 @@ class EventPublisher:
         """Pipelined publishing: up to `window` un-acked at once; any without a PubAck is retried alone.
 
         Retries reuse the event id, so an event whose first PubAck was merely lost is dropped by
-        JetStream as a duplicate instead of being stored twice.
+        JetStream as a duplicate instead of being stored twice. Every event is sized first: one that
+        cannot fit raises EventTooLarge before any of them is published.
         """
+        prepared = [self.prepare(event) for event in events]
         acks: list[PubAck | None] = [None] * len(events)
         for start in range(0, len(events), window):
             chunk = events[start : start + window]
             futures: list[asyncio.Future[PubAck] | None] = []
-            for event in chunk:
+            for subject, payload, headers in prepared[start : start + window]:
                 try:
-                    futures.append(
-                        await self.js.publish_async(
-                            subject_for(event),
-                            encode_event(event),
-                            stream=EVENTS_STREAM,
-                            headers=event_headers(event, self.source),
-                        )
-                    )
+                    futures.append(await self.js.publish_async(subject, payload, stream=EVENTS_STREAM, headers=headers))
                 except (*_RETRYABLE, nats.js.errors.TooManyStalledMsgsError):
                     futures.append(None)
             live = [f for f in futures if f is not None]

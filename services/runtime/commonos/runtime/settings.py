@@ -10,6 +10,8 @@ from typing import Final
 from urllib.parse import urlparse
 
 PREFIX: Final = "COS_"
+#: Default of COS_MAX_MESSAGE_BYTES: a quarter of nats-server's default max_payload.
+DEFAULT_MAX_MESSAGE_BYTES: Final = 256 * 1024
 
 
 class ConfigError(ValueError):
@@ -115,6 +117,11 @@ class Settings:
     #: A loop refreshes its running turns this often; a turn silent for `turn_stale_s` is interrupted.
     turn_heartbeat_s: float = 5.0
     turn_stale_s: float = 20.0
+    #: The largest message (its `message_appended` event, encoded) the loop records; chat text over it
+    #: is rejected, a tool result over it is truncated with a marker. Never more than the server allows.
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    #: max_payload of the nats-server `cos up` starts (None: nats-server's default, 1 MiB).
+    nats_max_payload: int | None = None
     log_level: str = "INFO"
 
     @classmethod
@@ -149,6 +156,12 @@ class Settings:
             billing_config=_path(env, "BILLING_CONFIG"),
             turn_heartbeat_s=_float(env, "TURN_HEARTBEAT_S", 5.0, 0.1, 300.0),
             turn_stale_s=_float(env, "TURN_STALE_S", 20.0, 0.5, 3600.0),
+            max_message_bytes=_int(env, "MAX_MESSAGE_BYTES", DEFAULT_MAX_MESSAGE_BYTES, 1024, 64 * 1024 * 1024),
+            nats_max_payload=(
+                _int(env, "NATS_MAX_PAYLOAD", 1024 * 1024, 4096, 64 * 1024 * 1024)
+                if env.get(PREFIX + "NATS_MAX_PAYLOAD")
+                else None
+            ),
             log_level=level,
         )
 
