@@ -128,6 +128,8 @@ class ToolCallRecorded(_Event, frozen=True, kw_only=True, tag="tool_call_recorde
     started_at: AwareDatetime
     finished_at: AwareDatetime
     approval: ApprovalStatus | None = None
+    #: Set when `result` was cut to fit one message: the size in bytes (UTF-8) of the whole result.
+    result_bytes: Count | None = None
 
 
 class ApprovalDecided(_Event, frozen=True, kw_only=True, tag="approval_decided"):
@@ -184,12 +186,22 @@ class TurnFinished(_Event, frozen=True, kw_only=True, tag="turn_finished"):
 
 
 class TranscriptImported(_Event, frozen=True, kw_only=True, tag="transcript_imported"):
-    """A session graph (or the part of it that is new) read from a vendor transcript."""
+    """A session graph (or the part of it that is new) read from a vendor transcript.
+
+    A graph too large for one message is published as consecutive parts on the tree's subject,
+    `part` 1 to `parts`, in the graph's insertion order (parents first). A part that is not
+    `self_contained` may refer to rows of earlier parts, or of earlier imports of the same tree;
+    the graph-writer checks such a part on its own rows and lets PostgreSQL's foreign keys check
+    the references to rows it already stored.
+    """
 
     vendor: str
     source_ref: str | None = None
     tags: tuple[Tag, ...] = ()
     graph: dict[str, Any]
+    part: Seq = 1
+    parts: Seq = 1
+    self_contained: bool = True
 
 
 Event = (
