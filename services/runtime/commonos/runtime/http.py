@@ -16,9 +16,16 @@ class Health:
         self.stale_after_s = stale_after_s
         self._beat = time.monotonic()
         self._not_ready: dict[str, str] = {"starting": "the service has not finished starting"}
+        #: Set by `fail`: the service cannot go on (say its NATS connection was closed for good).
+        self.failure: str | None = None
 
     def beat(self) -> None:
         self._beat = time.monotonic()
+
+    def fail(self, reason: str) -> None:
+        """The service cannot recover by itself: /healthz answers 503 with `reason` from now on."""
+        self.failure = reason
+        self._not_ready["failed"] = reason
 
     def set_ready(self, check: str, ok: bool, reason: str = "") -> None:
         if ok:
@@ -32,7 +39,7 @@ class Health:
 
     @property
     def alive(self) -> bool:
-        return time.monotonic() - self._beat < self.stale_after_s
+        return self.failure is None and time.monotonic() - self._beat < self.stale_after_s
 
     def reasons(self) -> dict[str, str]:
         return dict(self._not_ready)
@@ -66,6 +73,8 @@ class HttpServer:
     async def _healthz(self, request: web.Request) -> web.Response:
         if self.health.alive:
             return web.json_response({"status": "ok"})
+        if self.health.failure is not None:
+            return web.json_response({"status": "failed", "reason": self.health.failure}, status=503)
         return web.json_response({"status": "stalled"}, status=503)
 
     async def _readyz(self, request: web.Request) -> web.Response:
