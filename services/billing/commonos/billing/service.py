@@ -35,6 +35,7 @@ from commonos.runtime import nats as cos_nats
 from commonos.runtime.consumer import BatchConsumer, ConsumerOptions
 from commonos.runtime.http import Health
 from commonos.runtime.lifecycle import run, setup_logging
+from commonos.runtime.limits import check_fits, server_max_payload, with_stream_header
 from commonos.runtime.postgres import apply_schemas, create_pool
 from commonos.runtime.service import run_consumers, service_context
 from commonos.runtime.settings import Settings
@@ -115,9 +116,17 @@ class NatsAlertSink:
             "content-type": CONTENT_TYPE,
             MSG_ID: msg_id,
         }
+        body = _alert_encoder.encode(alert)
+        check_fits(
+            f"the budget alert of {alert.budget}",
+            body,
+            with_stream_header(headers, ALERTS_STREAM),
+            server_max_payload(getattr(self.js, "_nc", None)),
+            "shorten the budget's tag in COS_BILLING_CONFIG",
+        )
         ack = await self.js.publish(
             ALERTS_BUDGET,
-            _alert_encoder.encode(alert),
+            body,
             timeout=self.ack_timeout_s,
             stream=ALERTS_STREAM,
             headers=headers,
@@ -178,11 +187,11 @@ async def serve(
                 partition=settings.partition or 0,
             )
             consumer = BatchConsumer(ctx.js, pool, projection, ctx.health, options)
-            applied = await run_consumers([consumer], ctx.stop, settings.drain_timeout_s)
+            applied = await run_consumers(ctx, [consumer], settings.drain_timeout_s)
         finally:
             await pool.close()
     log.info("%s: stopped after applying %d events", name, applied)
-    return 0
+    return 1 if ctx.lost else 0
 
 
 def main() -> int:

@@ -105,11 +105,11 @@ async def serve(
                 BatchConsumer(ctx.js, pool, p, ctx.health, consumer_options(settings, p, filter_subjects))
                 for p in projections
             ]
-            applied = await run_consumers(consumers, ctx.stop, settings.drain_timeout_s)
+            applied = await run_consumers(ctx, consumers, settings.drain_timeout_s)
         finally:
             await pool.close()
     log.info("%s: stopped after applying %d events", name, applied)
-    return 0
+    return 1 if ctx.lost else 0
 
 
 def main() -> int:

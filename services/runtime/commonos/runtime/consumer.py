@@ -35,6 +35,7 @@ from commonos.proto.subjects import EVENTS_STREAM, SubjectError, parse_subject
 from commonos.runtime.dlq import dead_letter
 from commonos.runtime.fetcher import ConsumerGone, PullFetcher
 from commonos.runtime.http import Health
+from commonos.runtime.nats import ConnectionLost
 from commonos.runtime.postgres import Conn
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,11 @@ BATCH_SECONDS = Histogram(
     ["consumer"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
 )
-LAG = Gauge("cos_consumer_lag_events", "Events in the stream not yet delivered to the consumer", ["consumer"])
+LAG = Gauge(
+    "cos_consumer_lag_events",
+    "Events of the consumer's subjects in the stream not yet applied (pending plus delivered, unacknowledged)",
+    ["consumer"],
+)
 LAST_COMMIT = Gauge("cos_consumer_last_commit_timestamp_seconds", "Unix time of the last committed batch", ["consumer"])
 POSITION = Gauge("cos_consumer_position", "Stream sequence of the last applied event", ["consumer"])
 SKIPPED = Counter(
@@ -160,6 +165,8 @@ class ConsumerOptions:
     ack_wait_s: float = 60.0
     max_ack_pending: int = 20_000
     backoff_max_s: float = 5.0
+    #: How often the lag gauge is refreshed from the consumer's state on the server, also while stalled.
+    lag_interval_s: float = 2.0
     filter_subjects: tuple[str, ...] = ("cos.events.>",)
     #: False when rebuilding: the stream's poison events are already in the dead-letter stream.
     dead_letters: bool = True
@@ -274,6 +281,7 @@ class BatchConsumer:
             return
         fetcher = await PullFetcher(self.js._nc, EVENTS_STREAM, self.name, batch=self.options.batch_size).start()
         self.health.set_ready("starting", True)
+        lag = asyncio.create_task(self._watch_lag(stop), name=f"{self.name}-lag")
         backoff = 0.1
         try:
             while not stop.is_set():
@@ -286,6 +294,7 @@ class BatchConsumer:
                     await self._bind_until_bound(stop)
                     continue
                 except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
+                    self._check_connection()
                     self.health.set_ready("nats", False, f"fetch failed: {type(exc).__name__}")
                     await _sleep_or_stop(stop, backoff)
                     backoff = min(backoff * 2, self.options.backoff_max_s)
@@ -293,14 +302,32 @@ class BatchConsumer:
                 self.health.set_ready("nats", True)
                 backoff = 0.1
                 if not msgs:
-                    LAG.labels(self.name).set(0)
                     continue
                 if not await self.process(msgs, stop):
                     return  # stopping with the batch abandoned: nothing of it was acked
                 if self.gap:
                     await self._restart_cursor(fetcher, stop)
         finally:
+            lag.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await lag
             await fetcher.stop()
+
+    def _check_connection(self) -> None:
+        """Raise ConnectionLost once nats-py has closed the connection for good (it will not reconnect)."""
+        nc = self.js._nc
+        if nc.is_closed:
+            raise ConnectionLost(f"{self.name}: NATS connection closed: {nc.last_error or 'by the server'}")
+
+    async def _watch_lag(self, stop: asyncio.Event) -> None:
+        """Keep the lag gauge true from the server's view of the consumer, also while a batch is stuck."""
+        while not stop.is_set():
+            try:
+                info = await self.js.consumer_info(EVENTS_STREAM, self.name, timeout=2.0)
+                LAG.labels(self.name).set(info.num_pending + info.num_ack_pending)
+            except (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError) as exc:
+                log.debug("%s: lag not refreshed (%s)", self.name, type(exc).__name__)
+            await _sleep_or_stop(stop, self.options.lag_interval_s)
 
     async def _restart_cursor(self, fetcher: PullFetcher, stop: asyncio.Event) -> None:
         """Recreate the consumer right after the committed position and forget what was buffered."""
@@ -387,7 +414,8 @@ class BatchConsumer:
                     d.error = f"invariant: {exc}"
             deliveries.append(d)
         if msgs:
-            LAG.labels(self.name).set(msgs[-1].metadata.num_pending)
+            # Until this batch commits, it is lag too.
+            LAG.labels(self.name).set(msgs[-1].metadata.num_pending + len(msgs))
         if deliveries:
             backoff = 0.1
             while True:
@@ -413,15 +441,22 @@ class BatchConsumer:
                     backoff = min(backoff * 2, self.options.backoff_max_s)
                 except (nats.errors.Error, nats.js.errors.Error) as exc:
                     # The dead-letter stream did not acknowledge: roll back and try the batch again.
+                    self._check_connection()
+                    self.health.set_ready("nats", False, f"dead-lettering failed: {type(exc).__name__}")
                     log.warning("%s: dead-lettering failed (%s); retrying", self.name, exc)
+                    if stop is not None and stop.is_set():
+                        return False
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, self.options.backoff_max_s)
             DB_UP.labels(self.name).set(1)
             self.health.set_ready("database", True)
+            self.health.set_ready("nats", True)
         for d in deliveries:
             await _quietly(d.msg.ack())
         for msg in skipped:
             await _quietly(msg.ack())
+        if msgs:
+            LAG.labels(self.name).set(msgs[-1].metadata.num_pending)
         if skipped:
             SKIPPED.labels(self.name).inc(len(skipped))
         if deliveries:

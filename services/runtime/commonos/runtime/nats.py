@@ -20,6 +20,12 @@ log = logging.getLogger(__name__)
 DUPLICATE_WINDOW_S = 600.0
 
 
+class ConnectionLost(RuntimeError):
+    """The NATS connection was closed, not by us, and will not come back: nats-py reconnects after a
+    network failure, but not after the server answered with an error (an authorization violation,
+    a message over max_payload). A service then exits non-zero so that its supervisor restarts it."""
+
+
 def events_stream_config(replicas: int = 1) -> StreamConfig:
     return StreamConfig(
         name=EVENTS_STREAM,

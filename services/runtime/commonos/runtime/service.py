@@ -15,6 +15,7 @@ from commonos.runtime import nats as cos_nats
 from commonos.runtime.consumer import BatchConsumer
 from commonos.runtime.http import Health, HttpServer
 from commonos.runtime.lifecycle import install_stop_signals
+from commonos.runtime.nats import ConnectionLost
 from commonos.runtime.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -26,6 +27,8 @@ class ServiceContext:
     js: JetStreamContext
     health: Health
     stop: asyncio.Event
+    #: Why the NATS connection was lost for good (the service must exit non-zero), or None.
+    lost: str | None = None
 
 
 @contextlib.asynccontextmanager
@@ -40,23 +43,38 @@ async def service_context(
     http = HttpServer(health, settings.http_host, settings.http_port)
     port = await http.start()
     log.info("%s: /metrics /healthz /readyz on %s:%d", name, settings.http_host, port)
+    holder: list[ServiceContext] = []
+
+    async def on_closed() -> None:
+        if stop.is_set() or not holder:
+            return  # our own shutdown
+        ctx = holder[0]
+        ctx.lost = f"NATS connection closed: {ctx.nc.last_error or 'by the server'}"
+        log.error("%s: %s; stopping so that the service is restarted", name, ctx.lost)
+        health.fail(ctx.lost)
+        stop.set()
+
     try:
-        nc = await cos_nats.connect(settings, name)
+        nc = await cos_nats.connect(settings, name, closed_cb=on_closed)
         try:
             js = nc.jetstream()
             await cos_nats.ensure_streams(js, settings.stream_replicas)
-            yield ServiceContext(nc, js, health, stop)
+            holder.append(ServiceContext(nc, js, health, stop))
+            yield holder[0]
         finally:
             await nc.close()
     finally:
         await http.stop()
 
 
-async def run_consumers(consumers: Sequence[BatchConsumer], stop: asyncio.Event, drain_timeout_s: float) -> int:
-    """Run until `stop` (or a consumer fails), then let batches in flight finish or be abandoned un-acked.
+async def run_consumers(ctx: ServiceContext, consumers: Sequence[BatchConsumer], drain_timeout_s: float) -> int:
+    """Run until `ctx.stop` (or a consumer fails), then let batches in flight finish or be abandoned un-acked.
 
-    Returns how many events the consumers applied; re-raises a consumer's failure.
+    Returns how many events the consumers applied; re-raises a consumer's failure. A NATS connection
+    lost for good is not a crash but a reason to be restarted: it is recorded in `ctx.lost` (the
+    service then exits non-zero) and /healthz fails.
     """
+    stop = ctx.stop
     tasks = [asyncio.create_task(c.run(stop), name=c.name) for c in consumers]
     stopper = asyncio.create_task(stop.wait())
     await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
@@ -67,5 +85,10 @@ async def run_consumers(consumers: Sequence[BatchConsumer], stop: asyncio.Event,
         t.cancel()
     for t in tasks:
         if t.done() and not t.cancelled() and (exc := t.exception()) is not None:
+            if isinstance(exc, ConnectionLost):
+                ctx.lost = ctx.lost or str(exc)
+                ctx.health.fail(ctx.lost)
+                log.error("%s; stopping so that the service is restarted", exc)
+                continue
             raise exc
     return sum(c.applied for c in consumers)
