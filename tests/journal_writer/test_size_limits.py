@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -117,6 +119,16 @@ async def test_a_poison_event_near_the_limit_is_dead_lettered_by_reference(
         assert letter.consumer == "journal-writer" and "ForeignKeyViolation" in letter.reason
         assert letter.data == ev.encode_event(poison), "the body is read back from COS_EVENTS by sequence"
         assert letter.body_bytes == len(letter.data)
+        listed = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "commonos.cli.main", "dlq", "list", "--format", "json"],
+            env={**os.environ, "COS_NATS_URL": url, "COS_DATABASE_URL": database_url},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        [row] = json.loads(listed.stdout)
+        assert (row["stream_seq"], row["bytes"], row["body"]) == (poison_seq, len(letter.data), "in COS_EVENTS")
 
         # The fix arrives (the missing session), then the dead letter goes back and is projected.
         fixed = await publish_raw(js, [create, start])

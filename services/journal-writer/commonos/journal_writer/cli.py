@@ -88,7 +88,11 @@ def _dlq_list_cmd(args: argparse.Namespace) -> int:
                     "consumer": d.consumer,
                     "stream_seq": d.stream_seq,
                     "dead_at": d.dead_at,
-                    "bytes": len(d.data),
+                    "bytes": d.body_bytes,
+                    # The body was too large to keep with the reason: it is read from COS_EVENTS by stream_seq.
+                    "body": ("missing from COS_EVENTS" if d.original_missing else "in COS_EVENTS")
+                    if d.body_omitted
+                    else "kept",
                 }
                 for d in letters
             ],
@@ -104,17 +108,21 @@ def _dlq_list_cmd(args: argparse.Namespace) -> int:
             w.writerow([d.dlq_seq, d.subject, d.consumer, d.stream_seq, d.dead_at, d.reason])
         return 0
     table = Table(title=f"dead letters ({len(letters)})")
-    for col in ("seq", "subject", "consumer", "stream seq", "dead at", "reason"):
+    for col in ("seq", "subject", "consumer", "stream seq", "bytes", "dead at", "reason"):
         table.add_column(col, overflow="fold")
     for d in letters:
-        table.add_row(str(d.dlq_seq), d.subject, d.consumer, str(d.stream_seq or ""), d.dead_at[:19], d.reason)
+        size = f"{d.body_bytes} (by reference)" if d.body_omitted else str(d.body_bytes)
+        if d.original_missing:
+            size += ", original gone"
+        table.add_row(str(d.dlq_seq), d.subject, d.consumer, str(d.stream_seq or ""), size, d.dead_at[:19], d.reason)
     Console().print(table)
     return 0
 
 
 async def _dlq_replay(settings: Any, seqs: list[int], replay_all: bool) -> tuple[int, list[int]]:
     from commonos.runtime import nats as cos_nats
-    from commonos.runtime.dlq import list_dead_letters, replay_dead_letter
+    from commonos.runtime.dlq import DeadLetterError, list_dead_letters, replay_dead_letter
+    from commonos.runtime.limits import MessageTooLarge
 
     nc = await cos_nats.connect(settings, "cos-dlq")
     try:
@@ -123,9 +131,14 @@ async def _dlq_replay(settings: Any, seqs: list[int], replay_all: bool) -> tuple
         by_seq = {d.dlq_seq: d for d in letters}
         missing = [s for s in seqs if s not in by_seq]
         chosen = letters if replay_all else [by_seq[s] for s in seqs if s in by_seq]
+        sent = 0
         for letter in chosen:
-            await replay_dead_letter(js, letter)
-        return len(chosen), missing
+            try:
+                await replay_dead_letter(js, letter)
+            except (DeadLetterError, MessageTooLarge) as exc:
+                raise CliError(f"{exc} ({sent} dead letters sent back before this one)") from None
+            sent += 1
+        return sent, missing
     finally:
         await nc.close()
 
