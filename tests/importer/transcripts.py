@@ -203,3 +203,130 @@ def small_claude_home(into: Path, sessions: int = 2) -> Path:
     for path in project.glob("*.jsonl"):
         os.utime(path, (old, old))
     return home
+
+
+#: Models a long synthesized session alternates between, so a per-model report has more than one line.
+LONG_SESSION_MODELS = ("claude-sonnet-4-20250514", "claude-opus-4-1-20250805")
+
+
+def _filler(size: int, label: str) -> str:
+    """About `size` characters of readable, varied text (a tool's output, say)."""
+    if size <= 0:
+        return ""
+    chunks: list[str] = []
+    total = 0
+    number = 0
+    while total < size:
+        chunk = f"{label} line {number}: the quick brown fox jumps over the lazy dog\n"
+        chunks.append(chunk)
+        total += len(chunk)
+        number += 1
+    return "".join(chunks)[:size]
+
+
+def long_claude_session(
+    project: Path,
+    exchanges: int,
+    *,
+    seed: str = "long",
+    result_bytes: int = 40,
+    subagent_every: int = 0,
+    big_result_bytes: int = 0,
+    big_prompt_bytes: int = 0,
+) -> Path:
+    """A Claude Code session of `exchanges` prompt / tool call / answer exchanges, written to `project`.
+
+    Every exchange is a prompt, a response streamed as two lines (text, then a Read tool call), the
+    tool's result (`result_bytes` of text) and a final answer; the models alternate between
+    `LONG_SESSION_MODELS`. Every `subagent_every`-th exchange calls a Task instead, whose subagent
+    transcript is written under `<session>/subagents/`. `big_result_bytes` / `big_prompt_bytes` give
+    one exchange halfway a tool result / a prompt of that size. Lines are written as they are made,
+    and the files get an old modification time, so they read as settled.
+    """
+    project.mkdir(parents=True, exist_ok=True)
+    session_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"long-session-{seed}"))
+    path = project / f"{session_id}.jsonl"
+    writer = ClaudeWriter(path, session_id=session_id, seed=seed)
+    written: list[Path] = [path]
+    with path.open("w") as out:
+
+        def put(line: dict[str, Any]) -> None:
+            out.write(json.dumps(line) + "\n")
+
+        for number in range(exchanges):
+            model = LONG_SESSION_MODELS[number % len(LONG_SESSION_MODELS)]
+            middle = number == exchanges // 2
+            prompt = f"Step {number}: look at the module and report"
+            if middle and big_prompt_bytes:
+                prompt += "\n" + _filler(big_prompt_bytes, "pasted")
+            put(writer.prompt(prompt))
+            first = f"msg_{writer._id('msg').replace('-', '')[:24]}"
+            tool = f"toolu_{writer._id('tool').replace('-', '')[:24]}"
+            final = f"msg_{writer._id('msg').replace('-', '')[:24]}"
+            put(
+                writer.response(
+                    first,
+                    [{"type": "text", "text": f"Looking ({number})."}],
+                    output_tokens=2,
+                    stop_reason=None,
+                    model=model,
+                )
+            )
+            if subagent_every and number % subagent_every == subagent_every - 1:
+                agent_id = uuid.uuid5(uuid.NAMESPACE_URL, f"{seed}:agent:{number}").hex[:8]
+                task = {"description": f"Sub task {number}", "prompt": f"Investigate part {number}"}
+                put(
+                    writer.response(
+                        first,
+                        [{"type": "tool_use", "id": tool, "name": "Task", "input": task}],
+                        output_tokens=40,
+                        stop_reason="tool_use",
+                        model=model,
+                    )
+                )
+                agent_path = project / session_id / "subagents" / f"agent-{agent_id}.jsonl"
+                agent_path.parent.mkdir(parents=True, exist_ok=True)
+                agent = ClaudeWriter(agent_path, session_id=session_id, seed=f"{seed}-agent-{number}")
+                agent.clock = writer.clock
+                agent_lines = [
+                    agent.prompt(task["prompt"]),
+                    agent.response(
+                        f"msg_agent{agent_id}{number}",
+                        [{"type": "text", "text": "Found it."}],
+                        output_tokens=30,
+                        stop_reason="end_turn",
+                        model=model,
+                    ),
+                ]
+                with agent_path.open("w") as handle:
+                    for line in agent_lines:
+                        handle.write(json.dumps({**line, "isSidechain": True, "agentId": agent_id}) + "\n")
+                written.append(agent_path)
+                result = writer.tool_result(tool, "Found it.")
+                put({**result, "toolUseResult": {"agentId": agent_id, "status": "completed"}})
+            else:
+                read = {"file_path": f"/work/demo/src/module_{number % 50}.py"}
+                put(
+                    writer.response(
+                        first,
+                        [{"type": "tool_use", "id": tool, "name": "Read", "input": read}],
+                        output_tokens=57,
+                        stop_reason="tool_use",
+                        model=model,
+                    )
+                )
+                size = big_result_bytes if middle and big_result_bytes else result_bytes
+                put(writer.tool_result(tool, _filler(size, f"module_{number % 50}.py")))
+            put(
+                writer.response(
+                    final,
+                    [{"type": "text", "text": f"Done ({number})."}],
+                    output_tokens=9,
+                    stop_reason="end_turn",
+                    model=model,
+                )
+            )
+    old = datetime(2025, 1, 1, tzinfo=UTC).timestamp()
+    for item in written:
+        os.utime(item, (old, old))
+    return path

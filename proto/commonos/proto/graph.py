@@ -530,15 +530,24 @@ class _Checker:
                 self.fail(f"{entity} {entity_id}: {name} is negative ({count})")
 
 
-def validate(graph: Graph) -> None:
+def validate(graph: Graph, *, partial: bool = False) -> None:
     """Check a graph against every invariant of the session model, reporting all violations at once.
 
     Raises GraphInvalid whose ``violations`` lists each problem: duplicate ids (per entity type
     and across the graph), dangling or cross-session references, children before parents,
     a second result for one tool call or a result whose status differs from its call's, a file
     touch from a tool whose verb cannot name files, unknown enum values and negative counts.
+
+    ``partial`` checks a fragment of a graph (a part of an import published in several messages,
+    or the rows a watcher found new): a reference to an id that is not in the fragment is allowed,
+    since the row it names belongs to another fragment (the store's foreign keys check it), and so
+    is a tool use with a status whose result is not in the fragment. Everything the fragment holds
+    is still checked: a reference to a row of the fragment must agree with that row (its session,
+    its status, its verb), parents come before their children, ids and ordinals do not repeat, and
+    the fragment has at most one top-level session.
     """
     check = _Checker(graph)
+    session_ids = {s.id for s in graph.sessions}
     session_by_id: dict[str, Session] = {}
     for index, session in enumerate(graph.sessions):
         check.claim("session", session.id)
@@ -546,18 +555,24 @@ def validate(graph: Graph) -> None:
             check.fail(f"session {session.id}: unknown outcome {session.outcome!r}")
         if (session.parent_session_id is None) != (session.spawned_by_tool_use_id is None):
             check.fail(f"session {session.id}: parent session and spawning tool use must be set together")
-        if session.parent_session_id is not None and session.parent_session_id not in session_by_id:
-            where = "later" if any(s.id == session.parent_session_id for s in graph.sessions) else "nowhere"
-            check.fail(f"session {session.id}: parent session {session.parent_session_id} is {where} in the graph")
-        if index == 0 and not session.top_level():
+        parent = session.parent_session_id
+        if parent is not None and parent not in session_by_id:
+            later = parent in session_ids
+            if later or not partial:
+                where = "later" if later else "nowhere"
+                check.fail(f"session {session.id}: parent session {parent} is {where} in the graph")
+        if index == 0 and not session.top_level() and not partial:
             check.fail(f"session {session.id}: the first session must be the top-level one")
         session_by_id.setdefault(session.id, session)
     top_level = [s.id for s in graph.sessions if s.top_level()]
-    if graph.sessions and len(top_level) != 1:
+    if partial:
+        if len(top_level) > 1:
+            check.fail(f"graph has {len(top_level)} top-level sessions, want at most 1")
+    elif graph.sessions and len(top_level) != 1:
         check.fail(f"graph has {len(top_level)} top-level sessions, want exactly 1")
 
     def session_ref(entity: str, entity_id: str, session_id: str) -> None:
-        if session_id not in session_by_id:
+        if session_id not in session_by_id and not partial:
             check.fail(f"{entity} {entity_id}: session {session_id} does not exist")
 
     for attribute in graph.attributes:
@@ -583,10 +598,12 @@ def validate(graph: Graph) -> None:
     def input_ref(entity: str, entity_id: str, user_input_id: str, session_id: str) -> None:
         found = input_by_id.get(user_input_id)
         if found is None:
-            check.fail(f"{entity} {entity_id}: user input {user_input_id} does not exist")
+            if not partial:
+                check.fail(f"{entity} {entity_id}: user input {user_input_id} does not exist")
         elif found.session_id != session_id:
             check.fail(f"{entity} {entity_id}: user input {user_input_id} belongs to another session")
 
+    invocation_ids = {m.id for m in graph.model_invocations}
     invocation_by_id: dict[str, ModelInvocation] = {}
     for invocation in graph.model_invocations:
         check.claim("model_invocation", invocation.id)
@@ -594,8 +611,10 @@ def validate(graph: Graph) -> None:
         input_ref("model_invocation", invocation.id, invocation.user_input_id, invocation.session_id)
         parent = invocation.parent_model_invocation_id
         if parent is not None and parent not in invocation_by_id:
-            where = "later" if any(m.id == parent for m in graph.model_invocations) else "nowhere"
-            check.fail(f"model_invocation {invocation.id}: parent invocation {parent} is {where} in the graph")
+            later = parent in invocation_ids
+            if later or not partial:
+                where = "later" if later else "nowhere"
+                check.fail(f"model_invocation {invocation.id}: parent invocation {parent} is {where} in the graph")
         check.nonnegative(
             "model_invocation",
             invocation.id,
@@ -620,7 +639,8 @@ def validate(graph: Graph) -> None:
     def invocation_ref(entity: str, entity_id: str, invocation_id: str, session_id: str) -> None:
         found = invocation_by_id.get(invocation_id)
         if found is None:
-            check.fail(f"{entity} {entity_id}: model invocation {invocation_id} does not exist")
+            if not partial:
+                check.fail(f"{entity} {entity_id}: model invocation {invocation_id} does not exist")
         elif found.session_id != session_id:
             check.fail(f"{entity} {entity_id}: model invocation {invocation_id} belongs to another session")
 
@@ -650,7 +670,8 @@ def validate(graph: Graph) -> None:
             continue
         spawning = tool_use_by_id.get(spawner)
         if spawning is None:
-            check.fail(f"session {session.id}: spawning tool use {spawner} does not exist")
+            if not partial:
+                check.fail(f"session {session.id}: spawning tool use {spawner} does not exist")
         elif spawning.session_id != session.parent_session_id:
             check.fail(f"session {session.id}: spawning tool use {spawner} is not in the parent session")
 
@@ -668,14 +689,15 @@ def validate(graph: Graph) -> None:
             check.fail(f"tool_result {result.id}: tool use {result.tool_use_id} has more than one result")
         used = tool_use_by_id.get(result.tool_use_id)
         if used is None:
-            check.fail(f"tool_result {result.id}: tool use {result.tool_use_id} does not exist")
+            if not partial:
+                check.fail(f"tool_result {result.id}: tool use {result.tool_use_id} does not exist")
             continue
         if used.status != result.status:
             check.fail(f"tool_result {result.id}: status {result.status!r} differs from tool use's {used.status!r}")
         if used.session_id != result.session_id:
             check.fail(f"tool_result {result.id}: tool use {result.tool_use_id} belongs to another session")
     for tool_use in graph.tool_uses:
-        if tool_use.status != ToolStatus.NO_RESULT and tool_use.id not in results_per_use:
+        if tool_use.status != ToolStatus.NO_RESULT and tool_use.id not in results_per_use and not partial:
             check.fail(f"tool_use {tool_use.id}: status {tool_use.status!r} but it has no result")
         if tool_use.status == ToolStatus.NO_RESULT and tool_use.id in results_per_use:
             check.fail(f"tool_use {tool_use.id}: status no_result but it has a result")
@@ -691,7 +713,8 @@ def validate(graph: Graph) -> None:
         if touch.tool_use_id is not None:
             toucher = tool_use_by_id.get(touch.tool_use_id)
             if toucher is None:
-                check.fail(f"file_touch {touch.id}: tool use {touch.tool_use_id} does not exist")
+                if not partial:
+                    check.fail(f"file_touch {touch.id}: tool use {touch.tool_use_id} does not exist")
             elif not (ToolVerb.valid(toucher.verb) and ToolVerb(toucher.verb).file_verb()):
                 check.fail(f"file_touch {touch.id}: tool use verb {toucher.verb!r} cannot touch files")
             elif toucher.session_id != touch.session_id:
@@ -754,12 +777,13 @@ def validate(graph: Graph) -> None:
             check.fail(f"{label}: unknown our_type {row.our_type!r}")
         owner = owners.get(row.our_id)
         if owner is None:
-            check.fail(f"{label}: entity {row.our_id} does not exist")
+            if not partial:
+                check.fail(f"{label}: entity {row.our_id} does not exist")
         elif owner[0] != row.our_type:
             check.fail(f"{label}: entity {row.our_id} is a {owner[0]}, not a {row.our_type}")
         elif owner[1] != row.session_id:
             check.fail(f"{label}: session_id {row.session_id} is not the entity's session {owner[1]}")
-        if row.session_id not in session_by_id:
+        if row.session_id not in session_by_id and not partial:
             check.fail(f"{label}: session {row.session_id} does not exist")
         key = (str(row.our_type), row.vendor, row.vendor_id_kind, row.vendor_id)
         if key in seen_vendor_rows:

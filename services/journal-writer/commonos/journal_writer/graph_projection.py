@@ -1,10 +1,13 @@
 """The graph writer: ``transcript_imported`` events -> the ``graph`` tables (see graph_schema).
 
-An event carries a session graph, or a part of one that is a valid graph on its own (the importer
-splits a graph too large for one message; every part holds the rows its other rows point at). The
-event is checked with ``validate`` before anything is written: a graph that breaks the session
-model is dead-lettered. Its rows are then inserted parents first, every statement keyed on the
-row's id, so applying an event twice, or an import of the same transcript, adds nothing.
+An event carries a session graph (``self_contained``), or one of the consecutive parts of a graph
+too large for one message, or the rows a watcher found new; such a part may refer to rows of
+earlier parts or earlier imports of the same tree. The event is checked with ``validate`` before
+anything is written, a part on its own rows (``partial``): a graph that breaks the session model
+is dead-lettered. Its rows are then inserted parents first, every statement keyed on the row's id,
+so applying an event twice, or an import of the same transcript, adds nothing. A part's reference
+to a row that is not stored (an earlier part was lost) violates a foreign key, and the consumer
+dead-letters the part; replaying the dead letters in order stores them.
 
 Re-importing a transcript that has grown adds rows; the columns below are the only ones an import
 may change in a stored row, each because the transcript legitimately completes them over time and
@@ -339,10 +342,16 @@ def graph_rows(graph: Graph) -> Rows:
 
 
 def plan_event(event: TranscriptImported) -> Rows:
-    """Decode, validate and turn one event's graph into rows; GraphEventInvalid says what is wrong."""
+    """Decode, validate and turn one event's graph into rows; GraphEventInvalid says what is wrong.
+
+    A part that is not ``self_contained`` is validated on its own rows (``validate(partial=True)``);
+    whatever it holds, a top-level session in it must be the event's session.
+    """
+    if event.part > event.parts:
+        raise GraphEventInvalid(f"part {event.part} of {event.parts}")
     graph = graph_of(event)
     try:
-        validate(graph)
+        validate(graph, partial=not event.self_contained)
     except GraphInvalid as exc:
         raise GraphEventInvalid(str(exc)) from exc
     root = graph.root()
