@@ -15,6 +15,7 @@ from commonos.loop.journal import (
     JournalError,
     MemoryChange,
     MemoryEntries,
+    MessageTooLarge,
     ModelCall,
     SessionNotFound,
     ToolCallRecord,
@@ -290,6 +291,27 @@ class JournalContract:
         ]
         assert len({e.event_id for e in events}) == 4
         assert {e.session_id for e in events} == {session_id}
+
+    async def test_a_message_over_the_limit_is_refused_and_nothing_is_stored(self, journal: EventJournal) -> None:
+        journal.max_message_bytes = 4096
+        assert journal.message_limit == 4096
+        session_id, turn = await _session(journal)
+        await journal.append_message(turn, CONVERSATION[0])
+        fits = UserMessage(text="x" * (4096 - journal.message_bytes(turn, UserMessage(text=""))))
+        too_large = UserMessage(text=fits.text + "\n")  # JSON writes it as two bytes
+        assert journal.check_message(turn, fits) == journal.message_bytes(turn, fits) == 4096
+        size = journal.message_bytes(turn, too_large)
+        assert size == 4098
+        with pytest.raises(MessageTooLarge, match=r"^the chat text is 4098 bytes as an event") as checked:
+            journal.check_message(turn, too_large, "the chat text")
+        assert (checked.value.size, checked.value.limit) == (4098, 4096)
+        with pytest.raises(MessageTooLarge, match=r"^the user message is 4098 bytes .* limit of 4096 bytes"):
+            await journal.append_message(turn, too_large)
+        # nothing was stored, and the numbering goes on
+        assert await journal.append_message(turn, fits) == 2
+        appended = [e for e in await self.stored_events(journal) if isinstance(e, MessageAppended)]
+        assert [e.content for e in appended] == [CONVERSATION[0], fits]
+        assert await self.reopen(journal).load_history(session_id) == [CONVERSATION[0], fits]
 
 
 class TestMemoryJournal(JournalContract):

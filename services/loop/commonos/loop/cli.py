@@ -194,7 +194,7 @@ class _Chat:
 
     async def _run_here(self, request: ChatRequest) -> ChatReply:
         from commonos.loop.approvals import NatsApprover
-        from commonos.loop.journal import SessionNotFound
+        from commonos.loop.journal import MessageTooLarge, SessionNotFound
         from commonos.loop.locks import NatsSessionLocks, SessionBusy
         from commonos.loop.loop import Loop, TurnRequest, UnknownProfile
         from commonos.loop.nats_journal import NatsJournal
@@ -212,7 +212,7 @@ class _Chat:
                 raise CliError(str(exc)) from None
             js = self.nc.jetstream()
             await cos_nats.ensure_streams(js, self.settings.stream_replicas)
-            journal = NatsJournal(js)
+            journal = NatsJournal(js, max_message_bytes=self.settings.max_message_bytes)
             await journal.publish_profile(profile.id, profile.tags)
             self._local_loop = Loop(
                 journal,
@@ -232,7 +232,7 @@ class _Chat:
                     source="cli",
                 )
             )
-        except (SessionBusy, SessionNotFound, UnknownProfile) as exc:
+        except (SessionBusy, SessionNotFound, UnknownProfile, MessageTooLarge) as exc:
             raise CliError(str(exc)) from None
         return ChatReply(
             status=result.status.value,

@@ -12,19 +12,22 @@ import uuid
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
+from datetime import datetime
+from typing import Any, Final
 
 from commonos.loop.journal import (
     ApprovalDecision,
     HistoryEntry,
     MemoryChange,
     MemoryEntries,
+    MessageTooLarge,
     ModelCall,
     SessionNotFound,
     SessionRecord,
     ToolCallRecord,
 )
 from commonos.loop.session_state import SessionState, fold_memory, fold_session
+from commonos.proto.cloudevents import event_headers
 from commonos.proto.events import (
     ApprovalDecided,
     Event,
@@ -38,14 +41,27 @@ from commonos.proto.events import (
     TurnFinished,
     TurnStarted,
     TurnStatus,
+    encode_event,
+    utcnow,
 )
 from commonos.proto.identity import NewSession, TurnInfo
 from commonos.proto.ids import new_id
 from commonos.proto.messages import Message
+from commonos.proto.subjects import EVENTS_STREAM
 from commonos.proto.tags import check_profile_id, parse_tags
+from commonos.runtime.limits import message_bytes, with_stream_header
+from commonos.runtime.settings import DEFAULT_MAX_MESSAGE_BYTES
 
 #: Sessions whose state is kept between calls (the loop re-reads a session at each turn anyway).
 MAX_CACHED_SESSIONS = 4096
+#: `ce-source` of the loop's events.
+LOOP_SOURCE: Final = "urn:commonos:loop"
+
+
+def _sizing_time() -> datetime:
+    """A timestamp for sizing an event not yet made: with microseconds, the longest form it can take."""
+    now = utcnow()
+    return now if now.microsecond else now.replace(microsecond=1)
 
 
 def _priced_tier(service_tier: str | None) -> str | None:
@@ -56,9 +72,11 @@ def _priced_tier(service_tier: str | None) -> str | None:
 class EventJournal(ABC):
     """Base of the journal adapters: each operation is one event, stored with `_store`."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
         self._states: OrderedDict[uuid.UUID, SessionState] = OrderedDict()
         self._session_locks: dict[uuid.UUID, asyncio.Lock] = {}
+        #: COS_MAX_MESSAGE_BYTES: the largest `message_appended` event stored, unless the store allows less.
+        self.max_message_bytes = max_message_bytes
 
     @abstractmethod
     async def _store(self, event: Event) -> None:
@@ -71,6 +89,39 @@ class EventJournal(ABC):
     @abstractmethod
     async def _read_memory(self, profile_id: str) -> list[Event]:
         """Every `memory_changed` event of one profile, in the order they were stored."""
+
+    # -- sizes -------------------------------------------------------------------------------------
+
+    @property
+    def message_limit(self) -> int:
+        return self.max_message_bytes
+
+    def _limit_reason(self) -> str:
+        """Where `message_limit` comes from, for the error that quotes it."""
+        return "COS_MAX_MESSAGE_BYTES"
+
+    def _event_bytes(self, event: Event) -> int:
+        """An event's size as NATS counts it: its body and the headers it is published with."""
+        return message_bytes(encode_event(event), with_stream_header(event_headers(event, LOOP_SOURCE), EVENTS_STREAM))
+
+    def _appended(self, turn: TurnInfo, seq: int, message: Message, **kw: Any) -> MessageAppended:
+        return MessageAppended(
+            profile_id=turn.profile_id, session_id=turn.session_id, turn_id=turn.turn_id, seq=seq, content=message, **kw
+        )
+
+    def message_bytes(self, turn: TurnInfo, message: Message) -> int:
+        state = self._states.get(turn.session_id)
+        seq = state.next_seq if state is not None else 1
+        return self._event_bytes(self._appended(turn, seq, message, occurred_at=_sizing_time()))
+
+    def check_message(self, turn: TurnInfo, message: Message, what: str = "the message") -> int:
+        return self._check(what, self.message_bytes(turn, message))
+
+    def _check(self, what: str, size: int) -> int:
+        limit = self.message_limit
+        if size > limit:
+            raise MessageTooLarge(what, size, limit, self._limit_reason())
+        return size
 
     # -- state -------------------------------------------------------------------------------------
 
@@ -161,13 +212,8 @@ class EventJournal(ABC):
         async with self._lock(turn.session_id):
             state = await self._state(turn.session_id)
             seq = state.next_seq
-            event = MessageAppended(
-                profile_id=turn.profile_id,
-                session_id=turn.session_id,
-                turn_id=turn.turn_id,
-                seq=seq,
-                content=message,
-            )
+            event = self._appended(turn, seq, message)
+            self._check(f"the {event.role.replace('_', ' ')} message", self._event_bytes(event))
             await self._emit(event, state)
             return seq
 

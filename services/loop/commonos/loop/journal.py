@@ -49,6 +49,20 @@ class UnknownMessage(ValueError):
     """A message sequence number that the session does not have."""
 
 
+class MessageTooLarge(ValueError):
+    """A message whose `message_appended` event would be over the journal's limit for one message
+    (`Journal.message_limit`); nothing of it was stored."""
+
+    def __init__(self, what: str, size: int, limit: int, why: str = "") -> None:
+        self.what = what
+        self.size = size
+        self.limit = limit
+        super().__init__(
+            f"{what} is {size} bytes as an event (headers included), over the limit of {limit} bytes "
+            f"for one message{f' ({why})' if why else ''}"
+        )
+
+
 class ToolCallRecord(msgspec.Struct, frozen=True, kw_only=True):
     """One executed (or refused) tool call: name, arguments, result, error flag, risk, times, approval."""
 
@@ -135,6 +149,22 @@ class SessionRecord(msgspec.Struct, frozen=True, kw_only=True):
 class Journal(Protocol):
     """Where the loop records what happens. Every method stores (or reads) events, nothing else."""
 
+    @property
+    def message_limit(self) -> int:
+        """The largest `message_appended` event this journal stores, in bytes as NATS counts a message
+        (headers and body): COS_MAX_MESSAGE_BYTES, and never more than the store can take."""
+        ...
+
+    def message_bytes(self, turn: TurnInfo, message: Message) -> int:
+        """Bytes of the `message_appended` event that would record `message` next in the turn's session
+        (a session the journal has not seen is taken as new). Stores nothing."""
+        ...
+
+    def check_message(self, turn: TurnInfo, message: Message, what: str = "the message") -> int:
+        """`message_bytes`, or `MessageTooLarge` (naming `what`, the size and the limit) when it is over
+        `message_limit`. Stores nothing."""
+        ...
+
     async def publish_profile(self, profile_id: str, tags: Sequence[str]) -> None:
         """Record that a profile exists with these tags (`profile_upserted`), at loop start-up."""
         ...
@@ -162,7 +192,8 @@ class Journal(Protocol):
 
     async def append_message(self, turn: TurnInfo, message: Message) -> int:
         """Append a message to the turn's session (`message_appended`) and return its seq: per session,
-        from 1, gap-free, continued across processes."""
+        from 1, gap-free, continued across processes. `MessageTooLarge`, storing nothing, when its event
+        is over `message_limit`."""
         ...
 
     async def deactivate_messages(self, turn: TurnInfo, seqs: Sequence[int]) -> None:

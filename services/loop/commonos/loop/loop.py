@@ -4,6 +4,10 @@ stops, within the profile's step limit, recording every step in the Journal.
 One turn per session at a time (across processes: `SessionLocks`); a second is refused with
 `SessionBusy`. A turn ends `completed`, `failed` (with the error), `cancelled` (its caller went away)
 or `interrupted` (the service is shutting down) — always with a `turn_finished`, never lost.
+
+Sizes: every message is one event of at most `Journal.message_limit` bytes. A text that cannot fit is
+refused before anything of its turn is recorded (`MessageTooLarge`); a model's message that cannot
+fit ends its turn `failed`.
 """
 
 from __future__ import annotations
@@ -19,7 +23,15 @@ import msgspec
 
 from commonos.loop import metrics
 from commonos.loop.approvals import Approver, new_request
-from commonos.loop.journal import ApprovalDecision, Journal, JournalError, ModelCall, SessionRecord, ToolCallRecord
+from commonos.loop.journal import (
+    ApprovalDecision,
+    Journal,
+    JournalError,
+    MessageTooLarge,
+    ModelCall,
+    SessionRecord,
+    ToolCallRecord,
+)
 from commonos.loop.locks import SessionBusy, SessionLease, SessionLocks, default_owner
 from commonos.loop.profiles import Policy, Profile
 from commonos.loop.providers.base import ModelRequest, Provider, ProviderError
@@ -142,14 +154,17 @@ class Loop:
     # -- entry points -----------------------------------------------------------------------------
 
     async def run_turn(self, request: TurnRequest, on_start: Callable[[TurnInfo], None] | None = None) -> TurnResult:
-        """Run one turn. Raises `SessionBusy`, `SessionNotFound`, `UnknownProfile`, `InvalidTag` before
-        a turn starts; `JournalError` when even the turn's end could not be recorded. `on_start` gets the
-        turn's identity once it is recorded (so a caller can name a turn that is then cancelled)."""
+        """Run one turn. Raises `SessionBusy`, `SessionNotFound`, `UnknownProfile`, `InvalidTag`,
+        `MessageTooLarge` before a turn starts (nothing of it recorded); `JournalError` when even the
+        turn's end could not be recorded. `on_start` gets the turn's identity once it is recorded (so a
+        caller can name a turn that is then cancelled)."""
         profile = self.profile(request.profile_id)
         session_tags = tuple(parse_tags(request.tags))
         record: SessionRecord | None = None
         history: list[Message] = []
+        user = UserMessage(text=request.text)
         if request.session_id is None:
+            self.journal.check_message(_provisional(profile.id), user, "the chat text")
             session_id = await self.journal.create_session(
                 NewSession(
                     profile_id=profile.id,
@@ -173,6 +188,7 @@ class Loop:
                         f"session {session_id} belongs to profile {record.profile_id!r}, not {profile.id!r}"
                     )
                 history = await self.journal.load_history(session_id)
+                self.journal.check_message(_provisional(profile.id, session_id), user, "the chat text")
             turn = TurnInfo(
                 profile_id=profile.id,
                 session_id=session_id,
@@ -193,6 +209,10 @@ class Loop:
     async def _run_child(self, parent: TurnInfo, goal: str) -> str:
         """`delegate`: a child turn for `goal` in a new session under the parent; its answer."""
         profile = self.profile(parent.profile_id)
+        try:
+            self.journal.check_message(_provisional(profile.id), UserMessage(text=goal), "the goal")
+        except MessageTooLarge as exc:
+            raise ToolFailed(f"not delegated: {exc}") from None
         session_id = await self.journal.create_session(
             NewSession(
                 profile_id=profile.id,
@@ -252,7 +272,7 @@ class Loop:
             except JournalError as exc:
                 log.error("turn %s ended %s but its end was not recorded: %s", turn.turn_id, status.value, exc)
             raise
-        except _TurnFailed as exc:
+        except (_TurnFailed, MessageTooLarge) as exc:
             status, error = TurnStatus.FAILED, str(exc)
         except ProviderError as exc:
             metrics.MODEL_ERRORS.labels(exc.provider).inc()
@@ -419,6 +439,11 @@ class Loop:
         except Exception as exc:
             log.exception("tool %s failed", call.name)
             return ToolOutput(f"the tool failed: {type(exc).__name__}: {exc}", is_error=True)
+
+
+def _provisional(profile_id: str, session_id: uuid.UUID | None = None) -> TurnInfo:
+    """A turn's identity for sizing its first message before anything of it is recorded."""
+    return TurnInfo(profile_id=profile_id, session_id=session_id or new_id(), turn_id=new_id())
 
 
 def _decider_kind(decided_by: str) -> str:

@@ -6,13 +6,14 @@ import uuid
 
 from commonos.loop.event_journal import EventJournal
 from commonos.proto.events import Event, MemoryChanged
+from commonos.runtime.settings import DEFAULT_MAX_MESSAGE_BYTES
 
 
 class MemoryJournal(EventJournal):
     """Every event in `events`, in the order stored. Same events as `NatsJournal`, no I/O."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+        super().__init__(max_message_bytes=max_message_bytes)
         self.events: list[Event] = []
 
     async def _store(self, event: Event) -> None:

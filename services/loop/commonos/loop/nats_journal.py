@@ -14,22 +14,28 @@ import logging
 import time
 import uuid
 from collections.abc import Sequence
+from typing import Final
 
 import nats.errors
 import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, ReplayPolicy
 
-from commonos.loop.event_journal import EventJournal
+from commonos.loop.event_journal import LOOP_SOURCE, EventJournal
 from commonos.loop.journal import JournalError
 from commonos.proto.events import Event, EventDecodeError, decode_event
 from commonos.proto.ids import new_id
 from commonos.proto.subjects import EVENTS_PREFIX, EVENTS_STREAM
-from commonos.runtime.publisher import EventPublisher, PublishError
+from commonos.runtime.limits import message_bytes, with_stream_header
+from commonos.runtime.publisher import EventPublisher, EventTooLarge, PublishError
+from commonos.runtime.settings import DEFAULT_MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 
-SOURCE = "urn:commonos:loop"
+SOURCE = LOOP_SOURCE
+#: Kept free below the server's max_payload by the limit for one message: what its event may grow by
+#: once made (the digits of its seq and timestamps) and headers added on the way (tracing).
+HEADROOM_BYTES: Final = 1024
 
 _RETRYABLE_READ = (
     asyncio.TimeoutError,
@@ -128,11 +134,31 @@ class NatsJournal(EventJournal):
         publisher: EventPublisher | None = None,
         *,
         read_deadline_s: float = 30.0,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
-        super().__init__()
+        super().__init__(max_message_bytes=max_message_bytes)
         self.js = js
         self.publisher = publisher if publisher is not None else EventPublisher(js, SOURCE)
         self.read_deadline_s = read_deadline_s
+
+    @property
+    def message_limit(self) -> int:
+        """COS_MAX_MESSAGE_BYTES, or the connected server's max_payload less `HEADROOM_BYTES` if smaller."""
+        return min(self.max_message_bytes, self.publisher.max_payload - HEADROOM_BYTES)
+
+    def _limit_reason(self) -> str:
+        return (
+            f"the smaller of COS_MAX_MESSAGE_BYTES, {self.max_message_bytes}, and the NATS server's max_payload, "
+            f"{self.publisher.max_payload}, less {HEADROOM_BYTES} bytes of headroom"
+        )
+
+    def _event_bytes(self, event: Event) -> int:
+        """The publisher's own sizing: the body and headers it would send."""
+        try:
+            _, payload, headers = self.publisher.prepare(event)
+        except EventTooLarge as exc:
+            return exc.size
+        return message_bytes(payload, with_stream_header(headers, EVENTS_STREAM))
 
     async def _store(self, event: Event) -> None:
         try:

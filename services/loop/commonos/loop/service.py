@@ -20,7 +20,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from commonos.loop.approvals import NatsApprover
-from commonos.loop.journal import JournalError, SessionNotFound
+from commonos.loop.journal import JournalError, MessageTooLarge, SessionNotFound
 from commonos.loop.locks import LockUnavailable, NatsSessionLocks, SessionBusy, default_owner
 from commonos.loop.loop import Loop, SessionProfileMismatch, TurnRequest, UnknownProfile
 from commonos.loop.nats_journal import NatsJournal
@@ -191,7 +191,7 @@ class LoopService:
             raise
         except SessionBusy as exc:
             reply = ChatReply(status="busy", session_id=exc.session_id, error=str(exc))
-        except (SessionNotFound, SessionProfileMismatch, UnknownProfile, InvalidTag) as exc:
+        except (SessionNotFound, SessionProfileMismatch, UnknownProfile, InvalidTag, MessageTooLarge) as exc:
             reply = ChatReply(status="rejected", session_id=request.session_id, error=str(exc))
         except (JournalError, LockUnavailable) as exc:
             reply = ChatReply(status=TurnStatus.FAILED.value, session_id=request.session_id, error=str(exc))
@@ -230,7 +230,7 @@ async def serve(settings: Settings, *, handle_signals: bool = True) -> int:
             js, default_owner(), stale_after_s=settings.turn_stale_s, replicas=settings.stream_replicas
         )
         loop = Loop(
-            NatsJournal(js),
+            NatsJournal(js, max_message_bytes=settings.max_message_bytes),
             profiles,
             providers,
             locks=NatsSessionLocks(js, replicas=settings.stream_replicas),
