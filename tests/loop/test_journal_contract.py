@@ -313,6 +313,17 @@ class JournalContract:
         assert [e.content for e in appended] == [CONVERSATION[0], fits]
         assert await self.reopen(journal).load_history(session_id) == [CONVERSATION[0], fits]
 
+    async def test_a_cut_tool_result_keeps_the_whole_size(self, journal: EventJournal) -> None:
+        _, turn = await _session(journal)
+        now = utcnow()
+        record = ToolCallRecord(
+            call_id="c1", name="read_file", result="ab", started_at=now, finished_at=now, result_bytes=300_000
+        )
+        assert journal.tool_call_bytes(turn, record) > len(b'"result":"ab"')
+        await journal.record_tool_call(turn, record)
+        [tool] = [e for e in await self.stored_events(journal) if isinstance(e, ToolCallRecorded)]
+        assert (tool.result, tool.result_bytes) == ("ab", 300_000)
+
 
 class TestMemoryJournal(JournalContract):
     @pytest.fixture

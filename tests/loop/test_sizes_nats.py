@@ -23,6 +23,7 @@ from commonos.loop.profiles import Profile
 from commonos.loop.providers import build_provider
 from commonos.loop.service import ChatReply, ChatRequest, LoopService
 from commonos.loop.subjects import chat_subject
+from commonos.loop.tools import MAX_RESULT_CHARS
 from commonos.proto.cloudevents import event_headers
 from commonos.proto.events import (
     Event,
@@ -30,17 +31,19 @@ from commonos.proto.events import (
     ModelCallCompleted,
     ProfileUpserted,
     SessionCreated,
+    ToolCallRecorded,
     TurnFinished,
     TurnStatus,
     encode_event,
 )
 from commonos.proto.ids import new_id
-from commonos.proto.messages import UserMessage
+from commonos.proto.messages import ToolResultMessage, UserMessage
 from commonos.proto.subjects import EVENTS_ALL, EVENTS_STREAM
 from commonos.runtime.embedded import NatsServer
 from commonos.runtime.limits import header_bytes, message_bytes, with_stream_header
 from commonos.runtime.nats import ensure_streams
 from tests.loop.helpers import of_type, write_profile
+from tests.loop.test_loop_nats import assert_stored_once
 
 
 @dataclass
@@ -173,6 +176,31 @@ async def test_the_limit_is_the_smaller_of_the_setting_and_the_servers_max_paylo
     assert journal.message_limit == min(256 * 1024, served.max_payload - 1024)
     journal.max_message_bytes = 10_000
     assert journal.message_limit == 10_000
+
+
+async def test_a_huge_tool_result_is_cut_to_fit_and_the_turn_completes(served: Served, sized_profile: Profile) -> None:
+    reply = await served.chat("read the file")
+    assert (reply.status, reply.text) == ("completed", "read it"), reply
+    events = await served.events()
+    assert_stored_once(events)
+    [call] = of_type(events, ToolCallRecorded)
+    full = (sized_profile.workspace / "big.txt").read_bytes()
+    assert call.result_bytes == len(full) > served.max_payload
+    assert call.result is not None
+    shown, marker = call.result.rsplit("\n", 1)
+    assert (
+        full.decode().startswith(shown) and marker == f"[truncated: showing {len(shown.encode())} of {len(full)} bytes]"
+    )
+    [result] = [m for m in of_type(events, MessageAppended) if isinstance(m.content, ToolResultMessage)]
+    assert result.content.content == call.result
+    limit = served.service.loop.journal.message_limit
+    assert stored_bytes(result) <= limit and stored_bytes(call) <= limit
+    # at 1 MiB a model is shown MAX_RESULT_CHARS; at 64 KiB less: as much as fits
+    assert (len(shown) == MAX_RESULT_CHARS) == (served.max_payload > 256 * 1024)
+    if len(shown) < MAX_RESULT_CHARS:
+        assert max(stored_bytes(result), stored_bytes(call)) > limit - 32
+    assert [f.status for f in of_type(events, TurnFinished)] == [TurnStatus.COMPLETED]
+    assert served.loop_nc.is_connected
 
 
 async def test_a_model_message_too_large_fails_the_turn_and_the_loop_keeps_serving(served: Served) -> None:

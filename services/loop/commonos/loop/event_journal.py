@@ -114,6 +114,9 @@ class EventJournal(ABC):
         seq = state.next_seq if state is not None else 1
         return self._event_bytes(self._appended(turn, seq, message, occurred_at=_sizing_time()))
 
+    def tool_call_bytes(self, turn: TurnInfo, record: ToolCallRecord) -> int:
+        return self._event_bytes(self._tool_call_event(turn, record, occurred_at=_sizing_time()))
+
     def check_message(self, turn: TurnInfo, message: Message, what: str = "the message") -> int:
         return self._check(what, self.message_bytes(turn, message))
 
@@ -227,24 +230,28 @@ class EventJournal(ABC):
             )
             await self._emit(event, state)
 
-    async def record_tool_call(self, turn: TurnInfo, record: ToolCallRecord) -> None:
-        await self._emit(
-            ToolCallRecorded(
-                profile_id=turn.profile_id,
-                session_id=turn.session_id,
-                turn_id=turn.turn_id,
-                tool_call_id=record.tool_call_id,
-                call_id=record.call_id,
-                name=record.name,
-                args=record.args,
-                result=record.result,
-                is_error=record.is_error,
-                risk=record.risk,
-                started_at=record.started_at,
-                finished_at=record.finished_at,
-                approval=record.approval,
-            )
+    @staticmethod
+    def _tool_call_event(turn: TurnInfo, record: ToolCallRecord, **kw: Any) -> ToolCallRecorded:
+        return ToolCallRecorded(
+            profile_id=turn.profile_id,
+            session_id=turn.session_id,
+            turn_id=turn.turn_id,
+            tool_call_id=record.tool_call_id,
+            call_id=record.call_id,
+            name=record.name,
+            args=record.args,
+            result=record.result,
+            is_error=record.is_error,
+            risk=record.risk,
+            started_at=record.started_at,
+            finished_at=record.finished_at,
+            approval=record.approval,
+            result_bytes=record.result_bytes,
+            **kw,
         )
+
+    async def record_tool_call(self, turn: TurnInfo, record: ToolCallRecord) -> None:
+        await self._emit(self._tool_call_event(turn, record))
 
     async def record_approval(self, turn: TurnInfo, decision: ApprovalDecision) -> None:
         await self._emit(

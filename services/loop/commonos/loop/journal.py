@@ -75,6 +75,8 @@ class ToolCallRecord(msgspec.Struct, frozen=True, kw_only=True):
     started_at: datetime
     finished_at: datetime
     approval: ApprovalStatus | None = None
+    #: Set when `result` was cut to fit one message: the size in bytes (UTF-8) of the whole result.
+    result_bytes: int | None = None
     #: Our id for the call; the approval of the call refers to it.
     tool_call_id: uuid.UUID = msgspec.field(default_factory=new_id)
 
@@ -158,6 +160,10 @@ class Journal(Protocol):
     def message_bytes(self, turn: TurnInfo, message: Message) -> int:
         """Bytes of the `message_appended` event that would record `message` next in the turn's session
         (a session the journal has not seen is taken as new). Stores nothing."""
+        ...
+
+    def tool_call_bytes(self, turn: TurnInfo, record: ToolCallRecord) -> int:
+        """Bytes of the `tool_call_recorded` event that would record `record`. Stores nothing."""
         ...
 
     def check_message(self, turn: TurnInfo, message: Message, what: str = "the message") -> int:

@@ -6,8 +6,8 @@ One turn per session at a time (across processes: `SessionLocks`); a second is r
 or `interrupted` (the service is shutting down) — always with a `turn_finished`, never lost.
 
 Sizes: every message is one event of at most `Journal.message_limit` bytes. A text that cannot fit is
-refused before anything of its turn is recorded (`MessageTooLarge`); a model's message that cannot
-fit ends its turn `failed`.
+refused before anything of its turn is recorded (`MessageTooLarge`); a tool result is cut to fit,
+saying so; a model's message that cannot fit ends its turn `failed`.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from commonos.loop.profiles import Policy, Profile
 from commonos.loop.providers.base import ModelRequest, Provider, ProviderError
 from commonos.loop.registry import NoRegistry, TurnRegistry
 from commonos.loop.search import MessageSearch, NoSearch
-from commonos.loop.tools import Tool, ToolContext, ToolFailed, ToolOutput, builtin_tools, tool_specs
+from commonos.loop.tools import Tool, ToolContext, ToolFailed, ToolOutput, builtin_tools, fit_result, tool_specs
 from commonos.proto.events import ApprovalStatus, Risk, TurnStatus, utcnow
 from commonos.proto.identity import NewSession, TurnInfo, title_from_text
 from commonos.proto.ids import new_id
@@ -404,22 +404,41 @@ class Loop:
                 output = ToolOutput(_refusal(decision), is_error=True)
                 outcome = decision.status.value
         metrics.TOOL_CALLS.labels(call.name if tool is not None else "unknown", outcome).inc()
-        await self.journal.record_tool_call(
-            turn,
-            ToolCallRecord(
-                tool_call_id=tool_call_id,
-                call_id=call.id,
-                name=call.name,
-                args=call.args,
-                result=output.content,
-                is_error=output.is_error,
-                risk=risk,
-                started_at=started_at,
-                finished_at=utcnow(),
-                approval=decision.status if decision is not None else None,
-            ),
+        record = ToolCallRecord(
+            tool_call_id=tool_call_id,
+            call_id=call.id,
+            name=call.name,
+            args=call.args,
+            result=output.content,
+            is_error=output.is_error,
+            risk=risk,
+            started_at=started_at,
+            finished_at=utcnow(),
+            approval=decision.status if decision is not None else None,
         )
-        return ToolResultMessage(call_id=call.id, content=output.content, is_error=output.is_error)
+        record = self._fit_result(turn, record)
+        await self.journal.record_tool_call(turn, record)
+        return ToolResultMessage(call_id=call.id, content=record.result or "", is_error=output.is_error)
+
+    def _fit_result(self, turn: TurnInfo, record: ToolCallRecord) -> ToolCallRecord:
+        """The record with its result cut (see `fit_result`) so that the tool result message and the
+        `tool_call_recorded` (which also holds the call's arguments) each fit one message."""
+        limit = self.journal.message_limit
+        whole = record.result or ""
+        whole_bytes = len(whole.encode("utf-8", "surrogatepass"))
+
+        def fits(text: str) -> bool:
+            message = ToolResultMessage(call_id=record.call_id, content=text, is_error=record.is_error)
+            if self.journal.message_bytes(turn, message) > limit:
+                return False
+            cut = msgspec.structs.replace(record, result=text, result_bytes=None if text == whole else whole_bytes)
+            return self.journal.tool_call_bytes(turn, cut) <= limit
+
+        text, full_bytes = fit_result(whole, fits)
+        if full_bytes is None:
+            return record
+        log.debug("turn %s: result of %s cut from %d bytes", turn.turn_id, record.name, full_bytes)
+        return msgspec.structs.replace(record, result=text, result_bytes=full_bytes)
 
     async def _run_tool(self, tool: Tool, profile: Profile, turn: TurnInfo, call: ToolCall) -> ToolOutput:
         ctx = ToolContext(

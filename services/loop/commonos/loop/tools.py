@@ -1,7 +1,9 @@
 """The tools a model may call: files and shell in the profile's workspace, search, delegation, memory.
 
 Each tool has a risk (`shell` and `write_file` are high); whether a call runs, waits for a person, or
-is refused is the loop's business (the profile's approval policy), not the tool's.
+is refused is the loop's business (the profile's approval policy), not the tool's. So is the size of
+a result: a tool returns its whole output and the loop cuts it (`fit_result`) to what a model is shown
+and one message can hold.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from commonos.loop.search import MessageSearch, SearchUnavailable
 from commonos.proto.events import MemoryOp, MemoryTarget, Risk
 from commonos.proto.identity import TurnInfo
 
-#: Longest tool result kept in a message (and an event); the rest is cut, saying so.
+#: Longest tool result a model sees (and an event keeps); the loop cuts the rest, saying so
+#: (`fit_result`), and also cuts a result to what fits one message.
 MAX_RESULT_CHARS: Final = 16_000
 MAX_MEMORY_ENTRY_CHARS: Final = 2_000
 SHELL_TIMEOUT_S: Final = 30.0
@@ -70,6 +73,41 @@ def cut(text: str, limit: int = MAX_RESULT_CHARS) -> str:
     return text[:limit] + f"\n[… {len(text) - limit} more characters cut]"
 
 
+def _utf8_len(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def truncation_marker(shown_bytes: int, total_bytes: int) -> str:
+    """What ends a cut tool result: how much of it is shown, in bytes (UTF-8)."""
+    return f"\n[truncated: showing {shown_bytes} of {total_bytes} bytes]"
+
+
+def fit_result(text: str, fits: Callable[[str], bool], max_chars: int = MAX_RESULT_CHARS) -> tuple[str, int | None]:
+    """A tool result as it is recorded and shown to the model, and the whole result's size in bytes if it
+    was cut (else None).
+
+    `text` itself when it has at most `max_chars` characters and `fits`; otherwise its longest prefix
+    (of at most `max_chars` characters) that `fits` followed by `truncation_marker`. `fits` must not
+    turn false as a text grows; when not even the marker alone fits, that is what is returned.
+    """
+    if len(text) <= max_chars and fits(text):
+        return text, None
+    total = _utf8_len(text)
+
+    def shown(n: int) -> str:
+        prefix = text[:n]
+        return prefix + truncation_marker(_utf8_len(prefix), total)
+
+    lo, hi = 0, min(len(text), max_chars)
+    while lo < hi:  # the largest n whose prefix fits with the marker
+        mid = (lo + hi + 1) // 2
+        if fits(shown(mid)):
+            lo = mid
+        else:
+            hi = mid - 1
+    return shown(lo), total
+
+
 def _str_arg(args: Mapping[str, Any], name: str, default: str | None = None) -> str:
     value = args.get(name, default)
     if not isinstance(value, str):
@@ -112,7 +150,7 @@ class ReadFile:
             text = await asyncio.to_thread(path.read_text, errors="replace")
         except OSError as exc:
             raise ToolFailed(f"cannot read {args['path']}: {exc.strerror}") from None
-        return ToolOutput(cut(text))
+        return ToolOutput(text)
 
 
 class ListDir:
@@ -127,7 +165,7 @@ class ListDir:
             names = sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir())
         except OSError as exc:
             raise ToolFailed(f"cannot list {args.get('path', '.')}: {exc.strerror}") from None
-        return ToolOutput(cut("\n".join(names)) if names else "(empty)")
+        return ToolOutput("\n".join(names) if names else "(empty)")
 
 
 class WriteFile:
@@ -181,7 +219,7 @@ class Shell:
             raise
         text = out.decode("utf-8", "replace")
         code = proc.returncode
-        return ToolOutput(cut(f"exit code {code}\n{text}"), is_error=code != 0)
+        return ToolOutput(f"exit code {code}\n{text}", is_error=code != 0)
 
 
 class SessionSearch:
@@ -201,9 +239,7 @@ class SessionSearch:
             raise ToolFailed(str(exc)) from None
         if not hits:
             return ToolOutput("no matching messages")
-        return ToolOutput(
-            cut("\n".join(f"[session {h.session_id} #{h.seq} {h.role}] {cut(h.text, 500)}" for h in hits))
-        )
+        return ToolOutput("\n".join(f"[session {h.session_id} #{h.seq} {h.role}] {cut(h.text, 500)}" for h in hits))
 
 
 class DelegateTool:
@@ -311,6 +347,8 @@ __all__ = [
     "ToolOutput",
     "builtin_tools",
     "cut",
+    "fit_result",
     "in_workspace",
     "tool_specs",
+    "truncation_marker",
 ]
