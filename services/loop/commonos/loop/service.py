@@ -3,6 +3,10 @@
 Life (arq-style): start, serve until SIGTERM sets the stop event, stop taking requests, let running
 turns finish for `grace_s`, then interrupt the rest — each ends `interrupted` with its
 `turn_finished` recorded and its requester told — and close connections.
+
+A NATS connection closed other than by the service itself (nats-py does not reconnect after the
+server answered with an error) stops the service the same way, with /healthz failing, and `serve`
+returns 1, so that the orchestrator restarts it.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ from commonos.runtime.settings import ConfigError, Settings
 log = logging.getLogger(__name__)
 
 HEARTBEAT_S = 5.0
+#: How long turns cancelled because the connection was lost may take to unwind before the service exits.
+LOST_WAIT_S = 1.0
 
 
 class ChatRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -86,6 +92,19 @@ class LoopService:
         self.registry = registry
         self.publisher = publisher
         self.heartbeat_s = heartbeat_s
+        #: Why the NATS connection was lost for good (the service stops and must be restarted), or None.
+        self.lost: str | None = None
+        self._shut_down = False
+
+    async def connection_closed(self) -> None:
+        """nats-py's `closed_cb`: unless the service closed it, the connection is gone for good."""
+        if self.lost is not None or self._shut_down:
+            return  # already handled, or closed by us after shutting down
+        self.lost = f"NATS connection closed: {self.nc.last_error or 'by the server'}"
+        log.error("loop: %s; stopping so that the service is restarted", self.lost)
+        self.health.fail(self.lost)
+        self.health.set_ready("nats", False, self.lost)
+        self.stop_event.set()
 
     async def start(self) -> None:
         for profile in self.loop.profiles.values():
@@ -97,8 +116,9 @@ class LoopService:
         self.health.set_ready("starting", True)
         log.info("loop serving profiles %s", ", ".join(self.loop.profiles))
 
-    async def run(self) -> None:
-        """Start, serve until the stop event (SIGTERM/SIGINT when `handle_signals`), then shut down."""
+    async def run(self) -> int:
+        """Start, serve until the stop event (SIGTERM/SIGINT when `handle_signals`) or until the NATS
+        connection is lost for good, then shut down. The exit code: 0, or 1 when the connection was lost."""
         if self.handle_signals:
             install_stop_signals(self.stop_event)
         await self.start()
@@ -106,12 +126,16 @@ class LoopService:
             await self.serve()
         finally:
             await self.shutdown()
+        return 1 if self.lost else 0
 
     async def serve(self) -> None:
         """Beat the liveness heartbeat, keep running turns registered and sweep dead ones, until stopped."""
         interval = min(HEARTBEAT_S, self.heartbeat_s)
         next_sweep = 0.0
         while not self.stop_event.is_set():
+            if self.nc.is_closed:  # also without a closed_cb
+                await self.connection_closed()
+                break
             self.health.beat()
             self.health.set_ready("nats", self.nc.is_connected, "not connected to NATS")
             if self.registry is not None and self.publisher is not None and time.monotonic() >= next_sweep:
@@ -132,13 +156,21 @@ class LoopService:
                 await sub.unsubscribe()
         self._subs.clear()
         if self._turns:
-            _, running = await asyncio.wait(set(self._turns), timeout=self.grace_s)
+            # Without a connection nothing of a turn can be recorded any more: no grace.
+            _, running = await asyncio.wait(set(self._turns), timeout=0 if self.lost else self.grace_s)
             if running:
                 log.info("interrupting %d running turn(s)", len(running))
                 self.loop.shutting_down = True
                 for task in running:
                     task.cancel()
-                await asyncio.gather(*running, return_exceptions=True)
+                if self.lost:
+                    # Their ends cannot be recorded: another loop records them interrupted once stale.
+                    await asyncio.wait(running, timeout=min(self.grace_s, LOST_WAIT_S))
+                else:
+                    await asyncio.gather(*running, return_exceptions=True)
+        self._shut_down = True
+        if self.nc.is_closed:
+            return
         with contextlib.suppress(nats.errors.Error, TimeoutError):
             await self.nc.flush(timeout=2)
 
@@ -219,7 +251,13 @@ async def serve(settings: Settings, *, handle_signals: bool = True) -> int:
         raise ConfigError(str(exc)) from None
     if not settings.nats_url:
         raise ConfigError("COS_NATS_URL is not set (or run everything with `cos up`)")
-    nc = await cos_nats.connect(settings, "cos-loop")
+    services: list[LoopService] = []
+
+    async def on_closed() -> None:
+        for service in services:
+            await service.connection_closed()
+
+    nc = await cos_nats.connect(settings, "cos-loop", closed_cb=on_closed)
     search: MessageSearch = NoSearch()
     try:
         js = nc.jetstream()
@@ -253,7 +291,8 @@ async def serve(settings: Settings, *, handle_signals: bool = True) -> int:
                 publisher=EventPublisher(js, "urn:commonos:loop"),
                 heartbeat_s=settings.turn_heartbeat_s,
             )
-            await service.run()
+            services.append(service)
+            code = await service.run()
         finally:
             await http.stop()
     finally:
@@ -261,6 +300,7 @@ async def serve(settings: Settings, *, handle_signals: bool = True) -> int:
             await provider.close()
         if isinstance(search, PostgresMessageSearch):
             await search.close()
-        with contextlib.suppress(nats.errors.Error, TimeoutError):
-            await nc.drain()
-    return 0
+        if not nc.is_closed:
+            with contextlib.suppress(nats.errors.Error, TimeoutError):
+                await nc.drain()
+    return code
