@@ -9,6 +9,7 @@ UTF-8 bytes; a receiver decodes them.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Final
 from urllib.parse import unquote
@@ -20,6 +21,8 @@ CONTENT_TYPE: Final = "application/json"
 MSG_ID: Final = "Nats-Msg-Id"
 DEFAULT_SOURCE: Final = "urn:commonos:unknown"
 REQUIRED: Final = ("ce-specversion", "ce-id", "ce-source", "ce-type")
+#: What every event of ours carries, and a consumer checks against the body.
+EVENT_REQUIRED: Final = (*REQUIRED, "ce-subject", "ce-time")
 
 
 class HeaderError(ValueError):
@@ -92,3 +95,51 @@ def decode_headers(headers: dict[str, str] | None) -> dict[str, str]:
     if attrs["specversion"] != SPECVERSION:
         raise HeaderError(f"unsupported ce-specversion {attrs['specversion']!r}")
     return attrs
+
+
+def _instant(value: str) -> datetime | None:
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo is not None else None
+
+
+def check_event_headers(headers: Mapping[str, str] | None, event: _Event) -> None:
+    """Raise HeaderError unless `headers` are a CloudEvents 1.0 envelope of `event`: every attribute our
+    producers send is there, decodes, and agrees with the body (`ce-time` as an instant).
+
+    The common case (headers exactly as `event_headers` writes them) costs a few string comparisons.
+    """
+    if not headers or not any(name.startswith("ce-") for name in headers):
+        raise HeaderError("no CloudEvents headers: not a CloudEvents binary-mode message")
+    type_name = event_type(event)
+    event_id, session = str(event.event_id), str(event.session_id)
+    source = headers.get("ce-source")
+    if (
+        headers.get("ce-specversion") == SPECVERSION
+        and headers.get("ce-id") == event_id
+        and headers.get("ce-type") == ce_type(type_name)
+        and headers.get("ce-subject") == session
+        and headers.get("ce-time") == _rfc3339(event.occurred_at)
+        and source
+        and "%" not in source
+    ):
+        return
+    missing = [h for h in EVENT_REQUIRED if h not in headers]
+    if missing:
+        raise HeaderError(f"missing CloudEvents headers: {', '.join(missing)}")
+    attrs = decode_headers(dict(headers))
+    if attrs["id"] != event_id:
+        raise HeaderError(f"ce-id {attrs['id']!r} does not match the event id {event_id}")
+    if attrs["type"] != ce_type(type_name):
+        raise HeaderError(f"ce-type {attrs['type']!r} does not match the event type {type_name!r}")
+    if attrs["subject"] != session:
+        raise HeaderError(f"ce-subject {attrs['subject']!r} does not match the event's session {session}")
+    moment = _instant(attrs["time"])
+    if moment is None:
+        raise HeaderError(f"ce-time {attrs['time']!r} is not an RFC 3339 time with an offset")
+    if moment != event.occurred_at:
+        raise HeaderError(f"ce-time {attrs['time']!r} does not match occurred_at {_rfc3339(event.occurred_at)}")
+    if not attrs["source"]:
+        raise HeaderError("ce-source is empty")

@@ -10,6 +10,8 @@ from commonos.proto.ids import new_id
 from commonos.proto.tags import check_profile_id, parse_tags
 
 MAX_TITLE_CHARS = 60
+#: A title given with a new session (a delegated child's goal) is kept whole up to this many characters.
+MAX_GIVEN_TITLE_CHARS = 1000
 
 
 class TurnInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -55,3 +57,8 @@ class NewSession(msgspec.Struct, frozen=True, kw_only=True):
 def title_from_text(text: str) -> str:
     """A new session is titled with the first 60 characters of its first message."""
     return text[:MAX_TITLE_CHARS]
+
+
+def stored_title(title: str) -> str:
+    """A title as given (a child session's is its goal), cut only past MAX_GIVEN_TITLE_CHARS."""
+    return title[:MAX_GIVEN_TITLE_CHARS]

@@ -10,10 +10,12 @@ from collections.abc import Sequence
 from typing import Final
 
 from commonos.loop.memory_schema import memory_rows
-from commonos.proto.events import Event
+from commonos.proto.events import Event, MemoryChanged, MemoryOp
+from commonos.runtime.errors import EventRejected
 from commonos.runtime.postgres import Conn
 
 MEMORY_TABLES: Final = ("memory_entries", "memory_changes_applied")
+_APPLIED: Final = "SELECT true FROM memory_changes_applied WHERE event_id = $1"
 
 
 class MemoryProjection:
@@ -30,5 +32,20 @@ class MemoryProjection:
 
     async def apply(self, conn: Conn, events: Sequence[Event]) -> None:
         for event in events:
-            for statement in memory_rows(event):
-                await conn.execute(statement.sql, *statement.args)
+            statements = memory_rows(event)
+            if not statements:
+                continue
+            assert isinstance(event, MemoryChanged)
+            needs_entry = event.op in (MemoryOp.REPLACE, MemoryOp.REMOVE)
+            if needs_entry and await conn.fetchval(_APPLIED, event.event_id):
+                continue  # applied before (a replayed copy): changes nothing
+            status = ""
+            for index, statement in enumerate(statements):
+                result = await conn.execute(statement.sql, *statement.args)
+                if index == 0:
+                    status = result
+            if needs_entry and status.rsplit(" ", 1)[-1] == "0":
+                raise EventRejected(
+                    f"memory_changed {event.op.value}: no memory entry at position {event.position} "
+                    f"of {event.profile_id}'s {event.target.value}"
+                )

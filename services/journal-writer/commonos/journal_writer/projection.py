@@ -18,7 +18,7 @@ from typing import Any, Final
 import msgspec
 
 from commonos.proto import events as ev
-from commonos.proto.identity import title_from_text
+from commonos.proto.identity import stored_title, title_from_text
 from commonos.proto.messages import UserMessage
 
 _content_encoder: Final = msgspec.json.Encoder()
@@ -122,6 +122,25 @@ BULK: Final[dict[str, str]] = {
         FROM unnest($1::uuid[], $2::text[], $3::text[], $4::timestamptz[]) AS r(id, status, error, at)
         WHERE t.id = r.id AND t.finished_at IS NULL""",
 }
+#: Updates of rows an earlier event must have created. Each returns the keys it found no row for: an
+#: event updating what does not exist (a turn finished before it started, messages of another session)
+#: is rejected and dead-lettered, so a replay after the fix completes the picture, where a silent
+#: UPDATE of 0 rows would leave it incomplete forever. A row that exists but was already updated (the
+#: turn already finished) is not an error: the first finish wins.
+CHECKED: Final[dict[str, str]] = {
+    "turn_finish": """
+        WITH r AS (SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::timestamptz[])
+                                 AS r(id, status, error, at)),
+             done AS (UPDATE turns t SET status = r.status, error = r.error, finished_at = r.at
+                      FROM r WHERE t.id = r.id AND t.finished_at IS NULL RETURNING t.id)
+        SELECT r.id FROM r WHERE NOT EXISTS (SELECT 1 FROM turns t WHERE t.id = r.id)""",
+    "message_deactivate": """
+        WITH done AS (UPDATE messages SET active = false WHERE id = ANY($1::uuid[]) AND session_id = $2 AND active
+                      RETURNING id)
+        SELECT m FROM unnest($1::uuid[]) AS m
+        WHERE NOT EXISTS (SELECT 1 FROM messages WHERE id = m AND session_id = $2)""",
+}
+
 #: Columns holding a list (tags), sent to the bulk form as a Postgres array literal.
 ARRAY_COLUMNS: Final[dict[str, int]] = {"session_insert": 4, "turn_insert": 4}
 #: Below this many rows a plain executemany is as cheap as building the arrays.
@@ -217,7 +236,7 @@ def plan_event(plan: Plan, event: ev.Event) -> None:
             plan.add("profile_upsert", (event.profile_id, list(event.tags), event.occurred_at))
         case ev.SessionCreated():
             plan.add("profile_exists", (event.profile_id, event.occurred_at))
-            title = title_from_text(event.title) if event.title else None
+            title = stored_title(event.title) if event.title else None
             plan.add(
                 "session_insert",
                 (

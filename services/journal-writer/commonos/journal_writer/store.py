@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 from commonos.journal_writer.projection import (
     BULK,
     BULK_MIN_ROWS,
+    CHECKED,
     PROFILE_ENSURE,
     STATEMENTS,
     check_event,
@@ -17,6 +19,7 @@ from commonos.journal_writer.projection import (
 )
 from commonos.journal_writer.schema import CORE_TABLES
 from commonos.proto.events import Event
+from commonos.runtime.errors import EventRejected
 from commonos.runtime.postgres import Conn
 
 
@@ -47,8 +50,28 @@ class JournalProjection:
             rows = plan.rows[statement]
             if not rows:
                 continue
+            if statement in CHECKED:
+                await _checked(conn, statement, rows)
+                continue
             bulk = BULK.get(statement)
             if bulk is not None and len(rows) >= BULK_MIN_ROWS:
                 await conn.execute(bulk, *columns(statement, rows))
             else:
                 await conn.executemany(sql, rows)
+
+
+async def _checked(conn: Conn, statement: str, rows: list[tuple[Any, ...]]) -> None:
+    """Run an update whose rows must exist; EventRejected names the first missing one."""
+    sql = CHECKED[statement]
+    if statement == "turn_finish":
+        missing = await conn.fetch(sql, *columns(statement, rows))
+        if missing:
+            raise EventRejected(f"turn_finished: turn {missing[0][0]} does not exist (not started, or rejected)")
+        return
+    for message_ids, session_id in rows:
+        missing = await conn.fetch(sql, message_ids, session_id)
+        if missing:
+            raise EventRejected(
+                f"message_deactivated: session {session_id} does not hold message "
+                f"{', '.join(str(r[0]) for r in missing[:3])}"
+            )

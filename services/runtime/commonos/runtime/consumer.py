@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 import zlib
 from collections.abc import Sequence
@@ -29,10 +30,11 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from prometheus_client import Counter, Gauge, Histogram
 
-from commonos.proto.cloudevents import HeaderError, ce_type, decode_headers
+from commonos.proto.cloudevents import HeaderError, check_event_headers
 from commonos.proto.events import Event, EventDecodeError, decode_event, event_type
 from commonos.proto.subjects import EVENTS_STREAM, SubjectError, parse_subject
-from commonos.runtime.dlq import dead_letter
+from commonos.runtime.dlq import REPLAY_FOR, dead_letter
+from commonos.runtime.errors import EventRejected
 from commonos.runtime.fetcher import ConsumerGone, PullFetcher
 from commonos.runtime.http import Health
 from commonos.runtime.nats import ConnectionLost
@@ -92,7 +94,8 @@ class Delivery:
     stream_seq: int
     event: Event | None = None
     error: str | None = None
-    #: Another partition's event: acknowledged and counted in the position, not applied.
+    #: Another partition's event, or one replayed for another consumer: acknowledged and counted in the
+    #: position, not applied.
     foreign: bool = False
 
 
@@ -116,14 +119,18 @@ class Projection(Protocol):
         """
 
     async def apply(self, conn: Conn, events: Sequence[Event]) -> None:
-        """Write the rows of `events`, in order, inside the caller's transaction."""
+        """Write the rows of `events`, in order, inside the caller's transaction.
+
+        Raises `EventRejected` when an event cannot be applied to what is stored (say an update that
+        matches no row): the consumer then applies the batch one event at a time to find which.
+        """
 
 
 def decode_delivery(msg: Msg, stream_seq: int) -> Delivery:
     """Decode and cross-check one delivery; any problem becomes its `error` (the reason).
 
-    On the hot path: the subject and the CloudEvents id and type are compared as strings; the full
-    parse runs only to explain a mismatch.
+    On the hot path the subject and every CloudEvents attribute are compared with what the body implies
+    as strings; the full parse runs only to explain a mismatch.
     """
     d = Delivery(msg, stream_seq)
     try:
@@ -140,19 +147,11 @@ def decode_delivery(msg: Msg, stream_seq: int) -> Delivery:
         else:
             d.error = f"subject {msg.subject} does not match the event's profile, session and type"
         return d
-    headers = msg.headers
-    if headers and (headers.get("ce-id") != str(event.event_id) or headers.get("ce-type") != ce_type(type_name)):
-        try:
-            attrs = decode_headers(headers)
-        except HeaderError as exc:
-            d.error = f"bad headers: {exc}"
-            return d
-        if attrs.get("id") != str(event.event_id):
-            d.error = "ce-id header does not match the event id"
-            return d
-        if attrs.get("type") != ce_type(type_name):
-            d.error = f"ce-type header {attrs.get('type')!r} does not match the event type {type_name!r}"
-            return d
+    try:
+        check_event_headers(msg.headers, event)
+    except HeaderError as exc:
+        d.error = f"bad headers: {exc}"
+        return d
     d.event = event
     return d
 
@@ -173,6 +172,15 @@ class ConsumerOptions:
     #: This instance applies the sessions of partition `partition` out of `partitions`.
     partitions: int = 1
     partition: int = 0
+
+
+_PARTITION_SUFFIX: Final = re.compile(r"-p\d+-of-\d+$")
+
+
+def projection_of(consumer: str) -> str:
+    """A consumer's name without its partition suffix: a replay for `journal-writer-p1-of-4` is for the
+    journal-writer's projection, whichever instance (or `cos replay`) applies that session now."""
+    return _PARTITION_SUFFIX.sub("", consumer)
 
 
 def partition_of(subject: str, partitions: int) -> int:
@@ -406,6 +414,11 @@ class BatchConsumer:
             if partitions > 1 and partition_of(msg.subject, partitions) != mine:
                 deliveries.append(Delivery(msg, seq, foreign=True))
                 continue
+            headers = msg.headers
+            target = headers.get(REPLAY_FOR) if headers else None
+            if target is not None and projection_of(target) != projection_of(self.name):
+                deliveries.append(Delivery(msg, seq, foreign=True))  # replayed for another consumer
+                continue
             d = decode_delivery(msg, seq)
             if d.event is not None:
                 try:
@@ -475,8 +488,8 @@ class BatchConsumer:
                 async with conn.transaction():
                     await self.projection.apply(conn, [d.event for d in good if d.event is not None])
                     await self._finish(conn, deliveries)
-            except asyncpg.PostgresError as exc:
-                if not is_poison(exc):
+            except (asyncpg.PostgresError, EventRejected) as exc:
+                if not isinstance(exc, EventRejected) and not is_poison(exc):
                     raise
                 # Some event of the batch is rejected: apply them one by one to find which.
                 if rolled_back is not None:
@@ -535,6 +548,8 @@ class BatchConsumer:
             try:
                 async with conn.transaction():
                     await self.projection.apply(conn, [d.event])
+            except EventRejected as exc:
+                d.error = f"rejected: {exc}"
             except asyncpg.PostgresError as exc:
                 if not is_poison(exc):
                     raise

@@ -37,6 +37,8 @@ DEAD_AT: Final = "Cos-Dlq-Time"
 BODY: Final = "Cos-Dlq-Body"
 BODY_BYTES: Final = "Cos-Dlq-Body-Bytes"
 HEADERS: Final = "Cos-Dlq-Headers"
+#: On a replayed event: the one consumer it is replayed for; every other consumer passes it by.
+REPLAY_FOR: Final = "Cos-Replay-For"
 OMITTED: Final = "omitted"
 MAX_REASON_CHARS: Final = 2000
 
@@ -195,8 +197,9 @@ async def replay_dead_letter(js: JetStreamContext, letter: DeadLetter, timeout_s
     """Send a dead letter back to its original subject, then remove it; returns the new stream seq.
 
     The replay gets a fresh `Nats-Msg-Id`: the original id may still be inside the event stream's
-    duplicate window, which would silently drop it. The new id is shorter than an event id, so a
-    replayed event is never larger than the original was.
+    duplicate window, which would silently drop it. It is addressed to the consumer that rejected it
+    (`Cos-Replay-For`): the other consumers applied the original already, or dead-lettered it
+    themselves (their own letter replays it to them), so they pass it by.
     """
     if letter.body_omitted and letter.original_missing:
         raise DeadLetterError(
@@ -205,6 +208,8 @@ async def replay_dead_letter(js: JetStreamContext, letter: DeadLetter, timeout_s
         )
     headers = letter.original_headers()
     headers[MSG_ID] = f"r-{letter.dlq_seq}-{int(time.time())}"
+    if letter.consumer:
+        headers[REPLAY_FOR] = letter.consumer
     check_fits(
         f"the replay of dead letter {letter.dlq_seq}",
         letter.data,

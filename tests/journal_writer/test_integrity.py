@@ -1,0 +1,269 @@
+"""Every event checked where it lands: updates that match nothing, headers that disagree with the body,
+replays that go to the consumer that rejected the event, titles."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import timedelta, timezone
+
+import asyncpg
+import msgspec
+import nats
+import pytest
+from nats.js import JetStreamContext
+
+from commonos.proto import events as ev
+from commonos.proto.cloudevents import event_headers
+from commonos.proto.messages import UserMessage
+from commonos.proto.subjects import EVENTS_STREAM, subject_for
+from commonos.runtime.dlq import list_dead_letters, replay_dead_letter
+from commonos.runtime.nats import ensure_streams
+from tests.factories import Clock, SessionBuilder
+from tests.support import journal_writer, publish_all, wait_for_position
+
+pytestmark = pytest.mark.slow
+
+
+async def _raw(js: JetStreamContext, event: ev.Event, headers: dict[str, str] | None) -> int:
+    ack = await js.publish(subject_for(event), ev.encode_event(event), headers=headers, stream=EVENTS_STREAM)
+    return int(ack.seq)
+
+
+async def _fetch(dsn: str, sql: str, *args: object) -> list[asyncpg.Record]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return list(await conn.fetch(sql, *args))
+    finally:
+        await conn.close()
+
+
+async def _run_writer(nats_url: str, dsn: str, last: int) -> None:
+    async with journal_writer(nats_url, dsn):
+        await wait_for_position(dsn, "journal-writer", last, timeout_s=30)
+
+
+async def test_a_turn_finished_before_its_start_is_a_dead_letter_and_a_replay_completes_it(
+    nats_url: str, database_url: str
+) -> None:
+    """An UPDATE matching no row used to be acked: the turn stayed `running` forever, also after a replay."""
+    s = SessionBuilder("default", Clock())
+    s.create()
+    turn = s.start_turn()
+    s.message(turn, UserMessage(text="hi"))
+    s.finish(turn)
+    create, started, message, finished = s.events
+    acks = await publish_all(nats_url, [create, finished])  # the finish overtook the start
+    await _run_writer(nats_url, database_url, acks[-1].seq)
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        [letter] = await list_dead_letters(js)
+        assert letter.consumer == "journal-writer"
+        assert letter.reason.startswith("rejected: ") and str(turn) in letter.reason
+        more = await publish_all(nats_url, [started, message])
+        replayed = await replay_dead_letter(js, letter)
+        await _run_writer(nats_url, database_url, max(replayed, more[-1].seq))
+    finally:
+        await nc.close()
+    [row] = await _fetch(database_url, "SELECT status, finished_at FROM turns WHERE id = $1", turn)
+    assert row["status"] == "completed" and row["finished_at"] is not None
+
+
+async def test_deactivating_messages_that_do_not_exist_is_a_dead_letter(nats_url: str, database_url: str) -> None:
+    s = SessionBuilder("default", Clock())
+    s.create()
+    turn = s.start_turn()
+    kept = s.message(turn, UserMessage(text="stays"))
+    s.deactivate(uuid.uuid4())  # no such message
+    s.deactivate(kept)  # a real one, applied
+    acks = await publish_all(nats_url, s.events)
+    await _run_writer(nats_url, database_url, acks[-1].seq)
+    nc = await nats.connect(nats_url)
+    try:
+        [letter] = await list_dead_letters(nc.jetstream())
+    finally:
+        await nc.close()
+    assert "message_deactivated" in letter.subject and "does not hold" in letter.reason
+    [row] = await _fetch(database_url, "SELECT active FROM messages WHERE id = $1", kept)
+    assert row["active"] is False
+
+
+async def test_a_memory_change_at_a_missing_position_is_a_dead_letter(nats_url: str, database_url: str) -> None:
+    from commonos.journal_writer.memory import MemoryProjection
+    from commonos.journal_writer.service import serve, writer_schemas
+    from commonos.runtime.settings import Settings
+    from tests.support import InProcess
+
+    clock = Clock()
+    session = uuid.uuid4()
+
+    def change(op: ev.MemoryOp, position: int, content: str | None) -> ev.MemoryChanged:
+        return ev.MemoryChanged(
+            occurred_at=clock.tick(),
+            profile_id="default",
+            session_id=session,
+            turn_id=uuid.uuid4(),
+            target=ev.MemoryTarget.MEMORY,
+            op=op,
+            position=position,
+            content=content,
+        )
+
+    changes = [
+        change(ev.MemoryOp.ADD, 0, "likes tea"),
+        change(ev.MemoryOp.REPLACE, 5, "nothing there"),
+        change(ev.MemoryOp.REMOVE, 7, None),
+        change(ev.MemoryOp.REPLACE, 0, "likes green tea"),
+    ]
+    acks = await publish_all(nats_url, changes)
+    settings = Settings(nats_url=nats_url, database_url=database_url)
+    running = InProcess()
+    running.task = asyncio.create_task(
+        serve(settings, [MemoryProjection()], writer_schemas(), "memory-writer", stop=running.stop)
+    )
+    try:
+        await wait_for_position(database_url, "memory-writer", acks[-1].seq)
+    finally:
+        await running.close()
+    nc = await nats.connect(nats_url)
+    try:
+        letters = await list_dead_letters(nc.jetstream())
+    finally:
+        await nc.close()
+    assert sorted(d.stream_seq or 0 for d in letters) == [acks[1].seq, acks[2].seq]
+    assert all("no memory entry at position" in d.reason for d in letters)
+    rows = await _fetch(database_url, "SELECT position, content FROM memory_entries ORDER BY position")
+    assert [(r["position"], r["content"]) for r in rows] == [(0, "likes green tea")]
+
+
+async def test_a_child_session_keeps_its_goal_as_title(nats_url: str, database_url: str) -> None:
+    clock = Clock()
+    parent = SessionBuilder("default", clock)
+    parent.create()
+    goal = "Compare the three hosting offers in offers/ and write a one-page summary with prices per month"
+    child = SessionBuilder("default", clock)
+    child.create(title=goal, parent_session_id=parent.session_id, source="subagent")
+    long_first = "x" * 200
+    top = SessionBuilder("default", clock)
+    top.create()
+    t = top.start_turn()
+    top.message(t, UserMessage(text=long_first))
+    acks = await publish_all(nats_url, [*parent.events, *child.events, *top.events])
+    await _run_writer(nats_url, database_url, acks[-1].seq)
+    titles = {
+        r["id"]: r["title"]
+        for r in await _fetch(
+            database_url,
+            "SELECT id, title FROM sessions WHERE id = ANY($1::uuid[])",
+            [
+                child.session_id,
+                top.session_id,
+            ],
+        )
+    }
+    assert titles[child.session_id] == goal, "a child keeps its goal"
+    assert titles[top.session_id] == "x" * 60, "a title from the first message is its first 60 characters"
+
+
+HEADER_CASES = (
+    "none",
+    "no specversion",
+    "specversion 0.3",
+    "no source",
+    "subject of another session",
+    "time of another moment",
+    "source not UTF-8",
+)
+
+
+def headers_case(event: ev.Event, name: str) -> tuple[dict[str, str] | None, str]:
+    """Headers of `event` broken in the way `name` says, and a fragment the dead letter's reason names."""
+    good = event_headers(event)
+    later = event.occurred_at.replace(year=event.occurred_at.year + 1).isoformat()
+    cases: dict[str, tuple[dict[str, str] | None, str]] = {
+        "none": (None, "no CloudEvents headers"),
+        "no specversion": ({k: v for k, v in good.items() if k != "ce-specversion"}, "ce-specversion"),
+        "specversion 0.3": ({**good, "ce-specversion": "0.3"}, "0.3"),
+        "no source": ({k: v for k, v in good.items() if k != "ce-source"}, "ce-source"),
+        "subject of another session": ({**good, "ce-subject": str(uuid.uuid4())}, "ce-subject"),
+        "time of another moment": ({**good, "ce-time": later}, "ce-time"),
+        "source not UTF-8": ({**good, "ce-source": "urn:x:%FF%FE"}, "ce-source"),
+    }
+    return cases[name]
+
+
+async def test_headers_that_are_missing_or_disagree_with_the_body_are_dead_letters(
+    nats_url: str, database_url: str
+) -> None:
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        await ensure_streams(js)
+        expected: dict[int, str] = {}
+        clock = Clock()
+        for name in HEADER_CASES:
+            (event,) = SessionBuilder("default", clock).create().events
+            headers, fragment = headers_case(event, name)
+            expected[await _raw(js, event, headers)] = fragment
+        (good,) = SessionBuilder("default", clock).create().events
+        last = await _raw(js, good, event_headers(good))
+        await _run_writer(nats_url, database_url, last)
+        letters = {d.stream_seq: d for d in await list_dead_letters(js)}
+        assert set(letters) == set(expected)
+        for seq, fragment in expected.items():
+            reason = letters[seq].reason
+            assert reason.startswith("bad headers") and fragment in reason, reason
+        rows = await _fetch(database_url, "SELECT id FROM sessions")
+        assert [r["id"] for r in rows] == [good.session_id]
+    finally:
+        await nc.close()
+
+
+async def test_equivalent_time_spellings_are_accepted(nats_url: str, database_url: str) -> None:
+    """`ce-time` is compared as an instant: another offset or precision of the same moment agrees."""
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        await ensure_streams(js)
+        s = SessionBuilder("default", Clock())
+        s.create()
+        (event,) = s.events
+        headers = event_headers(event)
+        headers["ce-time"] = event.occurred_at.astimezone(timezone(timedelta(hours=-5))).isoformat()
+        last = await _raw(js, event, headers)
+        await _run_writer(nats_url, database_url, last)
+        assert await list_dead_letters(js) == []
+    finally:
+        await nc.close()
+
+
+async def test_a_replay_goes_only_to_the_consumer_that_rejected_the_event(nats_url: str, database_url: str) -> None:
+    """An undecodable model call is dead-lettered by the journal-writer and by billing; replaying both
+    letters used to make four new ones. Each replay now reaches only the consumer named in its letter."""
+    from tests.billing.support import billing
+
+    s = SessionBuilder("default", Clock())
+    s.create()
+    turn = s.start_turn()
+    s.model_call(turn)
+    call = s.events[-1]
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        await ensure_streams(js)
+        broken = msgspec.json.encode({**msgspec.json.decode(ev.encode_event(call)), "input_tokens": "many"})
+        ack = await js.publish(subject_for(call), broken, headers=event_headers(call), stream=EVENTS_STREAM)
+        async with journal_writer(nats_url, database_url), billing(nats_url, database_url):
+            await wait_for_position(database_url, "journal-writer", ack.seq)
+            await wait_for_position(database_url, "billing", ack.seq, table="billing_positions")
+            letters = await list_dead_letters(js)
+            assert sorted(d.consumer for d in letters) == ["billing", "journal-writer"]
+            seqs = [await replay_dead_letter(js, d) for d in letters]
+            await wait_for_position(database_url, "journal-writer", max(seqs))
+            await wait_for_position(database_url, "billing", max(seqs), table="billing_positions")
+            again = await list_dead_letters(js)
+        assert sorted(d.consumer for d in again) == ["billing", "journal-writer"], "one new letter each, not four"
+        assert {d.stream_seq for d in again} == set(seqs)
+    finally:
+        await nc.close()
