@@ -267,3 +267,54 @@ async def test_a_replay_goes_only_to_the_consumer_that_rejected_the_event(nats_u
         assert {d.stream_seq for d in again} == set(seqs)
     finally:
         await nc.close()
+
+
+async def test_events_of_another_profile_cannot_change_a_session(nats_url: str, database_url: str) -> None:
+    """Events published under profile `evil` for a session of `acme` used to insert a turn and a message
+    into acme's session, finish acme's running turn as failed and record an approval on it; acme's own
+    message with the same seq was then dead-lettered. Each is now a `profile_mismatch` dead letter."""
+    clock = Clock()
+    acme = SessionBuilder("acme", clock)
+    acme.create()
+    turn = acme.start_turn()
+    acme.message(turn, UserMessage(text="hello from acme"))
+    evil = SessionBuilder("evil", clock, session_id=acme.session_id)
+    evil.create()  # the same session id, claimed by another profile
+    evil_turn = evil.start_turn()
+    evil.seq = 1
+    evil.message(turn, UserMessage(text="injected"))
+    evil.finish(turn, ev.TurnStatus.FAILED, "injected")
+    evil.events.append(
+        ev.ApprovalDecided(
+            profile_id="evil",
+            session_id=acme.session_id,
+            turn_id=turn,
+            tool_call_id=uuid.uuid4(),
+            call_id="c1",
+            status=ev.ApprovalStatus.APPROVED,
+            decided_at=clock.tick(),
+            decided_by="evil",
+        )
+    )
+    genuine = SessionBuilder("acme", clock, session_id=acme.session_id, seq=1)
+    genuine.message(turn, UserMessage(text="acme's second message"))
+    genuine.finish(turn)
+    acks = await publish_all(nats_url, [*acme.events, *evil.events, *genuine.events])
+    await _run_writer(nats_url, database_url, acks[-1].seq)
+    nc = await nats.connect(nats_url)
+    try:
+        letters = await list_dead_letters(nc.jetstream())
+    finally:
+        await nc.close()
+    assert len(letters) == len(evil.events)
+    assert all(d.reason.startswith("profile_mismatch: ") and "'acme'" in d.reason for d in letters), [
+        d.reason for d in letters
+    ]
+    [session] = await _fetch(database_url, "SELECT profile_id FROM sessions WHERE id = $1", acme.session_id)
+    assert session["profile_id"] == "acme"
+    turns = await _fetch(database_url, "SELECT id, status FROM turns WHERE session_id = $1", acme.session_id)
+    assert [(t["id"], t["status"]) for t in turns] == [(turn, "completed")]
+    assert evil_turn not in {t["id"] for t in turns}
+    messages = await _fetch(database_url, "SELECT seq, content FROM messages ORDER BY seq")
+    assert [m["seq"] for m in messages] == [1, 2] and "acme's second" in messages[1]["content"]
+    assert await _fetch(database_url, "SELECT * FROM approvals") == []

@@ -161,6 +161,18 @@ def columns(statement: str, rows: list[tuple[Any, ...]]) -> list[list[Any]]:
     return cols
 
 
+#: The core's events about one session: each must come from the profile that created the session.
+SESSION_EVENTS: Final = (
+    ev.SessionCreated,
+    ev.TurnStarted,
+    ev.MessageAppended,
+    ev.MessageDeactivated,
+    ev.ToolCallRecorded,
+    ev.ApprovalDecided,
+    ev.TurnFinished,
+)
+
+
 class InvariantViolation(ValueError):
     """An event that is well-formed but cannot be true (it goes to the dead-letter stream)."""
 

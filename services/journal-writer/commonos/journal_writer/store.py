@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import uuid
+from collections import OrderedDict
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 from commonos.journal_writer.projection import (
     BULK,
     BULK_MIN_ROWS,
     CHECKED,
     PROFILE_ENSURE,
+    SESSION_EVENTS,
     STATEMENTS,
     check_event,
     columns,
@@ -18,9 +21,12 @@ from commonos.journal_writer.projection import (
     profiles_mentioned,
 )
 from commonos.journal_writer.schema import CORE_TABLES
-from commonos.proto.events import Event
+from commonos.proto.events import Event, SessionCreated, event_type
 from commonos.runtime.errors import EventRejected
 from commonos.runtime.postgres import Conn
+
+#: Session owners remembered between batches (the rest are looked up in `sessions`).
+_MAX_OWNERS: Final = 200_000
 
 
 class JournalProjection:
@@ -33,6 +39,9 @@ class JournalProjection:
         self.name = name
         #: The earliest mention of each profile this process has written: most batches need no prepare step.
         self._ensured: dict[str, datetime] = {}
+        #: Who owns a session (the profile that created it): committed, and staged by the batch in flight.
+        self._owners: OrderedDict[uuid.UUID, str] = OrderedDict()
+        self._staged: dict[uuid.UUID, str] = {}
 
     async def after_commit(self, conn: Conn, events: Sequence[Event]) -> None:
         """Bring each profile's created_at to its earliest mention, when a batch mentions it earlier."""
@@ -44,7 +53,43 @@ class JournalProjection:
     def check(self, event: Event) -> None:
         check_event(event)
 
+    def committed(self) -> None:
+        """The owners of the sessions created by the batch that just committed are now facts."""
+        self._owners.update(self._staged)
+        self._staged.clear()
+        while len(self._owners) > _MAX_OWNERS:
+            self._owners.popitem(last=False)
+
+    def rolled_back(self) -> None:
+        self._staged.clear()
+
+    async def check_owners(self, conn: Conn, events: Sequence[Event]) -> None:
+        """Every core event must come from the profile that created its session (`profile_mismatch`)."""
+        sessions = {e.session_id for e in events if isinstance(e, SESSION_EVENTS)}
+        unknown = [s for s in sessions if s not in self._owners and s not in self._staged]
+        known: dict[uuid.UUID, str] = {}
+        if unknown:
+            rows = await conn.fetch("SELECT id, profile_id FROM sessions WHERE id = ANY($1::uuid[])", unknown)
+            known = {r["id"]: r["profile_id"] for r in rows}
+        for event in events:
+            if not isinstance(event, SESSION_EVENTS):
+                continue
+            session = event.session_id
+            owner = self._staged.get(session) or self._owners.get(session) or known.get(session)
+            if owner is None:
+                if isinstance(event, SessionCreated):
+                    self._staged[session] = event.profile_id
+                continue  # a missing session is the foreign keys' to report
+            if owner != event.profile_id:
+                raise EventRejected(
+                    f"{event_type(event)} of session {session} from profile {event.profile_id!r}: the session "
+                    f"belongs to profile {owner!r}",
+                    reason="profile_mismatch",
+                )
+
     async def apply(self, conn: Conn, events: Sequence[Event]) -> None:
+        self._staged.clear()
+        await self.check_owners(conn, events)
         plan = plan_events(events)
         for statement, sql in STATEMENTS.items():
             rows = plan.rows[statement]

@@ -549,7 +549,7 @@ class BatchConsumer:
                 async with conn.transaction():
                     await self.projection.apply(conn, [d.event])
             except EventRejected as exc:
-                d.error = f"rejected: {exc}"
+                d.error = f"{exc.reason}: {exc}"
             except asyncpg.PostgresError as exc:
                 if not is_poison(exc):
                     raise

@@ -12,4 +12,11 @@ from __future__ import annotations
 
 
 class EventRejected(ValueError):
-    """One event of a batch cannot be applied; the message is the dead letter's reason."""
+    """One event of a batch cannot be applied; `reason` and the message make the dead letter's reason.
+
+    `reason` is a short code (`rejected`, `profile_mismatch`, ...) that also labels the dead-letter metric.
+    """
+
+    def __init__(self, detail: str, reason: str = "rejected") -> None:
+        super().__init__(detail)
+        self.reason = reason
