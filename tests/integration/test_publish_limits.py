@@ -6,6 +6,7 @@ Runs against nats-server's default max_payload (1 MiB) and a 64 KiB one.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +22,7 @@ from commonos.proto.subjects import EVENTS_STREAM
 from commonos.runtime.embedded import NatsServer
 from commonos.runtime.limits import message_bytes, with_stream_header
 from commonos.runtime.nats import ensure_streams
-from commonos.runtime.publisher import EventPublisher, EventTooLarge
+from commonos.runtime.publisher import EventPublisher, EventTooLarge, PublishError
 from commonos.runtime.settings import Settings
 from tests.factories import Clock
 
@@ -119,3 +120,16 @@ async def test_cos_up_starts_its_nats_server_with_cos_nats_max_payload(tmp_path:
     finally:
         system.stop()
     assert Settings.from_env({}).nats_max_payload is None, "unset: nats-server's own default (1 MiB)"
+
+
+async def test_publishing_on_a_closed_connection_fails_at_once(nats_server: NatsServer) -> None:
+    """nats-py never reopens a closed connection: the publisher says so instead of retrying for 30 s."""
+    nc = await nats.connect(nats_server.url)
+    js = nc.jetstream()
+    await ensure_streams(js)
+    publisher = EventPublisher(js, SOURCE, deadline_s=30)
+    await nc.close()
+    started = time.monotonic()
+    with pytest.raises(PublishError, match="connection is closed"):
+        await publisher.publish(sized_message(1000, 0)())
+    assert time.monotonic() - started < 1.0

@@ -79,6 +79,10 @@ class EventPublisher:
         self.deadline_s = deadline_s
         self.too_large_hint = too_large_hint
 
+    def _closed(self) -> bool:
+        nc = getattr(self.js, "_nc", None)
+        return bool(getattr(nc, "is_closed", False))
+
     @property
     def max_payload(self) -> int:
         """The connected server's limit for one message, headers included."""
@@ -120,6 +124,11 @@ class EventPublisher:
             except (*_RETRYABLE, nats.js.errors.APIError) as exc:
                 if isinstance(exc, nats.js.errors.APIError) and not _transient_api_error(exc):
                     raise PublishError(f"event {event.event_id} ({subject}) refused by JetStream: {exc}") from exc
+                if self._closed():
+                    # nats-py never reopens a closed connection: waiting out the deadline cannot help.
+                    raise PublishError(
+                        f"event {event.event_id} ({subject}) not published: the NATS connection is closed"
+                    ) from exc
                 if time.monotonic() + delay >= deadline:
                     raise PublishError(
                         f"event {event.event_id} ({subject}) not acknowledged within {self.deadline_s:.0f}s: "
