@@ -19,11 +19,11 @@ from decimal import Decimal
 import nats
 from prometheus_client import REGISTRY
 
-from commonos.billing.budgets import spend_deltas
+from commonos.billing.budgets import BudgetTracker, spend_deltas
 from commonos.billing.config import BillingConfig, Budget, MetricsConfig, Period
 from commonos.billing.metrics import BillingMetrics
 from commonos.billing.pricing import Pricer
-from commonos.billing.projection import build_row, check_model_call, insert_arguments
+from commonos.billing.projection import BillingProjection, insert_arguments
 from commonos.billing.service import billing_schemas
 from commonos.proto.events import Event, ModelCallCompleted, decode_event, encode_event
 from commonos.proto.subjects import MODEL_CALLS_FILTER
@@ -46,19 +46,20 @@ CONFIG = BillingConfig(
 
 def pure(calls: Sequence[ModelCallCompleted]) -> None:
     payloads = [encode_event(c) for c in calls]
-    pricer = Pricer()
     metrics = BillingMetrics(CONFIG.metrics)
+    projection = BillingProjection(Pricer(), metrics, BudgetTracker(CONFIG.budgets, sink=None))
     started = time.perf_counter()
     for start in range(0, len(payloads), 500):
         events = [decode_event(p) for p in payloads[start : start + 500]]
         rows = []
         for event in events:
             assert isinstance(event, ModelCallCompleted)
-            check_model_call(event)
-            rows.append(build_row(event, pricer))
+            projection.check(event)  # the consumer's check: the call's checks, price, row, budget periods
+            rows.append(projection.row_for(event))
         insert_arguments(rows)
         metrics.stage(rows)
         spend_deltas(CONFIG.budgets, rows)
+        projection.committed()
     elapsed = time.perf_counter() - started
     print(f"pure hot path (decode, check, price, row, columns, metrics, budgets): {len(calls) / elapsed:,.0f} calls/s")
 

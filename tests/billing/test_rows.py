@@ -9,13 +9,14 @@ from __future__ import annotations
 import json
 import uuid
 from datetime import UTC, datetime
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 import pytest
 from prometheus_client import REGISTRY
 
 from commonos.billing.budgets import (
+    BudgetTracker,
     SpendKey,
     alert_for,
     alert_msg_id,
@@ -31,10 +32,13 @@ from commonos.billing.config import (
     parse_billing_config,
 )
 from commonos.billing.metrics import OTHER, BillingMetrics, LabelCap
-from commonos.billing.pricing import Pricer, load_price_file
+from commonos.billing.pricing import Pricer, PriceResult, load_price_file, parse_price_file
 from commonos.billing.projection import (
+    BillingFault,
+    BillingProjection,
     InvalidModelCall,
     ModelCallRow,
+    UnbillableModelCall,
     build_row,
     check_model_call,
     insert_arguments,
@@ -456,3 +460,150 @@ def test_report_renders_groups_untagged_total_and_the_counting_rule() -> None:
     assert lines[0].startswith("tag:client,usd,calls,unpriced")
     assert lines[1].startswith("client:acme,1.5000000000,2,0")
     assert lines[-2].startswith("(none),,1,1") and lines[-1].startswith("(total: each call once),1.7500000000,3")
+
+
+# --- calls billing cannot handle -------------------------------------------------------------------------
+
+DEAR_PRICES = b"""
+[[price]]
+model = "dear-*"
+input_mtok = "1000000"
+output_mtok = "1000000"
+"""
+EDGE_BUDGETS = (
+    Budget("acme-day", "client:acme", Period.DAY, Decimal(1)),
+    Budget("core-month", "team:core", Period.MONTH, Decimal(1)),
+)
+
+
+def edge_projection(pricer: Pricer | None = None) -> BillingProjection:
+    pricer = pricer or Pricer(parse_price_file(DEAR_PRICES, name="dear.toml"))
+    return BillingProjection(pricer, BillingMetrics(), BudgetTracker(EDGE_BUDGETS, sink=None))
+
+
+def at(text: str) -> datetime:
+    return datetime.fromisoformat(text)
+
+
+@pytest.mark.parametrize(
+    ("provider", "model", "usage", "occurred_at", "tags", "error", "reason"),
+    [
+        # Issue #14 (pricing met it first): no UTC time, so no row either, priced or not.
+        ("anthropic", "claude-sonnet-4-5", TokenUsage(input_tokens=1), "9999-12-31T23:59:59-01:00", (),
+         InvalidModelCall, "occurred_at 9999-12-31T23:59:59-01:00 is after the year 9999 in UTC: no row can hold it"),
+        ("anthropic", "claude-sonnet-4-5", TokenUsage(input_tokens=1), "0001-01-01T00:00:00+01:00", (),
+         InvalidModelCall, "occurred_at 0001-01-01T00:00:00+01:00 is before the year 1 in UTC: no row can hold it"),
+        ("scripted", "echo", TokenUsage(), "9999-12-31T23:59:59.999999-00:01", (),
+         InvalidModelCall, "occurred_at 9999-12-31T23:59:59.999999-00:01 is after the year 9999"),
+        # A time a row holds, but a budgeted period of it ends after the year 9999.
+        ("openai", "o3", TokenUsage(), "9999-12-31T00:00:00+00:00", ("client:acme",),
+         UnbillableModelCall, "budgets: OverflowError: the day 9999-12-31 ends after the year 9999"),
+        ("openai", "o3", TokenUsage(), "9999-12-01T00:00:00+00:00", ("team:core",),
+         UnbillableModelCall, "budgets: OverflowError: the month 9999-12 ends after the year 9999"),
+        # $1 a token: 2^63 - 1 tokens are priced exactly, and cost more than model_calls.cost_usd holds.
+        ("ollama", "dear-1", TokenUsage(input_tokens=2**63 - 1), "2026-05-01T00:00:00+00:00", (),
+         UnbillableModelCall, "pricing: the cost 9223372036854775807.0000000000 USD does not fit model_calls.cost_usd"),
+    ],
+)  # fmt: skip
+def test_a_call_billing_cannot_handle_is_a_data_error_of_that_call(
+    provider: str,
+    model: str,
+    usage: TokenUsage,
+    occurred_at: str,
+    tags: tuple[str, ...],
+    error: type[InvalidModelCall],
+    reason: str,
+) -> None:
+    event = call(usage, provider, model, occurred_at=at(occurred_at), tags=tags)
+    projection = edge_projection()
+    with pytest.raises(error) as raised:
+        projection.check(event)
+    assert type(raised.value) is error and isinstance(raised.value, ValueError)  # what the consumer dead-letters
+    assert str(raised.value).startswith(reason)
+
+
+@pytest.mark.parametrize(
+    ("occurred_at", "tags"),
+    [
+        ("9999-12-31T23:59:59.999999+00:00", ()),  # the last UTC time, with no budget on the call
+        ("9999-11-30T23:00:00-00:59", ("client:acme", "team:core")),  # 9999-11-30T23:59Z: both periods end in 9999
+        ("0001-01-01T00:00:00-01:00", ("client:acme", "team:core")),
+        ("0001-01-01T00:00:00+00:00", ("client:acme", "team:core")),
+    ],
+)
+def test_calls_at_the_edges_of_time_are_billed(occurred_at: str, tags: tuple[str, ...]) -> None:
+    event = call(TokenUsage(input_tokens=1000, output_tokens=10), "anthropic", "claude-sonnet-4-5",
+                 occurred_at=at(occurred_at), tags=tags)  # fmt: skip
+    projection = edge_projection()
+    projection.check(event)
+    row = projection.row_for(event)
+    # Claude Sonnet 4.5: $3 input, $15 output.
+    assert (row.created_at, row.cost_usd) == (event.occurred_at, usd((1000, "3"), (10, "15")))
+
+
+def test_the_dearest_valid_call_that_fits_is_priced_exactly() -> None:
+    # Every bucket at 2^63 - 1 tokens, at $1 per million ($1e-6 per token): about $4.6e13, below 10^14.
+    most = 2**63 - 1
+    usage = TokenUsage(
+        input_tokens=most,
+        output_tokens=most,
+        reasoning_tokens=most,
+        cache_read_tokens=most,
+        cache_write_5m_tokens=most,
+        cache_write_1h_tokens=most,
+    )
+    price_file = parse_price_file(b'[[price]]\nmodel = "m"\ninput_mtok = "1"\noutput_mtok = "1"\n', name="p.toml")
+    row = edge_projection(Pricer(price_file)).bill(call(usage, "ollama", "m", tags=()))
+    assert row.cost_usd == Decimal(5 * most).scaleb(-6).quantize(Decimal("1e-10"))
+
+
+class FaultyPricer(Pricer):
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.error = error
+
+    def price(
+        self, provider: str, model: str, usage: TokenUsage, at: datetime, reported_cost_usd: Decimal | None = None
+    ) -> PriceResult:
+        raise self.error
+
+
+def test_a_bug_in_pricing_is_not_taken_for_the_calls_fault() -> None:
+    event = call(TokenUsage(input_tokens=1), "openai", "o3")
+    # A ValueError from billing's own code would be dead-lettered by the consumer: it stops billing instead.
+    with pytest.raises(BillingFault, match="pricing raised ValueError on a valid call: a bug") as raised:
+        edge_projection(FaultyPricer(ValueError("a bug"))).check(event)
+    assert not isinstance(raised.value, ValueError)
+    with pytest.raises(KeyError):
+        edge_projection(FaultyPricer(KeyError("a bug"))).check(event)
+    # Out of range is the call's: a decimal signal, an overflow.
+    with pytest.raises(UnbillableModelCall, match=r"pricing: decimal arithmetic failed .*\(InvalidOperation\)"):
+        edge_projection(FaultyPricer(InvalidOperation())).check(event)
+    with pytest.raises(UnbillableModelCall, match="pricing: OverflowError: too far"):
+        edge_projection(FaultyPricer(OverflowError("too far"))).check(event)
+
+
+def test_apply_uses_the_row_check_built() -> None:
+    projection = edge_projection()
+    event = call(TokenUsage(input_tokens=1), "openai", "o3")
+    projection.check(event)
+    checked = projection.row_for(event)
+    assert checked is projection.row_for(event)  # the same row object: priced once
+    projection.committed()
+    assert projection.row_for(event) is not checked and projection.row_for(event) == checked
+
+
+def test_period_bounds_at_the_end_of_time() -> None:
+    assert period_bounds(Period.MONTH, datetime(9999, 11, 30, 23, tzinfo=UTC)) == (
+        datetime(9999, 11, 1, tzinfo=UTC),
+        datetime(9999, 12, 1, tzinfo=UTC),
+    )
+    assert period_bounds(Period.DAY, datetime(9999, 12, 30, tzinfo=UTC))[1] == datetime(9999, 12, 31, tzinfo=UTC)
+    assert period_bounds(Period.DAY, datetime(1, 1, 1, tzinfo=UTC)) == (
+        datetime(1, 1, 1, tzinfo=UTC),
+        datetime(1, 1, 2, tzinfo=UTC),
+    )
+    with pytest.raises(OverflowError, match="the month 9999-12 ends after the year 9999"):
+        period_bounds(Period.MONTH, datetime(9999, 12, 1, tzinfo=UTC))
+    with pytest.raises(OverflowError, match="the day 9999-12-31 ends after the year 9999"):
+        period_bounds(Period.DAY, datetime(9999, 12, 31, tzinfo=UTC))

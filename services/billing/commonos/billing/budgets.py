@@ -26,9 +26,9 @@ writers that come later add their delta to the recomputed value.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import MAXYEAR, UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import TYPE_CHECKING, Final, Protocol
 
@@ -63,14 +63,22 @@ ALERT_TYPE: Final = "budget_exceeded"
 
 
 def period_bounds(period: Period, at: datetime) -> tuple[datetime, datetime]:
-    """The UTC calendar day or month containing ``at`` (naive = UTC): ``[start, end)``."""
+    """The UTC calendar day or month containing ``at`` (naive = UTC): ``[start, end)``.
+
+    Raises ``OverflowError`` when ``at`` is no UTC time, or its period ends after the year 9999.
+    """
     at = at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
     if period is Period.DAY:
         start = at.replace(hour=0, minute=0, second=0, microsecond=0)
+        if start.date() == date.max:
+            raise OverflowError(f"the day {start:%Y-%m-%d} ends after the year {MAXYEAR}")
         return start, start + timedelta(days=1)
     start = at.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    end = start.replace(year=start.year + 1, month=1) if start.month == 12 else start.replace(month=start.month + 1)
-    return start, end
+    if start.month < 12:
+        return start, start.replace(month=start.month + 1)
+    if start.year == MAXYEAR:
+        raise OverflowError(f"the month {start:%Y-%m} ends after the year {MAXYEAR}")
+    return start, start.replace(year=start.year + 1, month=1)
 
 
 def is_recent(period: Period, period_start: datetime, now: datetime) -> bool:
@@ -232,6 +240,9 @@ class BudgetTracker:
         self.sink = sink
         self.clock = clock
         self._by_key: dict[tuple[str, Period], Budget] = {(b.tag, b.period): b for b in self.budgets}
+        self._periods: dict[str, tuple[Period, ...]] = {}
+        for budget in self.budgets:
+            self._periods[budget.tag] = (*self._periods.get(budget.tag, ()), budget.period)
         #: (budget name, period start) with a committed budget_alerts row: no need to ask again.
         self._alerted: set[tuple[str, datetime]] = set()
         #: Spend keys with a committed budget_spend row.
@@ -250,6 +261,29 @@ class BudgetTracker:
             if await conn.fetchval(_ALERTED, budget.name, start):
                 self._alerted.add((budget.name, start))
             self._set_gauges(budget, Decimal(spent or 0))
+
+    def check(self, row: ModelCallRow) -> None:
+        """The budget step's arithmetic for one row, without I/O: raises what :meth:`apply` would raise for it
+        (``OverflowError`` when a budgeted period of the call ends after the year 9999)."""
+        for tag in row.tags:
+            for period in self._periods.get(tag, ()):
+                period_bounds(period, row.created_at)
+
+    def due_alerts(
+        self, deltas: Mapping[SpendKey, SpendDelta], spent: Mapping[SpendKey, Decimal], now: datetime
+    ) -> list[tuple[Budget, BudgetAlert, bool]]:
+        """The alerts of the keys that reached their limit with ``spent`` and have none yet, each with whether
+        to publish it (a sink, and the current or previous period). Pure."""
+        alerts: list[tuple[Budget, BudgetAlert, bool]] = []
+        for key in sorted(deltas):
+            budget = self._by_key[key.tag, key.period]
+            total = spent[key]
+            if total < budget.limit_usd or (budget.name, key.period_start) in self._alerted:
+                continue
+            alert = alert_for(budget, key, deltas[key].period_end, total, deltas[key], now)
+            recent = is_recent(budget.period, key.period_start, now)
+            alerts.append((budget, alert, self.sink is not None and recent))
+        return alerts
 
     async def apply(self, conn: Conn, rows: Sequence[ModelCallRow]) -> BudgetStep | None:
         """Update spend with ``rows`` (new rows only) and record/publish alerts; inside the transaction."""
@@ -273,15 +307,7 @@ class BudgetTracker:
             step.spent[key] = await conn.fetchval(
                 _INIT_SPEND, key.tag, key.period.value, key.period_start, deltas[key].period_end
             )
-        now = self.clock()
-        alerts: list[tuple[Budget, BudgetAlert, bool]] = []
-        for key in keys:
-            budget = self._by_key[key.tag, key.period]
-            spent = step.spent[key]
-            if spent < budget.limit_usd or (budget.name, key.period_start) in self._alerted:
-                continue
-            alert = alert_for(budget, key, deltas[key].period_end, spent, deltas[key], now)
-            alerts.append((budget, alert, self.sink is not None and is_recent(budget.period, key.period_start, now)))
+        alerts = self.due_alerts(deltas, step.spent, self.clock())
         if alerts:
             recorded = {
                 (r["budget"], r["period_start"])

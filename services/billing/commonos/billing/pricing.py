@@ -23,7 +23,10 @@ Reasoning tokens are inside ``output_tokens`` and priced once, at the output pri
 ``output_reasoning_mtok`` for the rare model that has one). Web searches and other non-token units are not
 in ``TokenUsage`` and are not priced.
 
-Costs are ``Decimal`` quantized to 1e-10 USD with banker's rounding; no float is ever involved.
+Costs are ``Decimal`` quantized to 1e-10 USD with banker's rounding; no float is ever involved. The arithmetic
+is wide enough that any valid call (token counts below 2^63, prices up to ``MAX_PRICE_MTOK``) is priced
+exactly, with no decimal error; whether such a cost fits a row is the projection's check. A call time that is
+not a UTC time (outside the years 1 to 9999 once its offset is applied) raises ``OverflowError``.
 
 Order of decision (``Pricer.price``): operator price file -> ``override``; genai-prices -> ``priced``;
 the vendor's reported cost -> ``reported``; otherwise ``unpriced`` with no cost. A cost computed from
@@ -158,7 +161,8 @@ class _Rates:
             total = add(total, mul(self.cache_write_5m, usage.cache_write_5m_tokens))
         if usage.cache_write_1h_tokens:
             total = add(total, mul(self.cache_write_1h, usage.cache_write_1h_tokens))
-        return total.quantize(_QUANTUM, rounding=ROUND_HALF_EVEN)
+        # In the wide context: 2^63 tokens in each bucket at MAX_PRICE_MTOK is ~5e19 USD, 30 digits at 1e-10.
+        return total.quantize(_QUANTUM, rounding=ROUND_HALF_EVEN, context=_CTX)
 
 
 def _per_token(mtok: Decimal) -> Decimal:
@@ -590,7 +594,7 @@ class Pricer:
 
         if reported_cost_usd is not None:
             return PriceResult(
-                cost_usd=reported_cost_usd.quantize(_QUANTUM, rounding=ROUND_HALF_EVEN),
+                cost_usd=reported_cost_usd.quantize(_QUANTUM, rounding=ROUND_HALF_EVEN, context=_CTX),
                 status=CostStatus.REPORTED,
                 source="reported",
                 version="",

@@ -10,14 +10,32 @@ back and retried is not counted twice.
 Token convention (Anthropic, OpenAI and Codex usage alike, see :mod:`commonos.billing.usage`): the event's
 ``input_tokens`` excludes cache reads and writes and its ``output_tokens`` includes ``reasoning_tokens``; the
 row keeps the same buckets unchanged.
+
+A call billing cannot handle is a dead letter, never a stopped service. The consumer dead-letters what
+``check`` raises as a ``ValueError``, so :meth:`BillingProjection.check` runs the whole per-event path that
+needs no I/O (:meth:`BillingProjection.bill`: the call's own checks, pricing, the row, the budget step's
+periods) and keeps the row for ``apply``. What counts as the call's data error, and so as its dead letter:
+
+* :class:`InvalidModelCall`: the call breaks a rule of its own (reasoning above output, a count beyond 64
+  bits, a time that is no UTC time in the years 1 to 9999, ...);
+* :class:`UnbillableModelCall` (a subclass): pricing or the budget step met a value out of range on it,
+  that is ``OverflowError`` (date or integer arithmetic beyond its range) or a ``decimal`` signal, or its
+  cost does not fit ``model_calls.cost_usd``; the reason names the step (``pricing: ...``, ``budgets: ...``).
+
+Anything else raised on the way is billing's own bug and must stop the service, as it always did: a
+``ValueError`` among them is re-raised as :class:`BillingFault` so that the consumer does not take it for the
+call's fault. Rows PostgreSQL refuses (a NUL in a text, ...) are isolated and dead-lettered by the consumer.
+Metrics are counted only from rows that passed all of this, with integer and ``Decimal`` additions that
+cannot fail on them (tests/fuzz/test_billing_path.py drives every step with arbitrary valid calls).
 """
 
 from __future__ import annotations
 
+import decimal
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
@@ -31,22 +49,51 @@ if TYPE_CHECKING:
     from commonos.runtime.postgres import Conn
 
 __all__ = [
+    "DATA_ERRORS",
     "INSERT_MODEL_CALLS",
+    "MAX_COST_USD",
+    "BillingFault",
     "BillingProjection",
     "InvalidModelCall",
     "ModelCallRow",
+    "UnbillableModelCall",
     "build_row",
     "check_model_call",
+    "check_row",
     "insert_arguments",
     "usage_of",
 ]
 
 _MAX_BIGINT: Final = 2**63 - 1
 _MAX_NAME_CHARS: Final = 256
+#: ``model_calls.cost_usd`` is ``numeric(24, 10)``: a cost must stay below 10^14 USD.
+MAX_COST_USD: Final = Decimal(10) ** 14 - Decimal("1e-10")
+
+#: Errors that mean "a value of this call is out of range", not "billing has a bug": date and integer
+#: arithmetic beyond its range, and the signals of decimal arithmetic (InvalidOperation, Overflow, ...).
+DATA_ERRORS: Final = (OverflowError, decimal.DecimalException)
 
 
 class InvalidModelCall(ValueError):
     """A model_call_completed event that is well-formed but cannot be billed (it is dead-lettered)."""
+
+
+class UnbillableModelCall(InvalidModelCall):
+    """A data error met while billing one call (pricing, budgets): that call is dead-lettered with the reason."""
+
+    @classmethod
+    def during(cls, step: str, exc: BaseException) -> UnbillableModelCall:
+        if isinstance(exc, decimal.DecimalException):
+            # A decimal signal's text is the list of signal classes: its name says it better.
+            return cls(f"{step}: decimal arithmetic failed on the call's amounts ({type(exc).__name__})")
+        return cls(f"{step}: {type(exc).__name__}: {exc}")
+
+
+class BillingFault(RuntimeError):
+    """A ValueError that billing itself raised on a call that passed its checks: a bug, which stops the service.
+
+    Not a ValueError, so the consumer does not dead-letter every call the bug touches.
+    """
 
 
 class ModelCallRow(NamedTuple):
@@ -102,6 +149,19 @@ def check_model_call(event: ModelCallCompleted) -> None:
     reported = event.reported_cost_usd
     if reported is not None and (not reported.is_finite() or reported < 0 or reported.adjusted() > 12):
         raise InvalidModelCall(f"reported_cost_usd must be a finite amount from 0 to 1e12, got {reported}")
+    at = event.occurred_at
+    try:
+        at.astimezone(UTC)  # what pricing, budgets and PostgreSQL's driver all do with it
+    except OverflowError:
+        edge = "after the year 9999" if at.year == 9999 else "before the year 1"
+        raise InvalidModelCall(f"occurred_at {at.isoformat()} is {edge} in UTC: no row can hold it") from None
+
+
+def check_row(row: ModelCallRow) -> None:
+    """Raise :class:`UnbillableModelCall` for a priced row that ``model_calls`` cannot hold."""
+    cost = row.cost_usd
+    if cost is not None and cost > MAX_COST_USD:
+        raise UnbillableModelCall(f"pricing: the cost {cost} USD does not fit model_calls.cost_usd (below 10^14 USD)")
 
 
 def usage_of(event: ModelCallCompleted) -> TokenUsage:
@@ -216,14 +276,45 @@ class BillingProjection:
         self.metrics = metrics
         self.budgets = budgets
         self._staged = _Staged()
+        #: Rows of the events ``check`` accepted, by the event's identity, until their batch commits.
+        self._checked: dict[int, tuple[ModelCallCompleted, ModelCallRow]] = {}
+
+    def bill(self, event: ModelCallCompleted) -> ModelCallRow:
+        """Everything billing does with one call before I/O: check, price, build the row, the budget periods.
+
+        Raises :class:`InvalidModelCall` (a ``ValueError``: the consumer dead-letters the call) for the call's
+        data errors, :class:`BillingFault` for a ``ValueError`` that is a bug; anything else propagates.
+        """
+        check_model_call(event)
+        try:
+            row = build_row(event, self.pricer)
+        except DATA_ERRORS as exc:
+            raise UnbillableModelCall.during("pricing", exc) from exc
+        except ValueError as exc:
+            raise BillingFault(f"pricing raised {type(exc).__name__} on a valid call: {exc}") from exc
+        check_row(row)
+        if self.budgets is not None:
+            try:
+                self.budgets.check(row)
+            except DATA_ERRORS as exc:
+                raise UnbillableModelCall.during("budgets", exc) from exc
+            except ValueError as exc:
+                raise BillingFault(f"the budget step raised {type(exc).__name__} on a valid call: {exc}") from exc
+        return row
 
     def check(self, event: Event) -> None:
         if isinstance(event, ModelCallCompleted):
-            check_model_call(event)
+            self._checked[id(event)] = (event, self.bill(event))
+
+    def row_for(self, event: ModelCallCompleted) -> ModelCallRow:
+        """The row `check` built for `event`, or, for an event it did not check, the row billed now."""
+        checked = self._checked.get(id(event))
+        if checked is not None and checked[0] is event:
+            return checked[1]
+        return self.bill(event)  # not checked first: price it now (its data errors then stop the batch)
 
     async def apply(self, conn: Conn, events: Sequence[Event]) -> None:
-        pricer = self.pricer
-        rows = [build_row(e, pricer) for e in events if isinstance(e, ModelCallCompleted)]
+        rows = [self.row_for(e) for e in events if isinstance(e, ModelCallCompleted)]
         if not rows:
             return
         records = await conn.fetch(INSERT_MODEL_CALLS, *insert_arguments(rows))
@@ -241,6 +332,7 @@ class BillingProjection:
     def committed(self) -> None:
         """Record metrics and budget state of the transaction that has just committed."""
         staged, self._staged = self._staged, _Staged()
+        self._checked.clear()
         for batch in staged.metrics:
             self.metrics.record(batch)
         if self.budgets is not None:

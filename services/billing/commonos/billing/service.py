@@ -97,6 +97,21 @@ def alerts_stream_config(replicas: int = 1) -> StreamConfig:
     )
 
 
+def alert_message(alert: BudgetAlert, msg_id: str, source: str = ALERT_SOURCE) -> tuple[bytes, dict[str, str]]:
+    """Body (JSON, amounts as exact decimal strings) and CloudEvents headers of a budget alert. Pure."""
+    headers = {
+        "ce-specversion": SPECVERSION,
+        "ce-id": str(alert.alert_id),
+        "ce-source": source,
+        "ce-type": "cos.budget_exceeded.v1",
+        "ce-time": alert.occurred_at.astimezone(UTC).isoformat().replace("+00:00", "Z"),
+        "ce-subject": alert.budget,
+        "content-type": CONTENT_TYPE,
+        MSG_ID: msg_id,
+    }
+    return _alert_encoder.encode(alert), headers
+
+
 class NatsAlertSink:
     """Publishes budget alerts to JetStream and waits for the PubAck; errors propagate (the batch retries)."""
 
@@ -106,17 +121,7 @@ class NatsAlertSink:
         self.ack_timeout_s = ack_timeout_s
 
     async def publish(self, alert: BudgetAlert, msg_id: str) -> None:
-        headers = {
-            "ce-specversion": SPECVERSION,
-            "ce-id": str(alert.alert_id),
-            "ce-source": self.source,
-            "ce-type": "cos.budget_exceeded.v1",
-            "ce-time": alert.occurred_at.astimezone(UTC).isoformat().replace("+00:00", "Z"),
-            "ce-subject": alert.budget,
-            "content-type": CONTENT_TYPE,
-            MSG_ID: msg_id,
-        }
-        body = _alert_encoder.encode(alert)
+        body, headers = alert_message(alert, msg_id, self.source)
         check_fits(
             f"the budget alert of {alert.budget}",
             body,
