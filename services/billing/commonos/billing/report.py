@@ -51,15 +51,17 @@ _GROUP_EXPRESSIONS: Final = {
     "day": "to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD')",
 }
 
+#: Token sums are numeric (what sum(bigint) returns), never cast back to bigint: each count is a bigint, their
+#: sum over calls need not be. The two cache-write buckets are summed apart for the same reason.
 _AGGREGATES: Final = """
     sum(cost_usd) AS usd,
     count(*) AS calls,
     count(*) FILTER (WHERE cost_usd IS NULL) AS unpriced_calls,
-    coalesce(sum(input_tokens), 0)::bigint AS input_tokens,
-    coalesce(sum(output_tokens), 0)::bigint AS output_tokens,
-    coalesce(sum(cache_read_tokens), 0)::bigint AS cache_read_tokens,
-    coalesce(sum(cache_write_5m_tokens + cache_write_1h_tokens), 0)::bigint AS cache_write_tokens,
-    coalesce(sum(reasoning_tokens), 0)::bigint AS reasoning_tokens"""
+    coalesce(sum(input_tokens), 0) AS input_tokens,
+    coalesce(sum(output_tokens), 0) AS output_tokens,
+    coalesce(sum(cache_read_tokens), 0) AS cache_read_tokens,
+    coalesce(sum(cache_write_5m_tokens), 0) + coalesce(sum(cache_write_1h_tokens), 0) AS cache_write_tokens,
+    coalesce(sum(reasoning_tokens), 0) AS reasoning_tokens"""
 
 _RANGE: Final = "created_at >= $1 AND ($2::timestamptz IS NULL OR created_at < $2)"
 
@@ -90,7 +92,10 @@ def parse_group_by(text: str) -> GroupBy:
 
 
 def parse_when(text: str, now: datetime | None = None) -> datetime:
-    """A date (UTC midnight), an ISO date-time (no offset = UTC), or ``<n>d``/``<n>h``/``<n>m`` ago."""
+    """A date (UTC midnight), an ISO date-time (no offset = UTC), or ``<n>d``/``<n>h``/``<n>m`` ago.
+
+    Every time is one of the years 1 to 9999 in UTC (what a row's time can be); any other is a ReportError.
+    """
     text = text.strip()
     relative = _RELATIVE.fullmatch(text)
     if relative:
@@ -107,7 +112,14 @@ def parse_when(text: str, now: datetime | None = None) -> datetime:
         when = datetime.fromisoformat(text)
     except ValueError:
         raise ReportError(f"{text!r} is not a date (2026-11-01), a date-time or a span ago (7d, 12h)") from None
-    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+    if when.tzinfo is None:
+        return when.replace(tzinfo=UTC)
+    try:
+        when.astimezone(UTC)
+    except OverflowError:
+        edge = "after the year 9999" if when.year == 9999 else "before the year 1"
+        raise ReportError(f"{text!r} is {edge} in UTC") from None
+    return when
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,11 +141,12 @@ class ReportRow:
             usd=record["usd"],
             calls=record["calls"],
             unpriced_calls=record["unpriced_calls"],
-            input_tokens=record["input_tokens"],
-            output_tokens=record["output_tokens"],
-            cache_read_tokens=record["cache_read_tokens"],
-            cache_write_tokens=record["cache_write_tokens"],
-            reasoning_tokens=record["reasoning_tokens"],
+            # numeric sums of whole numbers: exact ints, however large
+            input_tokens=int(record["input_tokens"]),
+            output_tokens=int(record["output_tokens"]),
+            cache_read_tokens=int(record["cache_read_tokens"]),
+            cache_write_tokens=int(record["cache_write_tokens"]),
+            reasoning_tokens=int(record["reasoning_tokens"]),
         )
 
     def as_dict(self) -> dict[str, Any]:

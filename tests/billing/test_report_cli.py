@@ -1,0 +1,193 @@
+"""`cos report cost` and `cos billing reprice` as a user runs them (a subprocess), on a real PostgreSQL.
+
+Sums are exact for any valid token counts, and a time range far in the past or the future is a correct
+(empty or full) report or one line of error, never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from commonos.billing.pricing import Pricer
+from commonos.billing.projection import INSERT_MODEL_CALLS, build_row, insert_arguments
+from commonos.billing.service import billing_schemas
+from commonos.proto import events as ev
+from commonos.proto.ids import new_id
+from commonos.runtime.postgres import apply_schemas, connect
+from tests.billing.support import POSITIONS, billing
+from tests.support import publish_all, wait_for_position
+
+BIG = 2**62
+MAX_BIGINT = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class Run:
+    code: int
+    out: str
+    err: str
+
+    def json(self) -> Any:
+        return json.loads(self.out, parse_float=Decimal)
+
+
+def cos(database_url: str, *argv: str) -> Run:
+    env = {**os.environ, "COS_DATABASE_URL": database_url, "COS_NATS_URL": "nats://127.0.0.1:1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "commonos.cli.main", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
+    assert "Traceback" not in done.stderr + done.stdout, done.stderr
+    return Run(done.returncode, done.stdout, done.stderr)
+
+
+async def acos(database_url: str, *argv: str) -> Run:
+    return await asyncio.to_thread(cos, database_url, *argv)
+
+
+def call(at: datetime, model: str = "gpt-99-imaginary", **fields: Any) -> ev.ModelCallCompleted:
+    return ev.ModelCallCompleted(
+        profile_id="default",
+        session_id=new_id(),
+        provider="openai",
+        model=model,
+        occurred_at=at,
+        **({"tags": ("client:acme",)} | fields),
+    )
+
+
+async def test_report_sums_are_exact_beyond_64_bits(nats_url: str, database_url: str) -> None:
+    now = datetime.now(UTC)
+    calls = [
+        # Issue #14: each count is a valid bigint, their sum is not.
+        call(now, cache_write_5m_tokens=BIG, cache_write_1h_tokens=BIG),
+        call(now, input_tokens=MAX_BIGINT, output_tokens=MAX_BIGINT, reasoning_tokens=MAX_BIGINT),
+        call(now, input_tokens=MAX_BIGINT, output_tokens=MAX_BIGINT, reasoning_tokens=BIG, cache_read_tokens=BIG),
+        call(now, cache_read_tokens=MAX_BIGINT, tags=("client:globex",)),
+        call(now, "o4-mini", input_tokens=1_000_000, output_tokens=10),  # priced: $1.10 + $0.000044
+    ]
+    acks = await publish_all(nats_url, calls)
+    async with billing(nats_url, database_url):
+        await wait_for_position(database_url, "billing", acks[-1].seq, table=POSITIONS)
+
+    expected = {
+        "calls": 5,
+        "unpriced_calls": 4,
+        "input_tokens": 2 * MAX_BIGINT + 1_000_000,
+        "output_tokens": 2 * MAX_BIGINT + 10,
+        "reasoning_tokens": MAX_BIGINT + BIG,
+        "cache_read_tokens": BIG + MAX_BIGINT,
+        "cache_write_tokens": 2 * BIG,
+        "usd": "1.1000440000",
+    }
+    since = ("--since", "0001-01-01")
+    for group_by in ("model", "provider", "profile", "day", "tag:client"):
+        run = await acos(database_url, "report", "cost", *since, "--group-by", group_by, "--format", "json")
+        assert (run.code, run.err) == (0, "")
+        total = run.json()["total"]
+        assert {key: total[key] for key in expected} == expected, group_by
+    by_client = {g["group"]: g for g in run.json()["groups"]}
+    assert by_client["client:acme"]["input_tokens"] == 2 * MAX_BIGINT + 1_000_000
+    assert by_client["client:acme"]["cache_write_tokens"] == 2 * BIG
+    assert by_client["client:globex"]["cache_read_tokens"] == MAX_BIGINT
+
+    table = await acos(database_url, "report", "cost", *since)
+    assert (table.code, table.err) == (0, "")
+    assert f"{2 * BIG:,}" in table.out  # cache_write of the total, with thousands separators
+    csv = await acos(database_url, "report", "cost", *since, "--format", "csv")
+    assert (csv.code, csv.err) == (0, "")
+    assert csv.out.splitlines()[-1].endswith(f",{BIG + MAX_BIGINT},{2 * BIG}")
+
+
+@pytest.fixture
+async def three_calls(database_url: str) -> str:
+    """A database holding three billed calls: last year, yesterday and now."""
+    now = datetime.now(UTC)
+    pricer = Pricer()
+    rows = [
+        build_row(call(at, "o4-mini", input_tokens=1000), pricer)
+        for at in (now - timedelta(days=365), now - timedelta(days=1), now)
+    ]
+    conn = await connect(database_url)
+    try:
+        await apply_schemas(conn, billing_schemas())
+        await conn.fetch(INSERT_MODEL_CALLS, *insert_arguments(rows))
+    finally:
+        await conn.close()
+    return database_url
+
+
+#: (range arguments, calls in the report), for ranges that are valid however far they reach.
+VALID_RANGES = [
+    (("--since", "9999-12-31"), 0),
+    (("--since", "9999-12-31T23:59:59.999999"), 0),
+    (("--since", "100000d"), 3),
+    (("--since", "0001-01-01"), 3),
+    (("--since", "0001-01-01T00:00:00+00:00"), 3),
+    (("--since", "0001-01-01", "--until", "9999-12-31"), 3),
+    (("--since", "0001-01-01", "--until", "9999-12-31T23:59:59.999999Z"), 3),
+    (("--since", "2d", "--until", "9999-12-31"), 2),
+    (("--until", "0001-01-01"), 0),
+]
+
+#: (range arguments, the flag, the value, what the one-line error says about it)
+BAD_RANGES = [
+    ("--since", "9999-12-31T23:59:59-01:00", "is after the year 9999 in UTC"),
+    ("--since", "0001-01-01T00:00:00+01:00", "is before the year 1 in UTC"),
+    ("--until", "9999-12-31T23:59:59-01:00", "is after the year 9999 in UTC"),
+    ("--until", "0001-01-01T00:59:59.999999+01:00", "is before the year 1 in UTC"),
+    ("--since", "10000000d", "reaches before the year 1"),
+    ("--since", "99999999999999999999999999999999h", "reaches before the year 1"),
+    ("--since", "10000-01-01", "is not a date (2026-11-01), a date-time or a span ago (7d, 12h)"),
+    ("--since", "0000-12-31", "is not a date (2026-11-01), a date-time or a span ago (7d, 12h)"),
+]
+
+
+@pytest.mark.parametrize(("argv", "calls"), VALID_RANGES, ids=[" ".join(a) for a, _ in VALID_RANGES])
+async def test_a_report_over_any_valid_range_is_correct(three_calls: str, argv: tuple[str, ...], calls: int) -> None:
+    run = await acos(three_calls, "report", "cost", *argv, "--format", "json")
+    assert (run.code, run.err) == (0, "")
+    assert run.json()["total"]["calls"] == calls
+    table = await acos(three_calls, "report", "cost", *argv)
+    assert (table.code, table.err) == (0, "")
+    assert table.out.startswith("Cost by model, ")
+
+
+REPRICE_RANGES = [(argv, calls) for argv, calls in VALID_RANGES if "--since" in argv]  # reprice needs --since
+
+
+@pytest.mark.parametrize(("argv", "calls"), REPRICE_RANGES, ids=[" ".join(a) for a, _ in REPRICE_RANGES])
+async def test_a_reprice_over_any_valid_range_is_correct(three_calls: str, argv: tuple[str, ...], calls: int) -> None:
+    run = await acos(three_calls, "billing", "reprice", *argv, "--format", "json")
+    assert (run.code, run.err) == (0, "")
+    assert (run.json()["rows_examined"], run.json()["rows_changed"]) == (calls, 0)
+
+
+@pytest.mark.parametrize(("flag", "value", "says"), BAD_RANGES, ids=[f"{f} {v}" for f, v, _ in BAD_RANGES])
+@pytest.mark.parametrize("command", [("report", "cost"), ("billing", "reprice")], ids=" ".join)
+async def test_a_time_out_of_range_is_one_line(
+    three_calls: str, command: tuple[str, str], flag: str, value: str, says: str
+) -> None:
+    argv = [*command, flag, value]
+    if command == ("billing", "reprice") and flag == "--until":
+        argv += ["--since", "0001-01-01"]
+    run = await acos(three_calls, *argv)
+    prog = "cos " + " ".join(command)
+    assert run.code == 2
+    assert run.err == f"{prog}: error: argument {flag}: {value!r} {says} (see `{prog} --help`)\n"
+    assert run.out == ""
