@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -191,3 +192,36 @@ async def test_a_time_out_of_range_is_one_line(
     assert run.code == 2
     assert run.err == f"{prog}: error: argument {flag}: {value!r} {says} (see `{prog} --help`)\n"
     assert run.out == ""
+
+
+async def test_a_reprice_whose_new_cost_cannot_be_stored_is_one_line_and_changes_nothing(
+    database_url: str, tmp_path: Path
+) -> None:
+    # Billed unpriced; $15 per million tokens then makes 2^63 - 1 tokens cost ~$1.4e14, beyond numeric(24, 10).
+    rows = [
+        build_row(call(datetime.now(UTC), input_tokens=MAX_BIGINT), Pricer()),
+        build_row(call(datetime.now(UTC), input_tokens=1000), Pricer()),
+    ]
+    conn = await connect(database_url)
+    try:
+        await apply_schemas(conn, billing_schemas())
+        await conn.fetch(INSERT_MODEL_CALLS, *insert_arguments(rows))
+        before = [dict(r) for r in await conn.fetch("SELECT * FROM model_calls ORDER BY event_id")]
+    finally:
+        await conn.close()
+    prices = tmp_path / "prices.toml"
+    prices.write_text('[[price]]\nmodel = "gpt-99-imaginary"\ninput_mtok = "15"\noutput_mtok = "15"\n')
+
+    for dry_run in ((), ("--dry-run",)):
+        run = await acos(database_url, "billing", "reprice", "--since", "1d", "--price-file", str(prices), *dry_run)
+        assert run.code == 2 and run.out == ""
+        assert run.err == (
+            f"cos: error: call {rows[0].event_id}: its new cost 138350580552821.6371050000 USD does not fit "
+            "model_calls.cost_usd (below 10^14 USD); nothing was repriced\n"
+        )
+    conn = await connect(database_url)
+    try:
+        assert [dict(r) for r in await conn.fetch("SELECT * FROM model_calls ORDER BY event_id")] == before
+        assert await conn.fetchval("SELECT count(*) FROM billing_reprices") == 0
+    finally:
+        await conn.close()

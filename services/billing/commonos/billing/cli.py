@@ -30,7 +30,7 @@ from commonos.billing.report import (
     parse_when,
     render_report,
 )
-from commonos.billing.reprice import render_reprice, reprice
+from commonos.billing.reprice import RepriceError, render_reprice, reprice
 from commonos.cli.args import CliError
 from commonos.cli.system import endpoints
 from commonos.runtime.postgres import connect
@@ -96,7 +96,10 @@ def _reprice(args: argparse.Namespace) -> int:
     dsn = database_url(settings)
 
     async def work(conn: Any) -> str:
-        result = await reprice(conn, args.since, args.until, price_file, dry_run=args.dry_run)
+        try:
+            result = await reprice(conn, args.since, args.until, price_file, dry_run=args.dry_run)
+        except RepriceError as exc:
+            raise CliError(str(exc)) from None
         return render_reprice(result, args.format)
 
     print(asyncio.run(_with_database(dsn, work)))

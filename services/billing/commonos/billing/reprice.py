@@ -5,7 +5,8 @@ fresh :class:`Pricer`. A row changes when its cost, cost status or price source 
 new ``price_version`` and ``price_detail`` and ``repriced_at = now()``. Rows whose cost is the same keep the
 version that priced them, so a second run with the same prices changes nothing (idempotent), and a price-file
 edit changes exactly the rows it affects. Budget spend of the periods in range is recomputed, and a run that
-changed rows is logged in ``billing_reprices``. Everything happens in one transaction.
+changed rows is logged in ``billing_reprices``. Everything happens in one transaction: a row whose new cost
+``model_calls.cost_usd`` cannot hold stops the run with a :class:`RepriceError` and nothing changes.
 
 The running billing service keeps the prices it started with: restart it after changing the price file, or
 new calls are priced with the old file (a reprice later fixes them too).
@@ -25,11 +26,12 @@ import asyncpg
 
 from commonos.billing.budgets import BUDGET_LOCK_KEY
 from commonos.billing.pricing import PriceFile, Pricer, PriceResult
+from commonos.billing.projection import MAX_COST_USD
 from commonos.billing.report import columns
 from commonos.billing.usage import TokenUsage
 from commonos.runtime.postgres import Conn
 
-__all__ = ["RepriceChange", "RepriceResult", "render_reprice", "reprice", "reprice_row"]
+__all__ = ["RepriceChange", "RepriceError", "RepriceResult", "render_reprice", "reprice", "reprice_row"]
 
 #: A stored row: an asyncpg Record, or any mapping with the same keys.
 Row = Mapping[str, Any] | asyncpg.Record
@@ -74,6 +76,10 @@ INSERT INTO billing_reprices (since, until, genai_version, price_file, price_fil
                               rows_changed, usd_before, usd_after)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 """
+
+
+class RepriceError(ValueError):
+    """A reprice that cannot be done (the whole run is rolled back); the message is one line."""
 
 
 @dataclass(slots=True)
@@ -160,6 +166,11 @@ async def reprice(
                 new = reprice_row(pricer, row)
                 if not _is_change(row, new):
                     continue
+                if new.cost_usd is not None and new.cost_usd > MAX_COST_USD:
+                    raise RepriceError(
+                        f"call {row['event_id']}: its new cost {new.cost_usd} USD does not fit model_calls.cost_usd "
+                        "(below 10^14 USD); nothing was repriced"
+                    )
                 key = (row["provider"], row["model"], row["cost_status"], new.status.value)
                 change = result.changes.get(key)
                 if change is None:
