@@ -73,6 +73,8 @@ def poison_calls() -> list[tuple[ev.ModelCallCompleted, str]]:
         # Issue #14: in UTC this is 10000-01-01T00:59:59, which no datetime (and so no row) can hold.
         (call(datetime(9999, 12, 31, 23, 59, 59, tzinfo=MINUS_ONE)), "occurred_at 9999-12-31T23:59:59-01:00"),
         (call(datetime(1, 1, 1, 0, 0, 0, tzinfo=PLUS_ONE)), "occurred_at 0001-01-01T00:00:00+01:00"),
+        # The first instant: PostgreSQL's driver would store it as -infinity, not as this time.
+        (call(datetime(1, 1, 1, tzinfo=UTC)), "occurred_at 0001-01-01T00:00:00+00:00 is the first instant"),
         # Unpriced: pricing never looks at the time, the row would not be storable all the same.
         (call(datetime(9999, 12, 31, 23, 59, 59, tzinfo=MINUS_ONE), "openai", "gpt-99-imaginary"), "occurred_at"),
         # Storable, but the day of the budget on its tag ends after the year 9999.

@@ -495,6 +495,13 @@ def at(text: str) -> datetime:
          InvalidModelCall, "occurred_at 0001-01-01T00:00:00+01:00 is before the year 1 in UTC: no row can hold it"),
         ("scripted", "echo", TokenUsage(), "9999-12-31T23:59:59.999999-00:01", (),
          InvalidModelCall, "occurred_at 9999-12-31T23:59:59.999999-00:01 is after the year 9999"),
+        # The first and the last instant: PostgreSQL's driver (asyncpg) would store them as -infinity, infinity.
+        ("openai", "o3", TokenUsage(), "0001-01-01T00:00:00+00:00", (),
+         InvalidModelCall, "occurred_at 0001-01-01T00:00:00+00:00 is the first instant of time, which a row holds "
+                           "as -infinity"),
+        ("openai", "o3", TokenUsage(), "9999-12-31T22:59:59.999999-01:00", (),
+         InvalidModelCall, "occurred_at 9999-12-31T22:59:59.999999-01:00 is the last instant of time, which a row "
+                           "holds as infinity"),
         # A time a row holds, but a budgeted period of it ends after the year 9999.
         ("openai", "o3", TokenUsage(), "9999-12-31T00:00:00+00:00", ("client:acme",),
          UnbillableModelCall, "budgets: OverflowError: the day 9999-12-31 ends after the year 9999"),
@@ -525,10 +532,10 @@ def test_a_call_billing_cannot_handle_is_a_data_error_of_that_call(
 @pytest.mark.parametrize(
     ("occurred_at", "tags"),
     [
-        ("9999-12-31T23:59:59.999999+00:00", ()),  # the last UTC time, with no budget on the call
+        ("9999-12-31T23:59:59.999998+00:00", ()),  # the last UTC time a row holds, with no budget on the call
         ("9999-11-30T23:00:00-00:59", ("client:acme", "team:core")),  # 9999-11-30T23:59Z: both periods end in 9999
         ("0001-01-01T00:00:00-01:00", ("client:acme", "team:core")),
-        ("0001-01-01T00:00:00+00:00", ("client:acme", "team:core")),
+        ("0001-01-01T00:00:00.000001+00:00", ("client:acme", "team:core")),
     ],
 )
 def test_calls_at_the_edges_of_time_are_billed(occurred_at: str, tags: tuple[str, ...]) -> None:

@@ -212,7 +212,8 @@ def test_every_call_is_a_row_all_of_billing_takes_or_a_clean_data_error(payload:
 
 def check_row(call: ev.ModelCallCompleted, row: Any) -> None:
     assert row.event_id == call.event_id and row.created_at == call.occurred_at
-    row.created_at.astimezone(UTC)  # what PostgreSQL's driver does with it
+    # What PostgreSQL's driver does with it; it would store the first and last instants as -infinity, infinity.
+    assert datetime.min.replace(tzinfo=UTC) < row.created_at.astimezone(UTC) < datetime.max.replace(tzinfo=UTC)
     for count in (row.input_tokens, row.output_tokens, row.cache_read_tokens, row.reasoning_tokens):
         assert 0 <= count <= _MAX_BIGINT
     assert 0 <= row.cache_write_5m_tokens <= _MAX_BIGINT and 0 <= row.cache_write_1h_tokens <= _MAX_BIGINT

@@ -17,7 +17,7 @@ needs no I/O (:meth:`BillingProjection.bill`: the call's own checks, pricing, th
 periods) and keeps the row for ``apply``. What counts as the call's data error, and so as its dead letter:
 
 * :class:`InvalidModelCall`: the call breaks a rule of its own (reasoning above output, a count beyond 64
-  bits, a time that is no UTC time in the years 1 to 9999, ...);
+  bits, a time that is no UTC time in the years 1 to 9999 or is the first or last of them, ...);
 * :class:`UnbillableModelCall` (a subclass): pricing or the budget step met a value out of range on it,
   that is ``OverflowError`` (date or integer arithmetic beyond its range) or a ``decimal`` signal, or its
   cost does not fit ``model_calls.cost_usd``; the reason names the step (``pricing: ...``, ``budgets: ...``).
@@ -68,6 +68,10 @@ _MAX_BIGINT: Final = 2**63 - 1
 _MAX_NAME_CHARS: Final = 256
 #: ``model_calls.cost_usd`` is ``numeric(24, 10)``: a cost must stay below 10^14 USD.
 MAX_COST_USD: Final = Decimal(10) ** 14 - Decimal("1e-10")
+
+#: asyncpg stores these two instants as -infinity and infinity, not as themselves.
+_FIRST_INSTANT: Final = datetime.min.replace(tzinfo=UTC)
+_LAST_INSTANT: Final = datetime.max.replace(tzinfo=UTC)
 
 #: Errors that mean "a value of this call is out of range", not "billing has a bug": date and integer
 #: arithmetic beyond its range, and the signals of decimal arithmetic (InvalidOperation, Overflow, ...).
@@ -151,10 +155,16 @@ def check_model_call(event: ModelCallCompleted) -> None:
         raise InvalidModelCall(f"reported_cost_usd must be a finite amount from 0 to 1e12, got {reported}")
     at = event.occurred_at
     try:
-        at.astimezone(UTC)  # what pricing, budgets and PostgreSQL's driver all do with it
+        utc = at.astimezone(UTC)  # what pricing, budgets and PostgreSQL's driver all do with it
     except OverflowError:
         edge = "after the year 9999" if at.year == 9999 else "before the year 1"
         raise InvalidModelCall(f"occurred_at {at.isoformat()} is {edge} in UTC: no row can hold it") from None
+    if utc in (_FIRST_INSTANT, _LAST_INSTANT):
+        edge, stored = ("first", "-infinity") if utc == _FIRST_INSTANT else ("last", "infinity")
+        raise InvalidModelCall(
+            f"occurred_at {at.isoformat()} is the {edge} instant of time, which a row holds as {stored} "
+            "(PostgreSQL's driver, asyncpg, maps it so)"
+        )
 
 
 def check_row(row: ModelCallRow) -> None:
