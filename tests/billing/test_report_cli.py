@@ -164,6 +164,10 @@ async def test_a_report_over_any_valid_range_is_correct(three_calls: str, argv: 
     run = await acos(three_calls, "report", "cost", *argv, "--format", "json")
     assert (run.code, run.err) == (0, "")
     assert run.json()["total"]["calls"] == calls
+    since = datetime.fromisoformat(run.json()["since"])
+    assert since.tzinfo is not None, "the range is printed as instants"
+    if "--since" in argv and argv[1].startswith("0001-01-01"):
+        assert since == datetime(1, 1, 1, tzinfo=UTC)
     table = await acos(three_calls, "report", "cost", *argv)
     assert (table.code, table.err) == (0, "")
     assert table.out.startswith("Cost by model, ")

@@ -203,7 +203,9 @@ async def cost_report(
 ) -> CostReport:
     """Run the report in one read-only snapshot, so groups and total agree."""
     async with conn.transaction(isolation="repeatable_read", readonly=True):
-        resolved = await conn.fetchval("SELECT coalesce($1::timestamptz, date_trunc('month', now()))", since)
+        # Only the default is asked of the database: a given time read back could be asyncpg's naive
+        # datetime.min/max, which is how it reads -infinity/infinity (what it sends for the first/last instant).
+        resolved = since if since is not None else await conn.fetchval("SELECT date_trunc('month', now())")
         args: list[Any] = [resolved, until]
         if group_by.kind == "tag":
             args.append(f"{group_by.tag_key}:")
