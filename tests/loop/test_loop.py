@@ -14,7 +14,6 @@ from commonos.loop.locks import MemorySessionLocks, SessionBusy
 from commonos.loop.loop import (
     INTERRUPTED_RESULT,
     Loop,
-    SessionProfileMismatch,
     TurnRequest,
     UnknownProfile,
     close_open_tool_calls,
@@ -280,7 +279,7 @@ async def test_busy_session_and_bad_requests_are_typed_errors(profile: Profile) 
     other = dataclasses.replace(profile, id="other")
     loop.profiles["other"] = other
     loop.providers["other"] = ScriptedProvider.from_file(profile.folder / "script.toml")
-    with pytest.raises(SessionProfileMismatch):
+    with pytest.raises(SessionNotFound, match="for profile 'other'"):
         await loop.run_turn(TurnRequest(profile_id="other", text="x", session_id=first.session_id))
 
 

@@ -83,8 +83,9 @@ class EventJournal(ABC):
         """Store one event durably; return only once it is stored. Raise `JournalError` otherwise."""
 
     @abstractmethod
-    async def _read_session(self, session_id: uuid.UUID) -> list[Event]:
-        """Every event of one session, in the order they were stored."""
+    async def _read_session(self, session_id: uuid.UUID, profile_id: str | None) -> list[Event]:
+        """Every event of one session, in the order they were stored: those stored under `profile_id`
+        when given (the fold leaves out any other profile's anyway)."""
 
     @abstractmethod
     async def _read_memory(self, profile_id: str) -> list[Event]:
@@ -142,16 +143,18 @@ class EventJournal(ABC):
             self._session_locks.pop(old, None)
         return state
 
-    async def _refresh(self, session_id: uuid.UUID) -> SessionState:
-        state = fold_session(session_id, await self._read_session(session_id))
+    async def _refresh(self, session_id: uuid.UUID, profile_id: str | None = None) -> SessionState:
+        state = fold_session(session_id, await self._read_session(session_id, profile_id), profile_id)
         if not state.exists:
             self._session_locks.pop(session_id, None)
-            raise SessionNotFound(session_id)
+            raise SessionNotFound(session_id, profile_id)
         return self._remember(state)
 
-    async def _state(self, session_id: uuid.UUID) -> SessionState:
+    async def _state(self, session_id: uuid.UUID, profile_id: str) -> SessionState:
         state = self._states.get(session_id)
-        return state if state is not None else await self._refresh(session_id)
+        if state is not None and state.owner == profile_id:
+            return state
+        return await self._refresh(session_id, profile_id)
 
     async def _emit(self, event: Event, state: SessionState | None = None) -> None:
         try:
@@ -180,23 +183,23 @@ class EventJournal(ABC):
             tags=tuple(parse_tags(session.tags)),
             parent_session_id=session.parent_session_id,
         )
-        state = SessionState(session_id)
+        state = SessionState(session_id, session.profile_id)
         async with self._lock(session_id):
             await self._emit(event, state)
         self._remember(state)
         return session_id
 
-    async def load_session(self, session_id: uuid.UUID) -> SessionRecord:
+    async def load_session(self, session_id: uuid.UUID, profile_id: str | None = None) -> SessionRecord:
         async with self._lock(session_id):
-            return (await self._refresh(session_id)).record()
+            return (await self._refresh(session_id, profile_id)).record()
 
-    async def load_history(self, session_id: uuid.UUID) -> list[Message]:
+    async def load_history(self, session_id: uuid.UUID, profile_id: str | None = None) -> list[Message]:
         async with self._lock(session_id):
-            return (await self._refresh(session_id)).history()
+            return (await self._refresh(session_id, profile_id)).history()
 
-    async def load_entries(self, session_id: uuid.UUID) -> list[HistoryEntry]:
+    async def load_entries(self, session_id: uuid.UUID, profile_id: str | None = None) -> list[HistoryEntry]:
         async with self._lock(session_id):
-            return (await self._refresh(session_id)).entries()
+            return (await self._refresh(session_id, profile_id)).entries()
 
     async def start_turn(self, turn: TurnInfo, context_snapshot: dict[str, Any] | None = None) -> None:
         event = TurnStarted(
@@ -209,11 +212,11 @@ class EventJournal(ABC):
             context_snapshot=context_snapshot,
         )
         async with self._lock(turn.session_id):
-            await self._emit(event, await self._state(turn.session_id))
+            await self._emit(event, await self._state(turn.session_id, turn.profile_id))
 
     async def append_message(self, turn: TurnInfo, message: Message) -> int:
         async with self._lock(turn.session_id):
-            state = await self._state(turn.session_id)
+            state = await self._state(turn.session_id, turn.profile_id)
             seq = state.next_seq
             event = self._appended(turn, seq, message)
             self._check(f"the {event.role.replace('_', ' ')} message", self._event_bytes(event))
@@ -224,7 +227,7 @@ class EventJournal(ABC):
         if not seqs:
             return
         async with self._lock(turn.session_id):
-            state = await self._state(turn.session_id)
+            state = await self._state(turn.session_id, turn.profile_id)
             event = MessageDeactivated(
                 profile_id=turn.profile_id, session_id=turn.session_id, message_ids=state.message_ids(seqs)
             )
@@ -305,7 +308,7 @@ class EventJournal(ABC):
         )
 
     async def load_memory(self, profile_id: str) -> MemoryEntries:
-        return fold_memory(await self._read_memory(profile_id))
+        return fold_memory(await self._read_memory(profile_id), profile_id)
 
     async def finish_turn(self, turn: TurnInfo, status: TurnStatus, error: str | None = None) -> None:
         event = TurnFinished(

@@ -38,11 +38,12 @@ class JournalError(RuntimeError):
 
 
 class SessionNotFound(LookupError):
-    """No `session_created` event exists for this session id."""
+    """No `session_created` event exists for this session id (from this profile, when one is named)."""
 
-    def __init__(self, session_id: uuid.UUID) -> None:
-        super().__init__(f"session {session_id} not found")
+    def __init__(self, session_id: uuid.UUID, profile_id: str | None = None) -> None:
+        super().__init__(f"session {session_id} not found" + (f" for profile {profile_id!r}" if profile_id else ""))
         self.session_id = session_id
+        self.profile_id = profile_id
 
 
 class UnknownMessage(ValueError):
@@ -179,15 +180,19 @@ class Journal(Protocol):
         """Start a new session (`session_created`) and return its new id (UUIDv7)."""
         ...
 
-    async def load_session(self, session_id: uuid.UUID) -> SessionRecord:
-        """The session as its events describe it; `SessionNotFound` when it has none."""
+    async def load_session(self, session_id: uuid.UUID, profile_id: str | None = None) -> SessionRecord:
+        """The session as its owner's events describe it; `SessionNotFound` when it has none.
+
+        The owner is `profile_id` when given (a session another profile created is then not found),
+        else the profile that created it. Events of any other profile about the session, or whose
+        body names another session, are left out, here and in `load_history` / `load_entries`."""
         ...
 
-    async def load_history(self, session_id: uuid.UUID) -> list[Message]:
+    async def load_history(self, session_id: uuid.UUID, profile_id: str | None = None) -> list[Message]:
         """Active messages of a session, oldest first (deactivated ones left out)."""
         ...
 
-    async def load_entries(self, session_id: uuid.UUID) -> list[HistoryEntry]:
+    async def load_entries(self, session_id: uuid.UUID, profile_id: str | None = None) -> list[HistoryEntry]:
         """Every message of a session with its seq, id and active flag, oldest first."""
         ...
 

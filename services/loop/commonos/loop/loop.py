@@ -56,10 +56,6 @@ class UnknownProfile(LookupError):
         self.profile_id = profile_id
 
 
-class SessionProfileMismatch(ValueError):
-    """A session continued under another profile than the one it belongs to."""
-
-
 class TurnRequest(msgspec.Struct, frozen=True, kw_only=True):
     profile_id: str
     text: str
@@ -181,13 +177,10 @@ class Loop:
         lease = await self._acquire(session_id)
         try:
             if record is None:
-                # Read under the lock: what the previous turn (maybe another process's) left.
-                record = await self.journal.load_session(session_id)
-                if record.profile_id != profile.id:
-                    raise SessionProfileMismatch(
-                        f"session {session_id} belongs to profile {record.profile_id!r}, not {profile.id!r}"
-                    )
-                history = await self.journal.load_history(session_id)
+                # Read under the lock: what the previous turn (maybe another process's) left, as the
+                # profile's own session (another profile's session is not found; its events are left out).
+                record = await self.journal.load_session(session_id, profile.id)
+                history = await self.journal.load_history(session_id, profile.id)
                 self.journal.check_message(_provisional(profile.id, session_id), user, "the chat text")
             turn = TurnInfo(
                 profile_id=profile.id,

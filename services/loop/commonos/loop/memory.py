@@ -19,8 +19,8 @@ class MemoryJournal(EventJournal):
     async def _store(self, event: Event) -> None:
         self.events.append(event)
 
-    async def _read_session(self, session_id: uuid.UUID) -> list[Event]:
-        return [e for e in self.events if e.session_id == session_id]
+    async def _read_session(self, session_id: uuid.UUID, profile_id: str | None) -> list[Event]:
+        return [e for e in self.events if e.session_id == session_id and profile_id in (None, e.profile_id)]
 
     async def _read_memory(self, profile_id: str) -> list[Event]:
         return [e for e in self.events if isinstance(e, MemoryChanged) and e.profile_id == profile_id]

@@ -2,7 +2,7 @@
 
 Each operation is one event published with `EventPublisher` (the loop goes on only after the PubAck;
 a retry reuses the event id, so JetStream drops a duplicate). A session is read back from the stream
-by its subjects (`cos.events.*.<session>.*`) through a short-lived ordered, un-acked pull consumer
+by its owner's subjects (`cos.events.<profile>.<session>.*`) through a short-lived ordered, un-acked pull consumer
 on the stream leader, so the loop always sees its own writes — never from Postgres.
 """
 
@@ -26,6 +26,7 @@ from commonos.loop.journal import JournalError
 from commonos.proto.events import Event, EventDecodeError, decode_event
 from commonos.proto.ids import new_id
 from commonos.proto.subjects import EVENTS_PREFIX, EVENTS_STREAM
+from commonos.proto.tags import check_profile_id
 from commonos.runtime.limits import message_bytes, with_stream_header
 from commonos.runtime.publisher import EventPublisher, EventTooLarge, PublishError
 from commonos.runtime.settings import DEFAULT_MAX_MESSAGE_BYTES
@@ -50,9 +51,9 @@ _RETRYABLE_READ = (
 )
 
 
-def session_subjects(session_id: uuid.UUID) -> str:
-    """Every event of one session, whatever its profile."""
-    return f"{EVENTS_PREFIX}.*.{session_id}.*"
+def session_subjects(session_id: uuid.UUID, profile_id: str | None = None) -> str:
+    """Every event of one session stored under `profile_id` (the session's owner), or under any profile."""
+    return f"{EVENTS_PREFIX}.{check_profile_id(profile_id) if profile_id is not None else '*'}.{session_id}.*"
 
 
 def memory_subjects(profile_id: str) -> str:
@@ -169,8 +170,8 @@ class NatsJournal(EventJournal):
         except PublishError as exc:
             raise JournalError(str(exc)) from exc
 
-    async def _read_session(self, session_id: uuid.UUID) -> list[Event]:
-        return await read_events(self.js, session_subjects(session_id), deadline_s=self.read_deadline_s)
+    async def _read_session(self, session_id: uuid.UUID, profile_id: str | None) -> list[Event]:
+        return await read_events(self.js, session_subjects(session_id, profile_id), deadline_s=self.read_deadline_s)
 
     async def _read_memory(self, profile_id: str) -> list[Event]:
         return await read_events(self.js, memory_subjects(profile_id), deadline_s=self.read_deadline_s)

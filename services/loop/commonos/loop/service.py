@@ -26,7 +26,7 @@ from nats.aio.subscription import Subscription
 from commonos.loop.approvals import NatsApprover
 from commonos.loop.journal import JournalError, MessageTooLarge, SessionNotFound
 from commonos.loop.locks import LockUnavailable, NatsSessionLocks, SessionBusy, default_owner
-from commonos.loop.loop import Loop, SessionProfileMismatch, TurnRequest, UnknownProfile
+from commonos.loop.loop import Loop, TurnRequest, UnknownProfile
 from commonos.loop.nats_journal import NatsJournal
 from commonos.loop.profiles import ProfileError, load_profiles
 from commonos.loop.providers import build_provider
@@ -223,7 +223,7 @@ class LoopService:
             raise
         except SessionBusy as exc:
             reply = ChatReply(status="busy", session_id=exc.session_id, error=str(exc))
-        except (SessionNotFound, SessionProfileMismatch, UnknownProfile, InvalidTag, MessageTooLarge) as exc:
+        except (SessionNotFound, UnknownProfile, InvalidTag, MessageTooLarge) as exc:
             reply = ChatReply(status="rejected", session_id=request.session_id, error=str(exc))
         except (JournalError, LockUnavailable) as exc:
             reply = ChatReply(status=TurnStatus.FAILED.value, session_id=request.session_id, error=str(exc))

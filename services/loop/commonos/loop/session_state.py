@@ -28,10 +28,18 @@ log = logging.getLogger(__name__)
 
 
 class SessionState:
-    """A session folded from its events in stream order."""
+    """A session folded from its events in stream order, as its owner's.
 
-    def __init__(self, session_id: uuid.UUID) -> None:
+    The owner is the profile that created the session (`profile_id` when given: a session created by
+    any other profile then does not exist). Only events whose body names the owner and this session
+    count; anything else read with them (another profile's events about the same session id, an event
+    whose body names another session) is left out, as the core projection dead-letters it.
+    """
+
+    def __init__(self, session_id: uuid.UUID, profile_id: str | None = None) -> None:
         self.session_id = session_id
+        #: The profile the session must belong to, when known before its `session_created` is read.
+        self.expected_profile = profile_id
         self.created: SessionCreated | None = None
         self.context_snapshot: dict[str, Any] | None = None
         self.turn_count = 0
@@ -44,6 +52,22 @@ class SessionState:
         return self.created is not None
 
     @property
+    def owner(self) -> str | None:
+        """The profile that created the session (None before its `session_created`)."""
+        return self.created.profile_id if self.created is not None else None
+
+    def _foreign(self, event: Event) -> bool:
+        """Whether `event` is not the owner's event about this session (and is to be left out)."""
+        if event.session_id != self.session_id:
+            return True
+        if self.created is None:
+            # Nothing of a session counts before it is created, and only its profile can create it.
+            return not isinstance(event, SessionCreated) or (
+                self.expected_profile is not None and event.profile_id != self.expected_profile
+            )
+        return event.profile_id != self.created.profile_id
+
+    @property
     def last_seq(self) -> int:
         return self._entries[-1].seq if self._entries else 0
 
@@ -52,6 +76,15 @@ class SessionState:
         return self.last_seq + 1
 
     def apply(self, event: Event) -> None:
+        if self._foreign(event):
+            log.warning(
+                "session %s: %s from profile %r left out (the session is %r's)",
+                self.session_id,
+                type(event).__name__,
+                event.profile_id,
+                self.owner or self.expected_profile,
+            )
+            return
         match event:
             case SessionCreated():
                 if self.created is None:
@@ -121,8 +154,9 @@ class SessionState:
         return tuple(by_seq[s] for s in seqs)
 
 
-def fold_session(session_id: uuid.UUID, events: Iterable[Event]) -> SessionState:
-    state = SessionState(session_id)
+def fold_session(session_id: uuid.UUID, events: Iterable[Event], profile_id: str | None = None) -> SessionState:
+    """The session as its owner's events describe it: `profile_id`'s when given, else its creator's."""
+    state = SessionState(session_id, profile_id)
     for event in events:
         state.apply(event)
     return state
@@ -147,14 +181,23 @@ def apply_memory_op(entries: list[str], op: MemoryOp, position: int, content: st
 
 
 class MemoryState:
-    """A profile's memory folded from its `memory_changed` events."""
+    """A profile's memory folded from its `memory_changed` events (another profile's are left out)."""
 
-    def __init__(self) -> None:
+    def __init__(self, profile_id: str | None = None) -> None:
+        self.profile_id = profile_id
         self.lists: dict[MemoryTarget, list[str]] = {t: [] for t in MemoryTarget}
         self._seen: set[uuid.UUID] = set()
 
     def apply(self, event: Event) -> None:
         if not isinstance(event, MemoryChanged) or event.event_id in self._seen:
+            return
+        if self.profile_id is not None and event.profile_id != self.profile_id:
+            log.warning(
+                "memory_changed %s of profile %r left out of %r's memory",
+                event.event_id,
+                event.profile_id,
+                self.profile_id,
+            )
             return
         self._seen.add(event.event_id)
         if not apply_memory_op(self.lists[event.target], event.op, event.position, event.content):
@@ -164,8 +207,8 @@ class MemoryState:
         return MemoryEntries(memory=tuple(self.lists[MemoryTarget.MEMORY]), user=tuple(self.lists[MemoryTarget.USER]))
 
 
-def fold_memory(events: Iterable[Event]) -> MemoryEntries:
-    state = MemoryState()
+def fold_memory(events: Iterable[Event], profile_id: str | None = None) -> MemoryEntries:
+    state = MemoryState(profile_id)
     for event in events:
         state.apply(event)
     return state.entries()
