@@ -14,24 +14,24 @@ from commonos.importer.claude import read_claude, read_claude_file
 from commonos.importer.codex import read_codex
 from commonos.importer.model import ImportedSession
 from commonos.importer.publish import (
-    DEFAULT_MAX_PAYLOAD,
-    GraphTooLarge,
     TreeState,
     events_for,
     has_usage,
     import_tags,
     model_call_event_id,
+    part_budget,
     profile_id_for,
     settled_invocations,
-    split_graph,
     tag_value,
     tree_events,
 )
 from commonos.journal_writer.graph_projection import GraphEventInvalid, GraphProjection, graph_of, graph_rows
 from commonos.proto.events import ModelCallCompleted, TranscriptImported, decode_event, encode_event
-from commonos.proto.graph import Graph, ModelInvocation, decode_graph, encode_graph, validate
+from commonos.proto.graph import Graph, GraphInvalid, ModelInvocation, decode_graph, encode_graph, validate
 from commonos.proto.subjects import parse_subject, subject_for
 from commonos.proto.tags import parse_tags
+from commonos.runtime.limits import DEFAULT_MAX_PAYLOAD
+from tests.importer.parts import check_parts
 from tests.importer.transcripts import (
     CORPUS,
     ClaudeWriter,
@@ -68,25 +68,23 @@ def corpus_trees() -> list[ImportedSession]:
 
 
 @needs_corpus
-def test_corpus_events_fit_a_message_and_carry_every_row(corpus_trees: list[ImportedSession]) -> None:
+@pytest.mark.parametrize("max_payload", [DEFAULT_MAX_PAYLOAD, 64 * 1024])
+def test_corpus_events_fit_a_message_and_carry_every_row(corpus_trees: list[ImportedSession], max_payload: int) -> None:
     split_somewhere = False
+    cut = 0
     for tree in corpus_trees:
-        events = events_for(tree)
+        events = events_for(tree, max_payload=max_payload)
         parts = [e for e in events if isinstance(e, TranscriptImported)]
         calls = [e for e in events if isinstance(e, ModelCallCompleted)]
         split_somewhere |= len(parts) > 1
-        graphs = []
+        decoded = []
         for event in parts:
-            payload = encode_event(event)
-            assert len(payload) <= DEFAULT_MAX_PAYLOAD - 4096, tree.source_path
-            decoded = decode_event(payload)
-            assert isinstance(decoded, TranscriptImported)
-            graph = graph_of(decoded)
-            validate(graph)
-            GraphProjection().check(decoded)
-            graphs.append(graph)
-        # The parts hold every row of the tree, each exactly as the adapter produced it.
-        assert _row_ids(graphs) == _row_ids([tree.graph]), tree.source_path
+            again = decode_event(encode_event(event))
+            assert isinstance(again, TranscriptImported) and again == event
+            decoded.append(again)
+        # Each part fits, is valid, and the parts hold every row of the tree as the adapter produced it (or
+        # cut to fit, which no row of the corpus needs with 1 MiB: its largest row is under 256 KiB).
+        cut += check_parts(tree.graph, decoded, max_payload)
         # One billed call per invocation with usage, and every subject routes to the tree's root session.
         assert len(calls) == sum(1 for m in tree.graph.model_invocations if has_usage(m))
         root = tree.graph.root()
@@ -96,6 +94,7 @@ def test_corpus_events_fit_a_message_and_carry_every_row(corpus_trees: list[Impo
             assert parsed.profile_id == tree.vendor and parsed.session_id == uuid.UUID(root.id)
             parse_tags(any_event.tags)
     assert split_somewhere, "the corpus has a graph over 1 MiB; it must have been split"
+    assert cut == 0 if max_payload == DEFAULT_MAX_PAYLOAD else cut > 0
 
 
 @needs_corpus
@@ -107,16 +106,25 @@ def test_event_ids_are_deterministic(corpus_trees: list[ImportedSession]) -> Non
 
 
 @needs_corpus
-def test_small_parts_are_each_valid(corpus_trees: list[ImportedSession]) -> None:
+def test_a_graph_that_fits_one_message_is_one_self_contained_part(corpus_trees: list[ImportedSession]) -> None:
+    small = [t for t in corpus_trees if len(encode_graph(t.graph)) < 100_000]
+    assert small
+    for tree in small:
+        (part,) = [e for e in events_for(tree) if isinstance(e, TranscriptImported)]
+        assert part.self_contained and (part.part, part.parts) == (1, 1)
+        validate(graph_of(part))
+
+
+@needs_corpus
+def test_the_largest_tree_in_small_parts(corpus_trees: list[ImportedSession]) -> None:
     biggest = max(corpus_trees, key=lambda t: len(encode_graph(t.graph)))
-    parts = split_graph(biggest.graph, 400_000)
-    assert len(parts) >= 4
-    for part in parts:
-        validate(part)
-        assert len(encode_graph(part)) <= 400_000
-    assert _row_ids(parts) == _row_ids([biggest.graph])
-    with pytest.raises(GraphTooLarge, match="max_payload"):
-        split_graph(biggest.graph, 50_000)
+    cuts = []
+    for max_payload in (256 * 1024, 64 * 1024, 16 * 1024):
+        parts = [e for e in events_for(biggest, max_payload=max_payload) if isinstance(e, TranscriptImported)]
+        assert len(parts) >= len(encode_graph(biggest.graph)) // part_budget(max_payload)
+        cuts.append(check_parts(biggest.graph, parts, max_payload))
+    # The smaller the parts, the more rows are too large for one.
+    assert cuts[0] == 0 and 0 < cuts[1] < cuts[2]
 
 
 @needs_corpus
@@ -203,7 +211,7 @@ def test_a_watcher_resends_only_what_changed(tmp_path: Path) -> None:
     path = next((home / "projects").glob("*/*.jsonl"))
     state = TreeState()
     first = tree_events(read_claude_file(path)[0], state=state)
-    assert len(first.parts) == 1 and len(first.calls) == 2
+    assert len(first.parts) == 1 and first.parts[0].self_contained and len(first.calls) == 2
     state.remember(first)
     assert tree_events(read_claude_file(path)[0], state=state).events == []
 
@@ -212,12 +220,19 @@ def test_a_watcher_resends_only_what_changed(tmp_path: Path) -> None:
     grown = read_claude_file(path)[0]
     second = tree_events(grown, state=state)
     assert len(second.calls) == 2 and {c.event_id for c in second.calls}.isdisjoint(c.event_id for c in first.calls)
-    (part,) = [graph_of(p) for p in second.parts]
-    validate(part)
-    # The spine (sessions, inputs, invocations) comes along; of the rest only the new rows.
-    assert len(part.model_invocations) == 4 and len(part.user_inputs) == 2
+    (event,) = second.parts
+    # Only the new rows (and the session, whose end moved), referring to the rows published before.
+    assert not event.self_contained and (event.part, event.parts) == (1, 1)
+    part = graph_of(event)
+    validate(part, partial=True)
+    GraphProjection().check(event)
+    assert [s.id for s in part.sessions] == [s.id for s in grown.graph.sessions]
+    assert [u.text for u in part.user_inputs] == ["And the tests?"]
+    assert len(part.model_invocations) == 2
     assert [t.input for t in part.tool_uses] == [t.input for t in grown.graph.tool_uses[1:]]
     assert [f.path for f in part.file_touches] == ["/work/demo/tests.py"]
+    with pytest.raises(GraphInvalid):
+        validate(part)  # not on its own: its invocations belong to an input published before
 
 
 def test_an_unfinished_response_is_billed_once_it_is_complete(tmp_path: Path) -> None:

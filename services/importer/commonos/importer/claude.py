@@ -47,6 +47,7 @@ from commonos.importer.discover import (
     claude_session_files,
     is_claude_agent_file,
 )
+from commonos.importer.lines import NotRegularFile, Warn, iter_lines, log_warning, open_regular
 from commonos.importer.model import (
     VENDOR_CLAUDE_CODE,
     ImportedSession,
@@ -139,27 +140,32 @@ class _Stream:
         return None
 
 
-def _decode_lines(path: Path) -> list[_Line]:
+def _decode_lines(path: Path, warn: Warn) -> list[_Line]:
     """Every well-formed JSON object line; a torn last line (file still being written) is skipped.
 
-    A file removed since it was listed has no lines; one that cannot be read is a `TranscriptError`.
+    A file removed since it was listed has no lines, nor has one that is not a regular file (a FIFO,
+    a device: `warn` is told); one that cannot be read is a `TranscriptError`. A line over
+    `MAX_LINE_BYTES` is skipped and `warn` told where it is.
     """
     lines: list[_Line] = []
     try:
-        data = path.read_bytes()
+        with open_regular(path) as handle:
+            for number, raw in iter_lines(handle, path, warn):
+                if not raw.strip():
+                    continue
+                try:
+                    decoded = msgspec.json.decode(raw)
+                except msgspec.DecodeError:
+                    continue
+                if isinstance(decoded, dict):
+                    lines.append(_Line(decoded, f"{path.name}:{number}"))
     except FileNotFoundError:
         return lines
+    except NotRegularFile as exc:
+        warn(exc.warning())
+        return []
     except OSError as exc:
         raise TranscriptError(path, str(exc.strerror or exc)) from None
-    for number, raw in enumerate(data.splitlines(), start=1):
-        if not raw.strip():
-            continue
-        try:
-            decoded = msgspec.json.decode(raw)
-        except msgspec.DecodeError:
-            continue
-        if isinstance(decoded, dict):
-            lines.append(_Line(decoded, f"{path.name}:{number}"))
     return lines
 
 
@@ -216,12 +222,12 @@ def _progress_line(line: _Line) -> tuple[str, str | None, _Line] | None:
     return agent_id, parent_tool if isinstance(parent_tool, str) else None, _Line(merged, line.source_ref)
 
 
-def _split_streams(main_lines: list[_Line], agent_files: list[Path]) -> tuple[_Stream, dict[str, _Stream]]:
+def _split_streams(main_lines: list[_Line], agent_files: list[Path], warn: Warn) -> tuple[_Stream, dict[str, _Stream]]:
     """Separate the main session's lines from every subagent's, merging the three sources."""
     main = _Stream(key="")
     subagents: dict[str, _Stream] = {}
     for path in agent_files:
-        lines = _decode_lines(path)
+        lines = _decode_lines(path, warn)
         agent_id = next((str(x.record["agentId"]) for x in lines if x.record.get("agentId")), None)
         key = agent_id or path.stem.removeprefix("agent-")
         stream = subagents.setdefault(key, _Stream(key=key, agent_id=key))
@@ -835,7 +841,7 @@ def _read_tree(
             queue.append((child, child_id, InputOrigin.AGENT))
 
 
-def _read_claude_file(path: Path) -> list[ImportedSession]:
+def _read_claude_file(path: Path, warn: Warn) -> list[ImportedSession]:
     """Read one session transcript with its subagents; an agent file reads its owner session.
 
     Returns the session's graph first, then one graph per subagent transcript whose spawning
@@ -847,8 +853,8 @@ def _read_claude_file(path: Path) -> list[ImportedSession]:
     if session_path is None:
         return []
     agent_files = claude_agent_files(session_path)
-    main_lines = _decode_lines(session_path)
-    main, subagents = _split_streams(main_lines, agent_files)
+    main_lines = _decode_lines(session_path, warn)
+    main, subagents = _split_streams(main_lines, agent_files, warn)
     vendor_session = next(
         (str(x.record["sessionId"]) for x in main.lines if isinstance(x.record.get("sessionId"), str)),
         session_path.stem,
@@ -920,7 +926,11 @@ def read_claude(root: Path) -> Iterator[ImportedSession]:
         yield from read_claude_file(session_path)
 
 
-def read_claude_file(path: Path) -> list[ImportedSession]:
-    """Read one transcript (see `_read_claude_file`); content of an unexpected shape is a `TranscriptError`."""
+def read_claude_file(path: Path, warn: Warn | None = None) -> list[ImportedSession]:
+    """Read one transcript (see `_read_claude_file`); content of an unexpected shape is a `TranscriptError`.
+
+    `warn` hears of what was skipped (a line over `MAX_LINE_BYTES`, a file that is not a regular
+    file); without it, such warnings are logged.
+    """
     with shape_errors_as_transcript_errors(path):
-        return _read_claude_file(path)
+        return _read_claude_file(path, warn or log_warning)

@@ -8,7 +8,11 @@
   what a grown file adds; a call whose usage may still grow is billed once its file has been quiet for
   ``--settle`` seconds (or when the watch stops). Ctrl-C stops it.
 * The summary (a table, or ``--format json``) has one line per session tree and per model: tokens by
-  kind, cost (priced offline with genai-prices, as billing will), tool calls and files touched.
+  kind, cost (priced offline with genai-prices, as billing will), tool calls and files touched. A
+  tree that could not be published is listed as not imported, with the reason, and left out of the
+  totals (exit status 1); rows cut to fit a message are counted.
+* Only regular files are read: a FIFO, device or socket named like a transcript is skipped with a
+  warning, as is a line longer than ``MAX_LINE_BYTES``; warnings do not change the exit status.
 """
 
 from __future__ import annotations
@@ -30,9 +34,10 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -48,15 +53,19 @@ from commonos.cli.args import CliError, positive_int
 from commonos.importer.claude import read_claude_file
 from commonos.importer.codex import read_codex_file
 from commonos.importer.discover import (
+    claude_candidates,
     claude_owner_session_file,
-    claude_projects_dir,
     claude_session_files,
+    codex_candidates,
     codex_rollout_files,
     is_claude_agent_file,
+    readable,
+    skipped_files,
 )
+from commonos.importer.lines import Warn, skipped_warning
 from commonos.importer.model import VENDOR_CLAUDE_CODE, VENDOR_CODEX, ImportedSession, TranscriptError
 from commonos.importer.publish import (
-    DEFAULT_MAX_PAYLOAD,
+    EVENT_SOURCE,
     GraphTooLarge,
     PublishCounts,
     TreeState,
@@ -66,14 +75,20 @@ from commonos.importer.publish import (
 from commonos.importer.report import ImportSummary, SessionSummary, summarize_import, summarize_tree, summary_json
 from commonos.proto.events import Event
 from commonos.proto.graph import GraphInvalid, validate
+from commonos.runtime.limits import DEFAULT_MAX_PAYLOAD
 from commonos.runtime.settings import Settings
 
 log = logging.getLogger("commonos.importer")
 
-#: CloudEvents ``source`` of everything the importer publishes.
-EVENT_SOURCE = "urn:commonos:importer"
+__all__ = ["EVENT_SOURCE", "SOURCES", "ImportRun", "Watcher", "import_files", "nats_publisher", "register"]
 
 Fingerprint = dict[Path, tuple[int, int]]
+
+
+class Reader(Protocol):
+    """Reads one top-level transcript into its session trees; `warn` hears of input it skipped."""
+
+    def __call__(self, path: Path, warn: Warn | None = None) -> list[ImportedSession]: ...
 
 
 # --- where transcripts are -----------------------------------------------------------------------
@@ -87,9 +102,18 @@ class Source:
     vendor: str
     default_root: str
     top_files: Callable[[Path], list[Path]]
-    all_files: Callable[[Path], list[Path]]
-    read: Callable[[Path], list[ImportedSession]]
+    #: Every name that looks like a transcript, whatever kind of file it is.
+    candidates: Callable[[Path], list[Path]]
+    read: Reader
     owner_of: Callable[[Path, set[Path]], Path | None]
+
+    def all_files(self, root: Path) -> list[Path]:
+        """Every transcript file under ``root`` (regular files only)."""
+        return readable(self.candidates(root))
+
+    def skipped(self, root: Path) -> list[str]:
+        """A warning for each FIFO, device or socket under ``root`` named like a transcript: never read."""
+        return [skipped_warning(path, kind) for path, kind in skipped_files(self.candidates(root))]
 
     def scan(self, root: Path) -> Fingerprint:
         """Size and modification time of every transcript file under ``root``."""
@@ -107,8 +131,8 @@ def _claude_owner(path: Path, tops: set[Path]) -> Path | None:
     return path if path in tops else None
 
 
-def _read_codex(path: Path) -> list[ImportedSession]:
-    imported = read_codex_file(path)
+def _read_codex(path: Path, warn: Warn | None = None) -> list[ImportedSession]:
+    imported = read_codex_file(path, warn)
     return [imported] if imported is not None else []
 
 
@@ -118,7 +142,7 @@ SOURCES: dict[str, Source] = {
         vendor=VENDOR_CLAUDE_CODE,
         default_root="~/.claude",
         top_files=lambda root: list(claude_session_files(root)),
-        all_files=lambda root: sorted(claude_projects_dir(root).rglob("*.jsonl")),
+        candidates=claude_candidates,
         read=read_claude_file,
         owner_of=_claude_owner,
     ),
@@ -127,7 +151,7 @@ SOURCES: dict[str, Source] = {
         vendor=VENDOR_CODEX,
         default_root="~/.codex",
         top_files=lambda root: list(codex_rollout_files(root)),
-        all_files=lambda root: list(codex_rollout_files(root)),
+        candidates=codex_candidates,
         read=_read_codex,
         owner_of=lambda path, tops: path,
     ),
@@ -145,11 +169,14 @@ class TreeRead:
     error: str | None = None
 
 
-def read_trees(source: Source, path: Path) -> list[TreeRead]:
-    """Every tree a top-level transcript holds, each validated (an invalid one carries its error)."""
+def read_trees(source: Source, path: Path, warn: Warn) -> list[TreeRead]:
+    """Every tree a top-level transcript holds, each validated (an invalid one carries its error).
+
+    `warn` hears of input skipped on the way (lines over the cap, files that are not regular files).
+    """
     out = []
     try:
-        read = source.read(path)
+        read = source.read(path, warn)
     except TranscriptError as exc:  # names the file
         return [TreeRead(None, str(exc))]
     except Exception as exc:  # one unreadable file must not stop an import of thousands
@@ -200,17 +227,66 @@ class ImportRun:
 
     trees: dict[str, SessionSummary] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
     published: PublishCounts = field(default_factory=PublishCounts)
+    #: Set when publishing failed for a reason that is not the tree's own (NATS unreachable, say): the
+    #: trees after it are not published either, and say why.
+    stopped: str | None = None
+
+
+@dataclass
+class TreeOut:
+    """One tree of a file: its summary and its events, or why it cannot be published."""
+
+    summary: SessionSummary
+    events: list[Event] = field(default_factory=list)
+    error: str | None = None
 
 
 @dataclass
 class FileRead:
-    """What one top-level transcript gave: a summary per tree, the events to publish per tree, errors."""
+    """What one top-level transcript gave: a summary and events per tree, errors and warnings."""
 
-    summaries: list[SessionSummary] = field(default_factory=list)
-    events: list[list[Event]] = field(default_factory=list)
+    trees: list[TreeOut] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
     bytes_read: int = 0
+
+
+def not_imported(run: ImportRun, summary: SessionSummary, reason: str) -> None:
+    """Record that a tree was not (wholly) published: it leaves the totals, and the run fails."""
+    summary.imported = False
+    summary.not_imported = reason
+    run.errors.append(f"{summary.source_path}: {reason}")
+
+
+def _stops_publishing(exc: BaseException) -> bool:
+    """Whether a failure to publish one tree means the next ones would fail too (it is not about the tree)."""
+    from commonos.runtime.publisher import EventTooLarge
+
+    return not isinstance(exc, EventTooLarge | GraphTooLarge | GraphInvalid)
+
+
+async def publish_tree(run: ImportRun, publish: PublishFn, tree: TreeOut) -> PublishCounts | None:
+    """Publish one tree's events; whatever fails, the tree is recorded as not imported and why."""
+    summary = tree.summary
+    if tree.error is not None:
+        not_imported(run, summary, tree.error)
+        return None
+    if run.stopped is not None:
+        not_imported(run, summary, f"not published: {run.stopped}")
+        return None
+    try:
+        counts = await publish(tree.events) if tree.events else PublishCounts()
+    except Exception as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+        if _stops_publishing(exc):
+            run.stopped = f"publishing stopped after an earlier failure ({reason})"
+        not_imported(run, summary, f"not published: {reason}")
+        return None
+    run.published.add(counts)
+    summary.imported = True
+    return counts
 
 
 def read_file(
@@ -223,21 +299,22 @@ def read_file(
     """
     out = FileRead()
     settled_only = time.time() - _mtime(path) < settle_s
-    trees = read_trees(source, path)
+    trees = read_trees(source, path, out.warnings.append)
     for tree in trees:
         if tree.imported is None:
             out.errors.append(tree.error or f"{path}: unreadable")
             continue
-        out.summaries.append(summarize_tree(pricer, tree.imported))
+        item = TreeOut(summarize_tree(pricer, tree.imported))
+        out.trees.append(item)
         if not publishing:
             continue
         try:
             events = tree_events(tree.imported, max_payload=max_payload, settled_only=settled_only)
         except (GraphTooLarge, GraphInvalid) as exc:
-            out.errors.append(f"{tree.imported.source_path}: not published: {exc}")
+            item.error = f"not published: {exc}"
             continue
-        if events.events:
-            out.events.append(events.events)
+        item.events = events.events
+        item.summary.rows_cut = events.cut_rows
     out.bytes_read = _bytes_of(path, trees)
     return out
 
@@ -282,7 +359,7 @@ async def import_files(
     results are taken in file order, so the summary, the errors and the order of publishing are the
     same as with one. ``settle_s``: see `read_file`.
     """
-    run = ImportRun()
+    run = ImportRun(warnings=source.skipped(root))
     tops = source.top_files(root)
     total = sum(size for size, _ in source.scan(root).values())
     publishing = publish is not None
@@ -291,11 +368,11 @@ async def import_files(
 
         async def take(read: FileRead) -> None:
             run.errors.extend(read.errors)
-            for summary in read.summaries:
-                run.trees[summary.session_id] = summary
-            for events in read.events:
-                assert publish is not None
-                run.published.add(await publish(events))
+            run.warnings.extend(read.warnings)
+            for tree in read.trees:
+                run.trees[tree.summary.session_id] = tree.summary
+                if publish is not None:
+                    await publish_tree(run, publish, tree)
             advance(read.bytes_read)
 
         if jobs == 1:
@@ -350,6 +427,13 @@ async def _import_tree(
     state: TreeState | None,
     settled_only: bool,
 ) -> PublishCounts | None:
+    """Summarise and publish one tree (only what changed, with `state`).
+
+    A PublishError other than EventTooLarge is raised for the caller to retry; the tree is recorded as
+    not imported until a retry succeeds.
+    """
+    from commonos.runtime.publisher import PublishError
+
     summary = summarize_tree(pricer, imported)
     run.trees[summary.session_id] = summary
     if publish is None:
@@ -357,12 +441,20 @@ async def _import_tree(
     try:
         events = tree_events(imported, max_payload=max_payload, settled_only=settled_only, state=state)
     except (GraphTooLarge, GraphInvalid) as exc:
-        run.errors.append(f"{imported.source_path}: not published: {exc}")
+        not_imported(run, summary, f"not published: {exc}")
         return None
-    if not events.events:
-        return PublishCounts()
-    counts = await publish(events.events)
+    summary.rows_cut = events.cut_rows
+    try:
+        counts = await publish(events.events) if events.events else PublishCounts()
+    except Exception as exc:
+        reason = f"not published: {type(exc).__name__}: {exc}"
+        if _stops_publishing(exc) and isinstance(exc, PublishError):
+            summary.imported, summary.not_imported = False, f"{reason} (will retry)"
+            raise
+        not_imported(run, summary, reason)
+        return None
     run.published.add(counts)
+    summary.imported = True
     if state is not None:
         state.remember(events)
     return counts
@@ -416,9 +508,19 @@ class Watcher:
     unsettled: dict[Path, float] = field(default_factory=dict)
     retry: set[Path] = field(default_factory=set)
     fingerprint: Fingerprint = field(default_factory=dict)
+    #: Warnings already given, so that a FIFO left in the folder is reported once, not every poll.
+    warned: set[str] = field(default_factory=set)
+
+    def warn(self, warning: str) -> None:
+        if warning not in self.warned:
+            self.warned.add(warning)
+            self.run.warnings.append(warning)
+            self.say(f"warning: {warning}")
 
     async def start(self) -> None:
         """Import everything once; files changed within the settle time keep their last calls for later."""
+        for warning in self.source.skipped(self.root):
+            self.warn(warning)
         self.fingerprint = self.source.scan(self.root)
         now_wall, now = time.time(), time.monotonic()
         for path in self.source.top_files(self.root):
@@ -429,6 +531,8 @@ class Watcher:
 
     async def poll(self) -> None:
         """One look at the files: publish what changed, and bill calls of files that went quiet."""
+        for warning in self.source.skipped(self.root):
+            self.warn(warning)
         current = self.source.scan(self.root)
         changed = {p for p in current if current[p] != self.fingerprint.get(p)}
         self.fingerprint = current
@@ -464,7 +568,7 @@ class Watcher:
     async def process(self, path: Path, *, settled_only: bool) -> None:
         from commonos.runtime.publisher import PublishError
 
-        for tree in read_trees(self.source, path):
+        for tree in read_trees(self.source, path, self.warn):
             if tree.imported is None:
                 self.run.errors.append(tree.error or f"{path}: unreadable")
                 self.say(f"error: {tree.error}")
@@ -485,6 +589,9 @@ class Watcher:
                 self.retry.add(path)
                 self.say(f"not published, will retry: {exc}")
                 continue
+            summary = self.run.trees.get(root.id) if root is not None else None
+            if counts is None and summary is not None and summary.imported is False:
+                self.say(f"error: {summary.source_path}: {summary.not_imported}")
             if counts is not None and counts.events:
                 title = (root.title if root is not None else None) or path.name
                 self.say(
@@ -516,6 +623,8 @@ def print_table(summary: ImportSummary, console: Console) -> None:
         title = (s.title or s.vendor_session_id or s.session_id)[:40]
         if s.nested_sessions:
             title += f" (+{s.nested_sessions} sub)"
+        if s.imported is False:
+            title = "NOT IMPORTED " + title
         sessions.add_row(
             s.started_at.strftime("%Y-%m-%d %H:%M") if s.started_at else "",
             title,
@@ -556,8 +665,21 @@ def print_table(summary: ImportSummary, console: Console) -> None:
         )
     elif summary.dry_run:
         console.print("dry run: nothing was published")
+    if summary.sessions_not_imported:
+        console.print(
+            f"{summary.sessions_not_imported} session(s) not imported, not counted in the totals above:",
+            highlight=False,
+        )
+        for s in summary.sessions:
+            if s.imported is False:
+                name = s.title or s.vendor_session_id or s.session_id
+                console.print(f"  {name} ({s.source_path}): {s.not_imported}", markup=False, highlight=False)
+    if summary.rows_cut:
+        console.print(f"{summary.rows_cut} row(s) cut to fit a message (their text ends with a cos_import_cut marker)")
+    for warning in summary.warnings:
+        console.print(f"[yellow]warning:[/yellow] {escape(warning)}", markup=True, highlight=False)
     for error in summary.errors:
-        console.print(f"[red]error:[/red] {error}", markup=True, highlight=False)
+        console.print(f"[red]error:[/red] {escape(error)}", markup=True, highlight=False)
 
 
 def emit(summary: ImportSummary, output_format: str) -> None:
@@ -603,7 +725,13 @@ def run_import(args: argparse.Namespace) -> int:
         run = asyncio.run(_publish_run(source, root, pricer, settings, args, progress))
         published = run.published
     summary = summarize_import(
-        source.vendor, root, run.trees.values(), dry_run=args.dry_run, published=published, errors=run.errors
+        source.vendor,
+        root,
+        run.trees.values(),
+        dry_run=args.dry_run,
+        published=published,
+        errors=run.errors,
+        warnings=run.warnings,
     )
     emit(summary, args.format)
     return 1 if run.errors else 0

@@ -29,6 +29,7 @@ import msgspec
 
 from commonos.importer.builder import GraphBuilder, is_count, parse_time, raw_json, short_title
 from commonos.importer.discover import codex_rollout_files
+from commonos.importer.lines import NotRegularFile, Warn, iter_lines, log_warning, open_regular
 from commonos.importer.model import VENDOR_CODEX, ImportedSession, TranscriptError, shape_errors_as_transcript_errors
 from commonos.proto.graph import (
     AssistantMessage,
@@ -404,24 +405,35 @@ def _session_id_from_name(path: Path) -> str:
     return match.group(1) if match else path.stem
 
 
-def _read_codex_file(path: Path) -> ImportedSession | None:
-    """Read one rollout as one top-level session graph; None when the file holds no records or is gone."""
+def _read_records(path: Path, warn: Warn) -> tuple[list[tuple[dict[str, Any], str]], int]:
+    """Every JSON object line of a rollout with its reference, and the bytes read (see `lines`)."""
+    records: list[tuple[dict[str, Any], str]] = []
+    size = 0
     try:
-        data = path.read_bytes()
+        with open_regular(path) as handle:
+            for number, raw in iter_lines(handle, path, warn):
+                if not raw.strip():
+                    continue
+                try:
+                    decoded = msgspec.json.decode(raw)
+                except msgspec.DecodeError:
+                    continue
+                if isinstance(decoded, dict):
+                    records.append((decoded, f"{path.name}:{number}"))
+            size = handle.tell()
     except FileNotFoundError:
-        return None
+        return [], 0
+    except NotRegularFile as exc:
+        warn(exc.warning())
+        return [], 0
     except OSError as exc:
         raise TranscriptError(path, str(exc.strerror or exc)) from None
-    records: list[tuple[dict[str, Any], str]] = []
-    for number, raw in enumerate(data.splitlines(), start=1):
-        if not raw.strip():
-            continue
-        try:
-            decoded = msgspec.json.decode(raw)
-        except msgspec.DecodeError:
-            continue
-        if isinstance(decoded, dict):
-            records.append((decoded, f"{path.name}:{number}"))
+    return records, size
+
+
+def _read_codex_file(path: Path, warn: Warn) -> ImportedSession | None:
+    """Read one rollout as one top-level session graph; None when the file holds no records or is gone."""
+    records, source_bytes = _read_records(path, warn)
     if not records:
         return None
     meta = next((_payload(r) for r, _ in records if r.get("type") == "session_meta"), {})
@@ -460,7 +472,7 @@ def _read_codex_file(path: Path) -> ImportedSession | None:
         project=project,
         branch=branch,
         source_path=path,
-        source_bytes=len(data),
+        source_bytes=source_bytes,
     )
 
 
@@ -479,7 +491,11 @@ def read_codex(root: Path) -> Iterator[ImportedSession]:
             yield imported
 
 
-def read_codex_file(path: Path) -> ImportedSession | None:
-    """Read one transcript (see `_read_codex_file`); content of an unexpected shape is a `TranscriptError`."""
+def read_codex_file(path: Path, warn: Warn | None = None) -> ImportedSession | None:
+    """Read one transcript (see `_read_codex_file`); content of an unexpected shape is a `TranscriptError`.
+
+    `warn` hears of what was skipped (a line over `MAX_LINE_BYTES`, a file that is not a regular
+    file); without it, such warnings are logged.
+    """
     with shape_errors_as_transcript_errors(path):
-        return _read_codex_file(path)
+        return _read_codex_file(path, warn or log_warning)

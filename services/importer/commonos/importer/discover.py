@@ -4,16 +4,47 @@ Incremental-friendly by construction: the adapters mint every id from vendor ide
 ids, message ids, tool-call ids, line uuids, or the ordinal of an append-only event), never from
 a byte or line offset that could shift, so re-reading a transcript that has grown keeps every id
 it already produced and only adds rows.
+
+Only regular files are transcripts: a FIFO, device or socket with a transcript's name (or a symlink
+to one) is never listed here; `skipped_files` names them, for a warning.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import msgspec
 
+from commonos.importer.lines import NotRegularFile, iter_lines, open_regular, special_kind
+
 _AGENT_PREFIX = "agent-"
+
+
+def readable(paths: Iterable[Path]) -> list[Path]:
+    """`paths` without FIFOs, devices and sockets (or symlinks to them)."""
+    return [path for path in paths if special_kind(path) is None]
+
+
+def skipped_files(paths: Iterable[Path]) -> list[tuple[Path, str]]:
+    """The FIFOs, devices and sockets (or symlinks to them) among `paths`, with what each is."""
+    found = []
+    for path in paths:
+        kind = special_kind(path)
+        if kind is not None:
+            found.append((path, kind))
+    return found
+
+
+def claude_candidates(root: Path) -> list[Path]:
+    """Every name under a Claude Code folder that looks like a transcript, whatever kind of file it is."""
+    return sorted(claude_projects_dir(root).rglob("*.jsonl"))
+
+
+def codex_candidates(root: Path) -> list[Path]:
+    """Every name under a Codex folder that looks like a rollout, whatever kind of file it is."""
+    sessions = root / "sessions" if (root / "sessions").is_dir() else root
+    return sorted(sessions.rglob("rollout-*.jsonl"))
 
 
 def claude_projects_dir(root: Path) -> Path:
@@ -25,7 +56,7 @@ def claude_session_files(root: Path) -> Iterator[Path]:
     """Every top-level Claude Code session transcript (``<project>/<session>.jsonl``) under root."""
     projects = claude_projects_dir(root)
     candidates = sorted(projects.glob("*/*.jsonl")) + sorted(projects.glob("*.jsonl"))
-    for path in candidates:
+    for path in readable(candidates):
         if not path.name.startswith(_AGENT_PREFIX):
             yield path
 
@@ -35,17 +66,18 @@ def is_claude_agent_file(path: Path) -> bool:
 
 
 def first_session_id(path: Path) -> str | None:
-    """The ``sessionId`` of the first line of a transcript that carries one."""
+    """The ``sessionId`` of the first line of a transcript that carries one (None for a file that is not
+    a regular file; a line over the line cap is passed over, the reader reports it)."""
     try:
-        with path.open("rb") as handle:
-            for line in handle:
+        with open_regular(path) as handle:
+            for _number, line in iter_lines(handle, path, lambda _warning: None):
                 try:
                     decoded = msgspec.json.decode(line)
                 except msgspec.DecodeError:
                     continue
                 if isinstance(decoded, dict) and isinstance(decoded.get("sessionId"), str):
                     return str(decoded["sessionId"])
-    except OSError:
+    except (OSError, NotRegularFile):
         return None
     return None
 
@@ -57,9 +89,11 @@ def claude_agent_files(session_path: Path) -> list[Path]:
     ``agent-*.jsonl`` beside the sessions, where only the ``sessionId`` inside tells the owner.
     """
     session_id = session_path.stem
-    nested = sorted((session_path.parent / session_id / "subagents").glob("agent-*.jsonl"))
+    nested = readable(sorted((session_path.parent / session_id / "subagents").glob("agent-*.jsonl")))
     beside = [
-        path for path in sorted(session_path.parent.glob("agent-*.jsonl")) if first_session_id(path) == session_id
+        path
+        for path in readable(sorted(session_path.parent.glob("agent-*.jsonl")))
+        if first_session_id(path) == session_id
     ]
     return nested + beside
 
@@ -87,5 +121,4 @@ def _file_or_none(path: Path) -> Path | None:
 
 def codex_rollout_files(root: Path) -> Iterator[Path]:
     """Every Codex rollout under ``~/.codex`` (or its ``sessions`` folder, or any folder below)."""
-    sessions = root / "sessions" if (root / "sessions").is_dir() else root
-    yield from sorted(sessions.rglob("rollout-*.jsonl"))
+    yield from readable(codex_candidates(root))

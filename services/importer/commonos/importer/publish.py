@@ -2,19 +2,27 @@
 
 Per tree the importer publishes:
 
-* ``transcript_imported`` events carrying the graph. A NATS message has a size limit (1 MiB by
-  default) that a long session's graph exceeds, so the graph is split into parts, each a valid graph
-  on its own: every part holds the tree's *spine* (its sessions, user inputs, model invocations and
-  the tool calls that spawned nested sessions, with their results), which every other row points
-  at, plus a share of the other rows (assistant messages, tool calls with their results and file
-  touches, attributes, usage rows, vendor ids), each kept with the rows it references.
+* ``transcript_imported`` events carrying its graph (see ``TranscriptImported``). A NATS message
+  holds at most the server's max_payload, headers included (1 MiB by default). A graph whose event
+  fits one message is published as one self-contained part. A larger graph is published as
+  consecutive parts (``part`` 1 to ``parts``, ``self_contained`` false), each at most
+  :func:`part_budget` bytes with its headers (256 KiB, or half of a smaller max_payload), holding the
+  rows in the graph's insertion order: sessions, attributes, user inputs, model invocations,
+  assistant messages, then tool uses each with its result and file touches, token usage and vendor
+  ids, every row with its vendor ids. A part refers to rows of earlier parts; the graph-writer
+  stores them in stream order, so it has them. How large a session is therefore does not matter.
+* A row too large for a part on its own (a 5 MB tool result) has its large text and JSON fields cut
+  to fit, with a marker giving the original size (see :mod:`commonos.importer.cut`); token counts
+  are never cut, and the summary counts such rows.
+* A watcher (``state``) publishes only the rows that are new or changed, in parts that refer to rows
+  it published before.
 * one ``model_call_completed`` per model invocation with usage, for billing.
 
 Every event id is deterministic: a part's id is a UUIDv5 of (vendor, root session, SHA-256 of the
-part), a model call's of the invocation id. Importing an unchanged transcript again therefore
-publishes the same ids: JetStream drops them as duplicates within its duplicate window (10 minutes),
-and after it they are stored again but change nothing, every consumer being idempotent by event id
-or natural key; an invocation is never billed twice.
+part's graph, and its place when there are several), a model call's of the invocation id. Importing
+an unchanged transcript again therefore publishes the same ids: JetStream drops them as duplicates
+within its duplicate window (10 minutes), and after it they are stored again but change nothing,
+every consumer being idempotent by event id or natural key; an invocation is never billed twice.
 
 The functions that build events are pure; only :func:`publish_events` does I/O.
 """
@@ -24,14 +32,16 @@ from __future__ import annotations
 import hashlib
 import re
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import msgspec
 
+from commonos.importer.cut import RowTooLarge, cut_row, row_size
 from commonos.importer.model import VENDOR_CLAUDE_CODE, VENDOR_CODEX, ImportedSession
+from commonos.proto.cloudevents import event_headers
 from commonos.proto.events import Event, ModelCallCompleted, TranscriptImported, encode_event
 from commonos.proto.graph import (
     Graph,
@@ -41,23 +51,29 @@ from commonos.proto.graph import (
     encode_graph,
     validate,
 )
+from commonos.proto.subjects import EVENTS_STREAM
+from commonos.runtime.limits import DEFAULT_MAX_PAYLOAD, message_bytes, with_stream_header
 
 if TYPE_CHECKING:  # a dry run does not load nats
     from nats.js.api import PubAck
 
+#: CloudEvents ``source`` of everything the importer publishes.
+EVENT_SOURCE: Final = "urn:commonos:importer"
 #: Pricing provider of each vendor's models (billing's Pricer knows the vendor names too).
 VENDOR_PROVIDERS: Final[dict[str, str]] = {VENDOR_CLAUDE_CODE: "anthropic", VENDOR_CODEX: "openai"}
-#: NATS's default max_payload; the importer uses the server's own figure when it is connected.
-DEFAULT_MAX_PAYLOAD: Final = 1024 * 1024
-#: Room left in a message for the headers and the event's own fields around the graph.
-_HEADROOM: Final = 8 * 1024
+#: The most a part of a graph published in several takes, headers included (see `part_budget`).
+PART_BYTES: Final = 256 * 1024
+#: Parts are sized as if numbered up to this: the digits of `part` and `parts` are counted too.
+_MAX_PARTS: Final = 999_999_999
+#: Below this much room for rows beside an event's own fields, a part is not worth sending.
+_MIN_PART_ROOM: Final = 1024
 # Changing this namespace would change every imported event id, and re-importing would bill again.
 _EVENT_NAMESPACE: Final = uuid.UUID("2b7c4e0a-5d3f-5c61-9f2e-8a1d7b6c9e40")
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _TAG_VALUE_BAD: Final = re.compile(r"[^A-Za-z0-9_.-]+")
 _PROFILE_BAD: Final = re.compile(r"[^a-z0-9_-]+")
 _MAX_TAG_VALUE: Final = 200
-# The graph's lists, in the order a part lists them; a part's JSON adds its keys around the rows.
+# The graph's lists, in insertion order (parents first).
 _LISTS: Final = (
     "sessions",
     "attributes",
@@ -70,25 +86,12 @@ _LISTS: Final = (
     "token_usage",
     "vendor_ids",
 )
-_PART_OVERHEAD: Final = 256
-_SINGULAR: Final = {
-    "sessions": "session",
-    "attributes": "session attribute",
-    "user_inputs": "user input",
-    "model_invocations": "model invocation",
-    "assistant_messages": "assistant message",
-    "tool_uses": "tool use",
-    "tool_results": "tool result",
-    "file_touches": "file touch",
-    "token_usage": "token usage row",
-    "vendor_ids": "vendor id",
-}
 
 _row_encoder: Final = msgspec.json.Encoder()
 
 
 class GraphTooLarge(ValueError):
-    """A graph that cannot be split into parts that each fit one message; the message says which rows."""
+    """A graph that cannot be published in parts that each fit one message; the message says why."""
 
 
 # --- tags and identity ---------------------------------------------------------------------------
@@ -233,14 +236,19 @@ def model_call_events(
 # --- graph parts ---------------------------------------------------------------------------------
 
 RowKey = tuple[str, str]
+#: A row of a GraphRows: its list's name and its index in that list.
+RowRef = tuple[str, int]
 
 
-@dataclass
-class _Unit:
-    """Rows that go into a part together (a row and those of its dependants that need it)."""
+def part_budget(max_payload: int) -> int:
+    """The most one part of a graph published in several may take, headers included."""
+    return min(PART_BYTES, max_payload // 2)
 
-    rows: list[tuple[str, int]] = field(default_factory=list)
-    size: int = 0
+
+def message_size(event: TranscriptImported | ModelCallCompleted) -> int:
+    """What the server counts against max_payload for `event` as the importer publishes it."""
+    headers = with_stream_header(event_headers(event, EVENT_SOURCE), EVENTS_STREAM)
+    return message_bytes(encode_event(event), headers)
 
 
 def _row_key(list_name: str, row: Any) -> RowKey:
@@ -250,8 +258,13 @@ def _row_key(list_name: str, row: Any) -> RowKey:
     return list_name, str(row.id)
 
 
+def _canonical_size(encoded: bytes) -> int:
+    """Bytes a row takes in an event: the event carries the graph decoded and encoded again."""
+    return len(_row_encoder.encode(msgspec.json.decode(encoded)))
+
+
 class GraphRows:
-    """A graph's rows with their encodings, sizes and digests, grouped into a spine and units."""
+    """A graph's rows with their encodings and digests (what a watcher compares)."""
 
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
@@ -259,12 +272,17 @@ class GraphRows:
         self.encoded: dict[str, list[bytes]] = {
             name: [_row_encoder.encode(row) for row in rows] for name, rows in self.lists.items()
         }
-        self.spine: list[tuple[str, int]] = []
-        self.units: list[_Unit] = []
-        self._group()
+        self._sizes: dict[str, list[int]] | None = None
+
+    def refs(self) -> list[RowRef]:
+        """Every row, list by list in the graph's order."""
+        return [(name, index) for name in _LISTS for index in range(len(self.lists[name]))]
 
     def size(self, list_name: str, index: int) -> int:
-        return len(self.encoded[list_name][index]) + 1
+        """Bytes the row takes in an event's graph, with the comma that separates it from the next."""
+        if self._sizes is None:
+            self._sizes = {name: [_canonical_size(e) + 1 for e in rows] for name, rows in self.encoded.items()}
+        return self._sizes[list_name][index]
 
     def digest(self, list_name: str, index: int) -> bytes:
         return hashlib.blake2b(self.encoded[list_name][index], digest_size=16).digest()
@@ -272,126 +290,114 @@ class GraphRows:
     def key(self, list_name: str, index: int) -> RowKey:
         return _row_key(list_name, self.lists[list_name][index])
 
-    def _group(self) -> None:
-        graph = self.graph
-        spawners = {s.spawned_by_tool_use_id for s in graph.sessions if s.spawned_by_tool_use_id is not None}
-        self.spine += [("sessions", i) for i in range(len(graph.sessions))]
-        self.spine += [("user_inputs", i) for i in range(len(graph.user_inputs))]
-        self.spine += [("model_invocations", i) for i in range(len(graph.model_invocations))]
-        owner_unit: dict[str, _Unit | None] = {}  # entity id -> its unit (None: in the spine)
-        for row in graph.sessions:
-            owner_unit[row.id] = None
-        for u in graph.user_inputs:
-            owner_unit[u.id] = None
-        for m in graph.model_invocations:
-            owner_unit[m.id] = None
 
-        results_of = {r.tool_use_id: i for i, r in enumerate(graph.tool_results)}
-        touches_of: dict[str, list[int]] = {}
-        loose_touches: list[int] = []
-        for i, touch in enumerate(graph.file_touches):
-            if touch.tool_use_id is not None and touch.tool_use_id not in spawners:
-                touches_of.setdefault(touch.tool_use_id, []).append(i)
-            else:
-                loose_touches.append(i)
+def _items(rows: GraphRows, selected: set[RowRef] | None) -> list[list[RowRef]]:
+    """The selected rows in insertion order, grouped with the rows that belong with them.
 
-        units: list[_Unit] = []
-
-        def unit_of(*rows: tuple[str, int]) -> _Unit:
-            unit = _Unit(rows=list(rows))
-            units.append(unit)
-            return unit
-
-        for i, attribute in enumerate(graph.attributes):
-            owner_unit[attribute.id] = unit_of(("attributes", i))
-        for i, message in enumerate(graph.assistant_messages):
-            owner_unit[message.id] = unit_of(("assistant_messages", i))
-        for i, tool_use in enumerate(graph.tool_uses):
-            result = results_of.get(tool_use.id)
-            if tool_use.id in spawners:
-                self.spine.append(("tool_uses", i))
-                owner_unit[tool_use.id] = None
-                if result is not None:
-                    self.spine.append(("tool_results", result))
-                    owner_unit[graph.tool_results[result].id] = None
-                continue
-            rows = [("tool_uses", i)]
-            if result is not None:
-                rows.append(("tool_results", result))
-            rows += [("file_touches", t) for t in touches_of.get(tool_use.id, [])]
-            unit = unit_of(*rows)
-            owner_unit[tool_use.id] = unit
-            if result is not None:
-                owner_unit[graph.tool_results[result].id] = unit
-            for t in touches_of.get(tool_use.id, []):
-                owner_unit[graph.file_touches[t].id] = unit
-        for t in loose_touches:
-            owner_unit[graph.file_touches[t].id] = unit_of(("file_touches", t))
-        for i, usage in enumerate(graph.token_usage):
-            owner_unit[usage.id] = unit_of(("token_usage", i))
-        for i, vendor_row in enumerate(graph.vendor_ids):
-            owner = owner_unit.get(vendor_row.our_id)
-            if owner is None:
-                unit_of(("vendor_ids", i))
-            else:
-                owner.rows.append(("vendor_ids", i))
-        for unit in units:
-            unit.size = sum(self.size(name, index) for name, index in unit.rows)
-        self.units = units
-
-    def part(self, rows: Iterable[tuple[str, int]]) -> Graph:
-        """A graph of the given rows, each list in the original (parents-first) order."""
-        chosen: dict[str, set[int]] = {name: set() for name in _LISTS}
-        for name, index in rows:
-            chosen[name].add(index)
-        lists: dict[str, Any] = {name: [self.lists[name][i] for i in sorted(chosen[name])] for name in _LISTS}
-        return Graph(**lists)
-
-
-#: Whether a row (list name, index) of a GraphRows must be published.
-RowFilter = Callable[[GraphRows, str, int], bool]
-
-
-def split_graph(graph: Graph, max_bytes: int, changed: RowFilter | None = None) -> list[Graph]:
-    """Parts of ``graph`` of at most ``max_bytes`` of JSON each, every one a valid graph on its own.
-
-    With ``changed``, only the units holding a row it accepts are included (and the spine, which
-    every part carries); when no row is accepted there is nothing to publish and no part.
+    Sessions, attributes, user inputs, model invocations and assistant messages one by one; then each
+    tool use with its result and file touches; then results and touches whose tool use is not
+    selected, token usage rows and the vendor ids of rows not selected. Every row comes with its
+    vendor ids. Every row a foreign key names comes in the same group or an earlier one, so groups
+    stored one after the other never name a row that is not stored yet (a nested session names its
+    spawning tool use, which comes later, but that column has no foreign key; see graph_schema).
     """
-    return _split(GraphRows(graph), max_bytes, changed)
+    lists = rows.lists
+
+    def chosen(name: str, index: int) -> bool:
+        return selected is None or (name, index) in selected
+
+    vendor_rows: dict[str, list[int]] = {}
+    for index, vendor_row in enumerate(lists["vendor_ids"]):
+        if chosen("vendor_ids", index):
+            vendor_rows.setdefault(vendor_row.our_id, []).append(index)
+
+    def with_vendor_ids(refs: list[RowRef]) -> list[RowRef]:
+        out = list(refs)
+        for name, index in refs:
+            out += [("vendor_ids", v) for v in vendor_rows.pop(lists[name][index].id, ())]
+        return out
+
+    items: list[list[RowRef]] = []
+    for name in ("sessions", "attributes", "user_inputs", "model_invocations", "assistant_messages"):
+        items += [with_vendor_ids([(name, i)]) for i in range(len(lists[name])) if chosen(name, i)]
+    result_of = {r.tool_use_id: i for i, r in enumerate(lists["tool_results"])}
+    touches_of: dict[str, list[int]] = {}
+    for index, touch in enumerate(lists["file_touches"]):
+        if touch.tool_use_id is not None:
+            touches_of.setdefault(touch.tool_use_id, []).append(index)
+    placed: set[RowRef] = set()
+    for index, tool_use in enumerate(lists["tool_uses"]):
+        unit: list[RowRef] = [("tool_uses", index)]
+        result = result_of.get(tool_use.id)
+        if result is not None:
+            unit.append(("tool_results", result))
+        unit += [("file_touches", t) for t in touches_of.get(tool_use.id, ())]
+        placed.update(unit)
+        refs = [ref for ref in unit if chosen(*ref)]
+        if refs:
+            items.append(with_vendor_ids(refs))
+    for name in ("tool_results", "file_touches", "token_usage"):
+        items += [
+            with_vendor_ids([(name, i)]) for i in range(len(lists[name])) if (name, i) not in placed and chosen(name, i)
+        ]
+    items += [[("vendor_ids", v)] for v in sorted(v for left in vendor_rows.values() for v in left)]
+    return items
 
 
-def _split(rows: GraphRows, max_bytes: int, changed: RowFilter | None) -> list[Graph]:
-    spine_size = _PART_OVERHEAD + sum(rows.size(name, index) for name, index in rows.spine)
-    if changed is None:
-        units = rows.units
-        spine_changed = True
-    else:
-        units = [u for u in rows.units if any(changed(rows, name, index) for name, index in u.rows)]
-        spine_changed = any(changed(rows, name, index) for name, index in rows.spine)
-        if not units and not spine_changed:
-            return []
-    if spine_size > max_bytes:
+@dataclass
+class Parts:
+    """The graphs of a tree's parts, and how many rows were cut to fit one."""
+
+    graphs: list[Graph]
+    cut_rows: int = 0
+
+
+def _part_graph(rows: GraphRows, refs: Iterable[RowRef], fitted: dict[RowRef, Any]) -> Graph:
+    lists: dict[str, list[Any]] = {name: [] for name in _LISTS}
+    for name, index in refs:
+        lists[name].append(fitted.get((name, index), rows.lists[name][index]))
+    return Graph(**lists)
+
+
+def plan_parts(rows: GraphRows, *, capacity: int, selected: set[RowRef] | None = None) -> Parts:
+    """Split the (selected) rows into parts of at most `capacity` bytes of rows each, cutting any row
+    too large for a part on its own (see `cut`). The parts are consecutive: each row comes in the same
+    part as the rows it refers to, or a later one."""
+    if capacity < _MIN_PART_ROOM:
         raise GraphTooLarge(
-            f"the tree's sessions, user inputs and model invocations alone take {spine_size} bytes, "
-            f"more than the {max_bytes} bytes a message may hold (raise the NATS server's max_payload)"
+            f"a part has room for only {capacity} bytes of rows beside the event's own fields "
+            "(raise the NATS server's max_payload)"
         )
-    parts: list[list[tuple[str, int]]] = [[]]
-    size = spine_size
-    for unit in units:
-        if spine_size + unit.size > max_bytes:
-            name, index = unit.rows[0]
-            raise GraphTooLarge(
-                f"{_SINGULAR[name]} {rows.key(name, index)[1]} with its dependants takes {unit.size} bytes; with the "
-                f"tree's spine ({spine_size} bytes) it exceeds the {max_bytes} bytes a message may hold "
-                "(raise the NATS server's max_payload)"
-            )
-        if size + unit.size > max_bytes and parts[-1]:
-            parts.append([])
-            size = spine_size
-        parts[-1].extend(unit.rows)
-        size += unit.size
-    return [rows.part([*rows.spine, *part]) for part in parts]
+    items = _items(rows, selected)
+    fitted: dict[RowRef, Any] = {}
+    sizes: dict[RowRef, int] = {}
+    for item in items:
+        for ref in item:
+            size = rows.size(*ref)
+            if size > capacity:
+                name, index = ref
+                try:
+                    row, _ = cut_row(name, rows.lists[name][index], capacity - 1)
+                except RowTooLarge as exc:
+                    raise GraphTooLarge(str(exc)) from None
+                fitted[ref] = row
+                size = row_size(row) + 1
+            sizes[ref] = size
+    packed: list[list[RowRef]] = []
+    current: list[RowRef] = []
+    used = 0
+    for item in items:
+        whole = sum(sizes[ref] for ref in item)
+        for piece in [item] if whole <= capacity else [[ref] for ref in item]:
+            size = sum(sizes[ref] for ref in piece)
+            if current and used + size > capacity:
+                packed.append(current)
+                current, used = [], 0
+            current += piece
+            used += size
+    if current:
+        packed.append(current)
+    return Parts([_part_graph(rows, refs, fitted) for refs in packed], cut_rows=len(fitted))
 
 
 # --- events --------------------------------------------------------------------------------------
@@ -416,29 +422,83 @@ class TreeState:
         self.billed.update(published.invocation_of[c.event_id] for c in published.calls)
 
 
-def transcript_events(
-    imported: ImportedSession, parts: Sequence[Graph], *, occurred_at: datetime | None = None
-) -> list[TranscriptImported]:
-    """One ``transcript_imported`` per part, each with a deterministic id."""
+def _moment(root: Session) -> datetime:
+    return _aware(root.ended_at) or _aware(root.started_at) or datetime.now(UTC)
+
+
+def transcript_event(
+    imported: ImportedSession,
+    graph: Graph,
+    *,
+    occurred_at: datetime | None = None,
+    part: int = 1,
+    parts: int = 1,
+    self_contained: bool = True,
+) -> TranscriptImported:
+    """The ``transcript_imported`` of one part, with a deterministic id.
+
+    The id is a UUIDv5 of the vendor, the root session and the SHA-256 of the part's graph, and for a
+    part of several also of its place (``part/parts``).
+    """
     root = _root(imported)
-    moment = occurred_at or _aware(root.ended_at) or _aware(root.started_at) or datetime.now(UTC)
-    events = []
-    for part in parts:
-        encoded = encode_graph(part)
-        digest = hashlib.sha256(encoded).hexdigest()
-        events.append(
-            TranscriptImported(
-                event_id=_event_id("transcript_imported", imported.vendor, root.id, digest),
-                occurred_at=moment,
-                profile_id=profile_id_for(imported.vendor),
-                session_id=uuid.UUID(root.id),
-                vendor=imported.vendor,
-                source_ref=str(imported.source_path),
-                tags=import_tags(imported),
-                graph=msgspec.json.decode(encoded),
+    encoded = encode_graph(graph)
+    digest = hashlib.sha256(encoded).hexdigest()
+    place = () if self_contained and parts == 1 else (f"{part}/{parts}",)
+    return TranscriptImported(
+        event_id=_event_id("transcript_imported", imported.vendor, root.id, digest, *place),
+        occurred_at=occurred_at or _moment(root),
+        profile_id=profile_id_for(imported.vendor),
+        session_id=uuid.UUID(root.id),
+        vendor=imported.vendor,
+        source_ref=str(imported.source_path),
+        tags=import_tags(imported),
+        graph=msgspec.json.decode(encoded),
+        part=part,
+        parts=parts,
+        self_contained=self_contained,
+    )
+
+
+def part_events(
+    imported: ImportedSession,
+    rows: GraphRows,
+    *,
+    max_payload: int = DEFAULT_MAX_PAYLOAD,
+    selected: set[RowRef] | None = None,
+) -> tuple[list[TranscriptImported], int]:
+    """The ``transcript_imported`` events of a tree's graph (or of its `selected` rows), and how many rows were cut.
+
+    The whole graph is one self-contained event when that event fits one message of the server
+    (headers included). Otherwise, and always for a selection, the rows go in consecutive parts of
+    at most `part_budget(max_payload)` bytes each, headers included (see `plan_parts`).
+    """
+    moment = _moment(_root(imported))
+    if selected is None:
+        empty = transcript_event(imported, Graph(), occurred_at=moment)
+        total = sum(rows.size(*ref) for ref in rows.refs())
+        # The sum of the rows' sizes is within a few bytes of the graph's; build the event only if it may fit.
+        if message_size(empty) + total <= max_payload + len(_LISTS):
+            whole = transcript_event(imported, rows.graph, occurred_at=moment)
+            if message_size(whole) <= max_payload:
+                return [whole], 0
+    elif not selected:
+        return [], 0
+    budget = part_budget(max_payload)
+    widest = transcript_event(
+        imported, Graph(), occurred_at=moment, part=_MAX_PARTS, parts=_MAX_PARTS, self_contained=False
+    )
+    plan = plan_parts(rows, capacity=budget - message_size(widest), selected=selected)
+    events = [
+        transcript_event(imported, graph, occurred_at=moment, part=number, parts=len(plan.graphs), self_contained=False)
+        for number, graph in enumerate(plan.graphs, start=1)
+    ]
+    for event in events:
+        size = message_size(event)
+        if size > budget:  # the sizes above are exact or over; never publish what the budget refuses
+            raise GraphTooLarge(
+                f"part {event.part} of {imported.source_path} takes {size} bytes, over its budget of {budget}"
             )
-        )
-    return events
+    return events, plan.cut_rows
 
 
 @dataclass
@@ -449,6 +509,8 @@ class TreeEvents:
     calls: list[ModelCallCompleted]
     rows: GraphRows
     invocation_of: dict[uuid.UUID, str]
+    #: Rows whose large fields were cut so that they fit a part (see `cut`).
+    cut_rows: int = 0
 
     @property
     def events(self) -> list[Event]:
@@ -465,23 +527,23 @@ def tree_events(
     """The events to publish for one tree.
 
     ``state`` (a watcher's memory of what it published) limits the graph parts to the rows that are
-    new or changed and the model calls to those not billed yet; ``settled_only`` leaves out the
-    calls whose usage may still grow (see :func:`settled_invocations`).
+    new or changed, which may refer to rows published before, and the model calls to those not
+    billed yet; ``settled_only`` leaves out the calls whose usage may still grow (see
+    :func:`settled_invocations`).
     """
     graph = imported.graph
     validate(graph)
     rows = GraphRows(graph)
-    budget = max_payload - _HEADROOM
-    parts = _split(rows, budget, state.changed if state is not None else None)
-    part_events = transcript_events(imported, parts)
-    for event in part_events:
-        size = len(encode_event(event))
-        if size > budget:  # re-encoding raw JSON can grow it slightly; never publish what the server refuses
-            raise GraphTooLarge(f"a part of {imported.source_path} encodes to {size} bytes, over {budget}")
+    selected: set[RowRef] | None = None
+    if state is not None:
+        changed = [ref for ref in rows.refs() if state.changed(rows, *ref)]
+        if len(changed) < sum(len(v) for v in rows.lists.values()):
+            selected = set(changed)
+    parts, cut = part_events(imported, rows, max_payload=max_payload, selected=selected)
     only = settled_invocations(graph) if settled_only else None
     calls = model_call_events(imported, only=only, skip=state.billed if state is not None else ())
     invocation_of = {model_call_event_id(m.id): m.id for m in graph.model_invocations}
-    return TreeEvents(parts=part_events, calls=calls, rows=rows, invocation_of=invocation_of)
+    return TreeEvents(parts=parts, calls=calls, rows=rows, invocation_of=invocation_of, cut_rows=cut)
 
 
 def events_for(imported: ImportedSession, *, max_payload: int = DEFAULT_MAX_PAYLOAD) -> list[Event]:

@@ -4,6 +4,9 @@ Pure: costs come from billing's offline :class:`~commonos.billing.pricing.Pricer
 provider, model, tokens and time the ``model_call_completed`` events carry, so the summary's cost is
 what billing will charge for the same calls. Usage rows that belong to no invocation (a report-only
 subagent's last call) are counted in the tokens but neither billed nor priced.
+
+A tree that an import could not publish (whatever the reason) is listed as not imported, with the
+reason, and left out of the per-model lines and the totals: they count what was stored.
 """
 
 from __future__ import annotations
@@ -64,6 +67,13 @@ class SessionSummary(TokenCounts, kw_only=True):
     tool_calls: dict[str, int]
     files_touched: int
     models: list[ModelSummary]
+    #: True once every event of the tree is published; False when publishing it failed (see
+    #: `not_imported`), and then its tokens and cost are not in the totals; None in a dry run.
+    imported: bool | None = None
+    #: Why the tree was not imported.
+    not_imported: str | None = None
+    #: Rows whose large text was cut so that they fit a message (see `commonos.importer.cut`).
+    rows_cut: int = 0
 
 
 class ImportSummary(msgspec.Struct, kw_only=True):
@@ -71,10 +81,16 @@ class ImportSummary(msgspec.Struct, kw_only=True):
     root: str
     dry_run: bool
     sessions: list[SessionSummary]
+    #: Per model and in all, over the trees imported (every tree in a dry run).
     models: list[ModelSummary]
     totals: TokenCounts
     published: PublishCounts | None = None
     errors: list[str] = msgspec.field(default_factory=list)
+    #: Input skipped without failing the import: files that are not regular files, lines over the cap.
+    warnings: list[str] = msgspec.field(default_factory=list)
+    #: Trees not imported, left out of `models` and `totals`.
+    sessions_not_imported: int = 0
+    rows_cut: int = 0
 
 
 def invocation_counts(pricer: Pricer, vendor: str, graph: Graph, invocation: ModelInvocation) -> TokenCounts:
@@ -184,14 +200,20 @@ def summarize_import(
     dry_run: bool,
     published: PublishCounts | None = None,
     errors: Sequence[str] = (),
+    warnings: Sequence[str] = (),
 ) -> ImportSummary:
-    """The summary of a whole import from its trees' summaries: per tree, per model across trees, and totals."""
+    """The summary of a whole import from its trees' summaries: per tree, per model across trees, and totals.
+
+    A tree not imported is listed but not counted in the per-model lines and the totals.
+    """
     sessions = sorted(
         trees, key=lambda s: (s.started_at is None, s.started_at.timestamp() if s.started_at else 0.0, s.session_id)
     )
     by_model: dict[str, TokenCounts] = {}
     totals = TokenCounts()
     for session in sessions:
+        if session.imported is False:
+            continue
         for line in session.models:
             by_model.setdefault(line.model, TokenCounts()).add(_only_counts(line))
             totals.add(_only_counts(line))
@@ -204,6 +226,9 @@ def summarize_import(
         totals=totals,
         published=published,
         errors=list(errors),
+        warnings=list(warnings),
+        sessions_not_imported=sum(1 for s in sessions if s.imported is False),
+        rows_cut=sum(s.rows_cut for s in sessions),
     )
 
 
