@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import subprocess
+import sys
 import textwrap
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -132,6 +135,16 @@ async def running_system(nats: SecuredNats, database_url: str, tmp_path: Path) -
         ],
         billing=ServiceProcess("commonos.billing", _env(url, database_url, "billing"), tmp_path / "billing.log"),
     )
+    # As compose and deploy/k8s do: the admin creates the streams, the services only use them.
+    setup = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "commonos.cli", "streams", "ensure"],
+        env={**os.environ, **_env(url, database_url, "admin")},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert setup.returncode == 0, setup.stderr
     try:
         for process in system.processes:
             process.start()

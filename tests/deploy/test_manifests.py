@@ -190,7 +190,7 @@ def test_compose_interpolates_only_variables_of_the_env_example() -> None:
 
 def test_compose_runs_the_services_of_the_design() -> None:
     services = dict(compose_services())
-    commands: dict[str, list[str]] = {name: s["command"] for name, s in services.items() if ours(s)}
+    commands: dict[str, list[str]] = {name: s["command"] for name, s in services.items() if ours(s) and long_running(s)}
     assert sorted(tuple(c) for c in commands.values()) == sorted(
         [
             ("python", "-m", "commonos.billing"),
@@ -236,6 +236,25 @@ def test_compose_refers_only_to_what_exists() -> None:
             assert dependency in services, f"{name} depends on {dependency}"
 
 
+def test_the_admin_creates_the_streams_before_any_service_starts(k8s: list[dict[str, Any]]) -> None:
+    """Only the admin may change a stream: a one-shot job runs `cos streams ensure` as admin at three replicas,
+    and every service waits for it to succeed (compose) or for the streams to exist (Kubernetes)."""
+    services = dict(compose_services())
+    job = services["streams"]
+    assert job["command"][-2:] == ["streams", "ensure"] and not long_running(job)
+    assert job["environment"]["COS_NATS_USER"] == "admin" and job["environment"]["COS_STREAM_REPLICAS"] == "3"
+    for name, s in services.items():
+        if ours(s) and long_running(s):
+            assert s["depends_on"]["streams"] == {"condition": "service_completed_successfully"}, name
+    [k8s_job] = [d for d in k8s if d["kind"] == "Job" and d["metadata"]["name"] == "commonos-streams"]
+    [container] = k8s_job["spec"]["template"]["spec"]["containers"]
+    assert container["command"][-2:] == ["streams", "ensure"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["COS_NATS_USER"]["value"] == "admin" and env["COS_STREAM_REPLICAS"]["value"] == "3"
+    secret = env["COS_NATS_PASSWORD"]["valueFrom"]["secretKeyRef"]
+    assert secret["name"].startswith("commonos-nats") and secret["key"] == "admin"  # the overlay hashes the name
+
+
 def test_prometheus_scrapes_every_service_of_compose() -> None:
     config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
     targets = {
@@ -248,14 +267,14 @@ def test_prometheus_scrapes_every_service_of_compose() -> None:
     expected = {
         (jobs[str(python_module(s["command"]))], f"{name}:{s['environment']['COS_HTTP_PORT']}")
         for name, s in compose_services()
-        if ours(s)
+        if ours(s) and long_running(s)
     }
     assert expected <= targets
     for module, port in DEFAULT_PORTS.items():
         assert {
             int(s["environment"]["COS_HTTP_PORT"])
             for s in COMPOSE["services"].values()
-            if ours(s) and python_module(s["command"]) == module
+            if ours(s) and long_running(s) and python_module(s["command"]) == module
         } == {port}
 
 

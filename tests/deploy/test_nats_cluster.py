@@ -20,7 +20,7 @@ from nats.aio.client import Client
 
 from commonos.proto.subjects import EVENTS_STREAM
 from commonos.runtime.embedded import NatsServer, free_port
-from commonos.runtime.nats import ensure_streams
+from commonos.runtime.nats import StreamUnavailable, ensure_streams
 from commonos.runtime.publisher import EventPublisher
 from tests.deploy.conftest import DEPLOY, nats_password
 from tests.deploy.system import sample_events
@@ -75,16 +75,26 @@ async def when_jetstream_is_up(client: Client, replicas: int, timeout_s: float =
         try:
             await ensure_streams(client.jetstream(timeout=2), replicas)
             return
-        except (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError):
+        except (
+            StreamUnavailable,
+            nats.errors.TimeoutError,
+            nats.errors.NoRespondersError,
+            nats.js.errors.ServiceUnavailableError,
+        ):
             if time.monotonic() > deadline:
                 raise
             await asyncio.sleep(0.2)
 
 
 async def test_three_nodes_keep_the_stream_with_one_down(cluster: list[NatsServer]) -> None:
+    admin = await connect(cluster, "admin")
+    try:
+        await when_jetstream_is_up(admin, replicas=3)  # what `cos streams ensure` does with COS_STREAM_REPLICAS=3
+    finally:
+        await admin.close()
     loop = await connect(cluster, "loop")
     try:
-        await when_jetstream_is_up(loop, replicas=3)  # what every service does with COS_STREAM_REPLICAS=3
+        await when_jetstream_is_up(loop, replicas=3)  # what every service does at start: the streams are there
         js = loop.jetstream(timeout=10)
         info = await js.stream_info(EVENTS_STREAM)
         assert info.config.num_replicas == 3

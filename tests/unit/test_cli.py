@@ -28,6 +28,7 @@ COMMANDS = (
     "report",
     "import",
     "schema",
+    "streams",
 )
 
 

@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "commonos.billing.cli",
     "commonos.importer.cli",
     "commonos.cli.schema",
+    "commonos.cli.streams",
 )
 
 #: The top-level commands each module registers (tests/unit/test_cli.py checks this against `register`).
@@ -40,6 +41,7 @@ COMMANDS = {
     "report": "commonos.billing.cli",
     "import": "commonos.importer.cli",
     "schema": "commonos.cli.schema",
+    "streams": "commonos.cli.streams",
 }
 
 

@@ -28,8 +28,8 @@ from rich.console import Console
 from rich.table import Table
 
 from commonos.cli.args import CliError
+from commonos.cli.streams import ensure_all
 from commonos.cli.system import Endpoints, clear_state, write_state
-from commonos.runtime import nats as cos_nats
 from commonos.runtime.embedded import NatsServer, PostgresCluster, free_port
 from commonos.runtime.postgres import apply_schemas, connect
 from commonos.runtime.settings import Settings
@@ -104,13 +104,7 @@ class System:
                     await admin.execute(f'CREATE DATABASE "{DATABASE}"')
             finally:
                 await admin.close()
-        nc = await cos_nats.connect(
-            Settings(nats_url=self.endpoints.nats_url, nats_creds=self.settings.nats_creds), "cos-up"
-        )
-        try:
-            await cos_nats.ensure_streams(nc.jetstream(), self.settings.stream_replicas)
-        finally:
-            await nc.close()
+        await ensure_all(self.settings, self.endpoints.nats_url)
         conn = await connect(self.endpoints.database_url)
         try:
             await apply_schemas(conn, all_schemas())

@@ -27,7 +27,7 @@ import nats.errors
 import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, ReplayPolicy
 from prometheus_client import Counter, Gauge, Histogram
 
 from commonos.proto.cloudevents import HeaderError, check_event_headers
@@ -156,6 +156,44 @@ def decode_delivery(msg: Msg, stream_seq: int) -> Delivery:
     return d
 
 
+#: Settings of a service's durable consumer that nothing but the service may choose, and the value
+#: that stands for "off" on the server. A consumer whose settings differ was changed by someone else
+#: (an operator, an intruder): `bind` recreates it rather than trust it (`headers_only` would make every
+#: event arrive without its body).
+_MUST_BE_OFF: Final = (
+    "headers_only",
+    "deliver_subject",
+    "deliver_group",
+    "rate_limit_bps",
+    "sample_freq",
+    "backoff",
+    "flow_control",
+    "idle_heartbeat",
+    "inactive_threshold",
+    "max_batch",
+    "max_expires",
+    "max_bytes",
+    "mem_storage",
+    "pause_until",
+)
+_MUST_EQUAL: Final = ("ack_policy", "ack_wait", "max_ack_pending", "max_deliver", "filter_subject", "filter_subjects")
+
+
+def config_drift(actual: ConsumerConfig, wanted: ConsumerConfig) -> list[str]:
+    """How `actual` differs from the configuration the service creates (empty: it is the service's)."""
+    drift = []
+    for name in _MUST_EQUAL:
+        have, want = getattr(actual, name), getattr(wanted, name)
+        if name == "max_deliver" and want == -1 and have in (None, -1, 0):
+            continue
+        if have != want and (have or want):
+            drift.append(f"{name} is {have!r}, not {want!r}")
+    drift += [f"{name} is {getattr(actual, name)!r}" for name in _MUST_BE_OFF if getattr(actual, name, None)]
+    if actual.replay_policy not in (None, ReplayPolicy.INSTANT):
+        drift.append(f"replay_policy is {actual.replay_policy!r}")
+    return drift
+
+
 @dataclass
 class ConsumerOptions:
     batch_size: int = 1000
@@ -243,11 +281,14 @@ class BatchConsumer:
         except nats.js.errors.NotFoundError:
             info = None
         wanted = self.consumer_config()
-        if info is not None and (info.config.filter_subject, info.config.filter_subjects) != (
-            wanted.filter_subject,
-            wanted.filter_subjects,
-        ):
-            log.info("%s: consumer filter changed; recreating it from %d", self.name, self.position + 1)
+        drift = config_drift(info.config, wanted) if info is not None else []
+        if drift:
+            log.warning(
+                "%s: the consumer's configuration is not this service's (%s); recreating it from %d",
+                self.name,
+                "; ".join(drift),
+                self.position + 1,
+            )
             await self.js.delete_consumer(EVENTS_STREAM, self.name)
             info = None
         if info is not None and info.delivered.stream_seq > self.position:

@@ -6,10 +6,11 @@ import logging
 from typing import Any
 
 import nats
+import nats.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import BadRequestError
+from nats.js.errors import BadRequestError, NotFoundError
 
 from commonos.proto.subjects import DLQ_ALL, DLQ_STREAM, EVENTS_ALL, EVENTS_STREAM
 from commonos.runtime.settings import Settings
@@ -93,26 +94,54 @@ async def connect(settings: Settings, name: str, **overrides: Any) -> Client:
     return await nats.connect(**options)
 
 
+class StreamUnavailable(RuntimeError):
+    """A stream this service needs does not exist, and its NATS user may not create it (only an admin may)."""
+
+
 async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
     """Create the stream, or bring it to `config`; safe to run from every service at start.
 
-    Replicas are never lowered: a service started with the single-node default against a stream
-    an operator runs at three replicas leaves it at three.
+    The stream's state is read first, and nothing is changed when it is as wanted, so a service whose
+    NATS user may only read the streams (as deploy/nats/auth.conf has it: only an admin changes a
+    stream) starts on streams an operator created (`cos streams ensure`). Replicas are never lowered: a
+    service started with the single-node default against a stream run at three replicas leaves it.
     """
+    name = config.name or ""
     try:
-        await js.add_stream(config)
-    except BadRequestError as exc:
-        if exc.err_code != 10058:  # stream name already in use with a different configuration
-            raise
-        existing = (await js.stream_info(config.name or "")).config
-        config.num_replicas = max(config.num_replicas or 1, existing.num_replicas or 1)
-        if (
-            existing.num_replicas == config.num_replicas
-            and existing.subjects == config.subjects
-            and (existing.duplicate_window == config.duplicate_window)
-        ):
-            return
+        existing = (await js.stream_info(name)).config
+    except NotFoundError:
+        existing = None
+    except nats.errors.TimeoutError:
+        raise StreamUnavailable(
+            f"stream {name}: no answer from JetStream (this NATS user may not read it, or JetStream is unavailable)"
+        ) from None
+    if existing is None:
+        try:
+            await js.add_stream(config)
+        except nats.errors.TimeoutError:
+            raise StreamUnavailable(
+                f"stream {name} does not exist and this NATS user may not create it: "
+                "create it as an admin (`cos streams ensure`)"
+            ) from None
+        except BadRequestError as exc:
+            if exc.err_code != 10058:  # created meanwhile by another service, with another configuration
+                raise
+        return
+    config.num_replicas = max(config.num_replicas or 1, existing.num_replicas or 1)
+    if (
+        existing.num_replicas == config.num_replicas
+        and existing.subjects == config.subjects
+        and existing.duplicate_window == config.duplicate_window
+    ):
+        return
+    try:
         await js.update_stream(config)
+    except nats.errors.TimeoutError:
+        log.warning(
+            "stream %s differs from this service's settings (replicas, subjects or duplicate window) and this "
+            "NATS user may not change it; going on with it as it is (an admin can: `cos streams ensure`)",
+            name,
+        )
 
 
 async def ensure_streams(js: JetStreamContext, replicas: int = 1) -> None:

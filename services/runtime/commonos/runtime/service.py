@@ -58,13 +58,30 @@ async def service_context(
         nc = await cos_nats.connect(settings, name, closed_cb=on_closed)
         try:
             js = nc.jetstream()
-            await cos_nats.ensure_streams(js, settings.stream_replicas)
+            await _streams_when_there(js, settings.stream_replicas, health, stop)
             holder.append(ServiceContext(nc, js, health, stop))
             yield holder[0]
         finally:
             await nc.close()
     finally:
         await http.stop()
+
+
+async def _streams_when_there(js: JetStreamContext, replicas: int, health: Health, stop: asyncio.Event) -> None:
+    """The streams, created if this user may; else waited for (an admin creates them: `cos streams ensure`)."""
+    backoff = 0.5
+    while not stop.is_set():
+        try:
+            await cos_nats.ensure_streams(js, replicas)
+            health.set_ready("streams", True)
+            return
+        except cos_nats.StreamUnavailable as exc:
+            health.set_ready("streams", False, str(exc))
+            health.beat()  # waiting for an operator is not a hang
+            log.warning("%s; waiting", exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), backoff)
+            backoff = min(backoff * 2, 10.0)
 
 
 async def run_consumers(ctx: ServiceContext, consumers: Sequence[BatchConsumer], drain_timeout_s: float) -> int:

@@ -1,0 +1,77 @@
+"""`cos streams ensure`: create or bring up to date the streams CommonOS keeps its history in.
+
+Only an admin may change a stream (deploy/nats/auth.conf); the services start on the streams that
+exist. Run this once as the admin before the services start, and again after an upgrade or to raise
+the replicas (`COS_STREAM_REPLICAS`). `cos up` runs it itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any
+
+from nats.js.api import StreamConfig
+
+from commonos.cli.args import CliError
+from commonos.runtime.settings import Settings
+
+
+def stream_configs(replicas: int) -> list[StreamConfig]:
+    """Every stream of the system: the events, the dead letters, billing's budget alerts."""
+    from commonos.billing.service import alerts_stream_config
+    from commonos.runtime.nats import dlq_stream_config, events_stream_config
+
+    return [events_stream_config(replicas), dlq_stream_config(replicas), alerts_stream_config(replicas)]
+
+
+async def ensure_all(settings: Settings, nats_url: str) -> list[tuple[str, int, int]]:
+    """Create or update every stream; (name, replicas, messages) of each afterwards."""
+    from commonos.runtime import nats as cos_nats
+
+    nc = await cos_nats.connect(Settings(**{**settings.__dict__, "nats_url": nats_url}), "cos-streams")
+    try:
+        js = nc.jetstream()
+        out = []
+        for config in stream_configs(settings.stream_replicas):
+            await cos_nats.ensure_stream(js, config)
+            info = await js.stream_info(config.name or "")
+            out.append((config.name or "", info.config.num_replicas or 1, info.state.messages))
+        return out
+    finally:
+        await nc.close()
+
+
+def _nats_url(settings: Settings) -> str:
+    if settings.nats_url:
+        return settings.nats_url
+    from commonos.cli.system import endpoints
+
+    try:
+        return endpoints(settings).nats_url
+    except CliError:
+        raise CliError("no NATS server to talk to: set COS_NATS_URL (or start one with `cos up`)") from None
+
+
+def _ensure(args: argparse.Namespace) -> int:
+    from commonos.runtime.nats import StreamUnavailable
+
+    settings = Settings.from_env()
+    try:
+        rows = asyncio.run(ensure_all(settings, _nats_url(settings)))
+    except StreamUnavailable as exc:
+        raise CliError(f"{exc} (COS_NATS_USER must be an admin)") from None
+    for name, replicas, messages in rows:
+        print(f"{name}: {replicas} replica(s), {messages} messages")
+    return 0
+
+
+def register(sub: Any) -> None:
+    streams = sub.add_parser("streams", help="the JetStream streams (an admin's task)", description=__doc__)
+    streams_sub = streams.add_subparsers(dest="streams_command", metavar="SUBCOMMAND", required=True)
+    ensure = streams_sub.add_parser(
+        "ensure",
+        help="create or update COS_EVENTS, COS_DLQ and COS_ALERTS (COS_STREAM_REPLICAS replicas)",
+        description=__doc__,
+    )
+    ensure.set_defaults(handler=_ensure)
