@@ -71,9 +71,9 @@ def escape_nul_in_json(document: str) -> str:
     jsonb refuses it), a ␀ or ␛ only be in a string, raw or as an escape; each becomes its stored form.
     An escape counts only after an even number of backslashes (`\\\\u0000` is a backslash and "u0000").
     """
-    if NUL_SYMBOL not in document and ESCAPE_SYMBOL not in document and not _ESCAPED.search(document):
-        return document
-    return _JSON_STORED.sub(_stored_json, document)
+    if NUL_SYMBOL in document or ESCAPE_SYMBOL in document or ("\\u" in document and _ESCAPED.search(document)):
+        return _JSON_STORED.sub(_stored_json, document)
+    return document
 
 
 def unescape_nul_json(value: Any) -> Any:

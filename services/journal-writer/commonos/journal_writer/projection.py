@@ -20,6 +20,7 @@ import msgspec
 from commonos.proto import events as ev
 from commonos.proto.identity import stored_title, title_from_text
 from commonos.proto.messages import UserMessage
+from commonos.proto.text import escape_nul, escape_nul_in_json
 
 _content_encoder: Final = msgspec.json.Encoder()
 
@@ -216,8 +217,18 @@ def plan_events(events: Sequence[ev.Event]) -> Plan:
     return plan
 
 
+# PostgreSQL's text and jsonb cannot hold U+0000, which a tool's output or a model's arguments may
+# carry: every string parameter is stored escaped (`commonos.proto.text`), losslessly.
+
+
 def _json(value: Any) -> str:
-    return _content_encoder.encode(value).decode()
+    """A JSON parameter: every key and string escaped (`escape_nul`)."""
+    return escape_nul_in_json(_content_encoder.encode(value).decode())
+
+
+def _text(value: str | None) -> str | None:
+    """A text parameter, escaped (`escape_nul`)."""
+    return escape_nul(value) if value is not None else None
 
 
 def check_event(event: ev.Event) -> None:
@@ -248,13 +259,13 @@ def plan_event(plan: Plan, event: ev.Event) -> None:
             plan.add("profile_upsert", (event.profile_id, list(event.tags), event.occurred_at))
         case ev.SessionCreated():
             plan.add("profile_exists", (event.profile_id, event.occurred_at))
-            title = stored_title(event.title) if event.title else None
+            title = _text(stored_title(event.title)) if event.title else None
             plan.add(
                 "session_insert",
                 (
                     event.session_id,
                     event.profile_id,
-                    event.source,
+                    _text(event.source),
                     title,
                     list(event.tags),
                     event.parent_session_id,
@@ -292,7 +303,7 @@ def plan_event(plan: Plan, event: ev.Event) -> None:
                 ),
             )
             if event.seq == 1 and isinstance(content, UserMessage):
-                plan.add("session_title", (event.session_id, title_from_text(content.text)))
+                plan.add("session_title", (event.session_id, _text(title_from_text(content.text))))
         case ev.MessageDeactivated():
             plan.add("message_deactivate", (list(event.message_ids), event.session_id))
         case ev.ToolCallRecorded():
@@ -303,10 +314,10 @@ def plan_event(plan: Plan, event: ev.Event) -> None:
                     event.turn_id,
                     event.session_id,
                     event.profile_id,
-                    event.call_id,
-                    event.name,
+                    _text(event.call_id),
+                    _text(event.name),
                     _json(event.args),
-                    event.result,
+                    _text(event.result),
                     event.is_error,
                     str(event.risk),
                     str(event.approval) if event.approval else None,
@@ -323,12 +334,12 @@ def plan_event(plan: Plan, event: ev.Event) -> None:
                     event.turn_id,
                     event.profile_id,
                     str(event.status),
-                    event.decided_by,
+                    _text(event.decided_by),
                     event.decided_at,
                 ),
             )
         case ev.TurnFinished():
-            plan.add("turn_finish", (event.turn_id, str(event.status), event.error, event.occurred_at))
+            plan.add("turn_finish", (event.turn_id, str(event.status), _text(event.error), event.occurred_at))
         case _:
             # Plugin events (model calls, memory) and imported transcripts have projections of their own.
             pass

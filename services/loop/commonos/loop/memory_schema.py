@@ -16,6 +16,7 @@ import uuid
 from typing import Any, Final, NamedTuple
 
 from commonos.proto.events import Event, MemoryChanged, MemoryOp
+from commonos.proto.text import escape_nul
 
 SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS memory_entries (
@@ -84,7 +85,7 @@ def memory_rows(event: Event) -> list[Statement]:
         return []
     e: uuid.UUID = event.event_id
     where = (e, event.profile_id, event.target.value, event.position)
-    content = event.content or ""
+    content = escape_nul(event.content or "")  # stored as text PostgreSQL can hold (commonos.proto.text)
     mark = Statement(_MARK, (e, event.profile_id))
     match event.op:
         case MemoryOp.ADD:
