@@ -14,16 +14,14 @@ import os
 import socket
 import tracemalloc
 import uuid
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
 from commonos.billing.pricing import Pricer
-from commonos.importer.cli import SOURCES, Watcher
+from commonos.importer.cli import SOURCES, Watcher, nats_publisher
 from commonos.importer.lines import MAX_LINE_BYTES, iter_lines
-from commonos.importer.publish import PublishCounts
-from commonos.proto.events import Event
+from commonos.runtime.settings import Settings
 from tests.importer.pipeline import acos
 from tests.importer.transcripts import ClaudeWriter, CodexWriter, append_lines, small_claude_home
 
@@ -109,25 +107,25 @@ async def test_a_fifo_named_like_a_session_does_not_hang_a_full_import(tmp_path:
 
 
 @pytest.mark.timeout(TIMEOUT_S)
-async def test_a_watch_warns_once_per_fifo(tmp_path: Path) -> None:
+async def test_a_watch_warns_once_per_fifo(tmp_path: Path, nats_url: str) -> None:
     home = small_claude_home(tmp_path, sessions=1)
     said: list[str] = []
-    sent: list[int] = []
-
-    async def publish(events: Sequence[Event]) -> PublishCounts:
-        sent.append(len(events))
-        return PublishCounts(events=len(events), stored=len(events))
-
-    watcher = Watcher(SOURCES["claude"], home, Pricer(), publish, settle_s=0, say=said.append)
-    await watcher.start()
-    fifo = home / "projects" / "-work-demo" / f"{uuid.uuid4()}.jsonl"
-    os.mkfifo(fifo)
-    await watcher.poll()
-    await watcher.poll()
-    assert [line for line in said if line.startswith("warning:")] == [
-        f"warning: {fifo}: skipped: not a regular file (a FIFO)"
-    ]
-    assert watcher.run.warnings == [f"{fifo}: skipped: not a regular file (a FIFO)"] and sent
+    async with nats_publisher(Settings(nats_url=nats_url)) as (publish, max_payload):
+        watcher = Watcher(
+            SOURCES["claude"], home, Pricer(), publish, max_payload=max_payload, settle_s=0, say=said.append
+        )
+        await watcher.start()
+        fifo = home / "projects" / "-work-demo" / f"{uuid.uuid4()}.jsonl"
+        os.mkfifo(fifo)
+        await watcher.poll()
+        session = next(p for p in (home / "projects" / "-work-demo").glob("*.jsonl") if p != fifo)
+        append_lines(session, ClaudeWriter(session, seed="more").exchange("Still watching?"))
+        await watcher.poll()
+        await watcher.finish()
+    warning = f"{fifo}: skipped: not a regular file (a FIFO)"
+    assert [line for line in said if line.startswith("warning:")] == [f"warning: {warning}"]
+    assert watcher.run.warnings == [warning] and watcher.run.errors == []
+    assert watcher.run.published.graph_parts == 2 and watcher.run.published.stored > 0
 
 
 def test_lines_are_read_one_at_a_time_and_a_long_one_is_skipped() -> None:
