@@ -675,7 +675,7 @@ def print_table(summary: ImportSummary, console: Console) -> None:
                 name = s.title or s.vendor_session_id or s.session_id
                 console.print(f"  {name} ({s.source_path}): {s.not_imported}", markup=False, highlight=False)
     if summary.rows_cut:
-        console.print(f"{summary.rows_cut} row(s) cut to fit a message (their text ends with a cos_import_cut marker)")
+        console.print(f"{summary.rows_cut} row(s) cut to fit a message (marked cos_import_cut, with their size)")
     for warning in summary.warnings:
         console.print(f"[yellow]warning:[/yellow] {escape(warning)}", markup=True, highlight=False)
     for error in summary.errors:
