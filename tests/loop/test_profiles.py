@@ -47,6 +47,11 @@ def test_defaults_and_a_prompt_file(tmp_path: Path) -> None:
         ("ok", 'tags = ["Area:x"]\n', "invalid tag 'Area:x': upper case in the key"),
         ("ok", 'tags = ["a:b:c"]\n', "invalid tag 'a:b:c': exactly one ':' allowed, found 2"),
         ("ok", 'tags = ["area"]\n', "invalid tag 'area': no value"),
+        (
+            "ok",
+            f'tags = ["client:{"a" * 250}"]\n',
+            f"invalid tag 'client:{'a' * 33}…' (257 characters): longer than 256 characters",
+        ),
         ("Bad", "", "invalid profile id 'Bad'"),
         ("ok", 'provider = "cohere"\n', "unknown provider 'cohere'"),
         ("ok", 'tools = ["shell", "rm"]\n', "unknown tool 'rm'"),

@@ -17,14 +17,15 @@ import msgspec
 
 from commonos.proto.ids import new_id
 from commonos.proto.messages import Message
+from commonos.proto.tags import MAX_TAG_LENGTH, TAG_PATTERN
 
 # `(?!\n)` before `$`: Python's `$` also matches before a final newline; ECMA regexes (JSON Schema) agree.
-TAG_PATTERN: Final = r"^[a-z0-9_-]+:[A-Za-z0-9_.-]+(?!\n)$"
 PROFILE_ID_PATTERN: Final = r"^[a-z0-9_-]{1,64}(?!\n)$"
 #: Profile-level events belong to no session; they use the nil UUID.
 NO_SESSION: Final = uuid.UUID(int=0)
 
-Tag = Annotated[str, msgspec.Meta(pattern=TAG_PATTERN, max_length=256)]
+#: A valid tag, as `commonos.proto.tags` defines it.
+Tag = Annotated[str, msgspec.Meta(pattern=TAG_PATTERN, max_length=MAX_TAG_LENGTH)]
 ProfileId = Annotated[str, msgspec.Meta(pattern=PROFILE_ID_PATTERN)]
 Count = Annotated[int, msgspec.Meta(ge=0)]
 Seq = Annotated[int, msgspec.Meta(ge=1)]
