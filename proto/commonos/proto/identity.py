@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import uuid
+from typing import Final
 
 import msgspec
 
 from commonos.proto.ids import new_id
 from commonos.proto.tags import check_profile_id, parse_tags
+
+#: Where a chat request may say it comes from (`service` when it says nothing).
+REQUEST_SOURCES: Final = ("web", "cli", "service")
+#: The source of a session made by delegation (`delegate`), and only by it.
+SUBAGENT_SOURCE: Final = "subagent"
 
 MAX_TITLE_CHARS = 60
 #: A title given with a new session (a delegated child's goal) is kept whole up to this many characters.
@@ -47,7 +53,7 @@ class TurnInfo(msgspec.Struct, frozen=True, kw_only=True):
 
 class NewSession(msgspec.Struct, frozen=True, kw_only=True):
     profile_id: str
-    #: Where it came from: `web`, `cli`, `subagent`.
+    #: Where it came from: one of `REQUEST_SOURCES`, or `subagent` (delegation).
     source: str
     title: str | None = None
     tags: tuple[str, ...] = ()

@@ -3,7 +3,9 @@
 `NatsApprover` publishes an `ApprovalRequest` on `cos.approvals.<profile>.request` and waits on
 `cos.approvals.decide.<approval_id>` for an `ApprovalAnswer` (sent by `cos approve ID` / `cos deny ID`,
 or any service), replying with an `ApprovalAck`. No answer before the profile's timeout means denied
-(`timed_out`). The approval id is the tool call's `tool_call_id`.
+(`timed_out`). An answer not taken (neither approved nor denied, a `decided_by` holding U+0000, or one
+after the decision) gets a not-ok ack saying why; until one is taken the approval keeps waiting. The
+approval id is the tool call's `tool_call_id`.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from nats.aio.msg import Msg
 
 from commonos.loop.subjects import approval_decide_subject, approval_request_subject
 from commonos.proto.events import ApprovalStatus, Risk, utcnow
+from commonos.proto.text import NUL
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +41,12 @@ class ApprovalRequest(msgspec.Struct, frozen=True, kw_only=True):
     expires_at: datetime
 
 
+#: An answer whose `decided_by` holds U+0000 is refused (the approval keeps waiting for a good one).
+NUL_DECIDER = "decided_by contains U+0000 (NUL), which cannot be stored; the approval is still waiting"
+
+
 class ApprovalAnswer(msgspec.Struct, frozen=True, kw_only=True):
-    """A decision: `approved` or `denied`, and who decided (`cli:<user>`)."""
+    """A decision: `approved` or `denied`, and who decided (`cli:<user>`; no U+0000)."""
 
     status: ApprovalStatus
     decided_by: str = "unknown"
@@ -101,6 +108,8 @@ class NatsApprover:
             else:
                 if answer.status is ApprovalStatus.TIMED_OUT:
                     ack = ApprovalAck(ok=False, error="answer approved or denied")
+                elif NUL in answer.decided_by:
+                    ack = ApprovalAck(ok=False, error=NUL_DECIDER)
                 elif decided.done():
                     ack = ApprovalAck(ok=False, error="already decided")
                 else:

@@ -157,7 +157,10 @@ class _Chat:
             print(f"[{event.name} {args} → {first}{' …' if len(result) > 1 else ''}]", file=sys.stderr)
 
     async def turn(self, text: str) -> int:
-        request = ChatRequest(text=text, session_id=self.session, tags=self.tags, source="cli")
+        # A session's tags are given when it starts: the first turn of a conversation brings them, the
+        # turns that continue it do not.
+        tags = self.tags if self.session is None else ()
+        request = ChatRequest(text=text, session_id=self.session, tags=tags, source="cli")
         watch = (
             await self.nc.subscribe(f"{EVENTS_PREFIX}.{self.profile}.*.tool_call_recorded", cb=self.on_tool_call)
             if self.verbose
@@ -196,7 +199,7 @@ class _Chat:
         from commonos.loop.approvals import NatsApprover
         from commonos.loop.journal import MessageTooLarge, SessionNotFound
         from commonos.loop.locks import NatsSessionLocks, SessionBusy
-        from commonos.loop.loop import Loop, TurnRequest, UnknownProfile
+        from commonos.loop.loop import BadRequest, Loop, TurnRequest, UnknownProfile
         from commonos.loop.nats_journal import NatsJournal
         from commonos.loop.profiles import ProfileError, load_profiles
         from commonos.loop.providers import build_provider
@@ -232,7 +235,7 @@ class _Chat:
                     source="cli",
                 )
             )
-        except (SessionBusy, SessionNotFound, UnknownProfile, MessageTooLarge) as exc:
+        except (BadRequest, InvalidTag, SessionBusy, SessionNotFound, UnknownProfile, MessageTooLarge) as exc:
             raise CliError(str(exc)) from None
         return ChatReply(
             status=result.status.value,
@@ -249,6 +252,11 @@ class _Chat:
 
 
 def _chat(args: argparse.Namespace) -> int:
+    if args.session is not None and args.tag:
+        raise CliError(
+            "--tag is for a new session: a session's tags are fixed when it starts "
+            f"(leave out --tag to continue session {args.session})"
+        )
     settings = _settings()
     text = " ".join(args.text).strip()
 
@@ -288,7 +296,9 @@ def register(sub: Any) -> None:
     )
     chat.add_argument("--profile", default="default", help="profile id (default: default)")
     chat.add_argument("--session", type=_uuid, help="continue this session")
-    chat.add_argument("--tag", type=_tag, action="append", default=[], help="tag of a new session (key:value)")
+    chat.add_argument(
+        "--tag", type=_tag, action="append", default=[], help="tag of a new session (key:value, at most 256 characters)"
+    )
     chat.add_argument("--yes", action="store_true", help="approve every risky tool call of the profile while waiting")
     chat.add_argument("--local", action="store_true", help="run turns in this process, not the loop service")
     chat.add_argument("-v", "--verbose", action="store_true", help="show the tool calls of the profile as they run")

@@ -29,6 +29,7 @@ from commonos.loop.journal import (
     JournalError,
     MessageTooLarge,
     ModelCall,
+    SessionNotFound,
     SessionRecord,
     ToolCallRecord,
 )
@@ -39,10 +40,11 @@ from commonos.loop.registry import NoRegistry, TurnRegistry
 from commonos.loop.search import MessageSearch, NoSearch
 from commonos.loop.tools import Tool, ToolContext, ToolFailed, ToolOutput, builtin_tools, fit_result, tool_specs
 from commonos.proto.events import ApprovalStatus, Risk, TurnStatus, utcnow
-from commonos.proto.identity import NewSession, TurnInfo, title_from_text
+from commonos.proto.identity import REQUEST_SOURCES, SUBAGENT_SOURCE, NewSession, TurnInfo, title_from_text
 from commonos.proto.ids import new_id
 from commonos.proto.messages import AssistantMessage, Message, ToolCall, ToolResultMessage, UserMessage
 from commonos.proto.tags import check_profile_id, parse_tags, resolve_tags
+from commonos.proto.text import NUL
 
 log = logging.getLogger(__name__)
 
@@ -56,15 +58,24 @@ class UnknownProfile(LookupError):
         self.profile_id = profile_id
 
 
+class BadRequest(ValueError):
+    """A turn request refused before anything of it is recorded; the message says why, in one line."""
+
+
 class TurnRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """One chat message for a profile. Checked by `Loop.run_turn` before anything is recorded (`BadRequest`,
+    `InvalidTag`): no U+0000 in its text, source or tags; tags and a parent only with a new session."""
+
     profile_id: str
     text: str
     #: Continue this session; None starts a new one.
     session_id: uuid.UUID | None = None
-    #: Extra tags of a new session (ignored when continuing one: a session's tags are fixed).
+    #: Extra tags of a new session (a session's tags are fixed: a request continuing one brings none).
     tags: tuple[str, ...] = ()
-    #: Where a new session comes from: `web`, `cli`, ...
+    #: Where the request comes from: one of `REQUEST_SOURCES` (`subagent` sessions are made by delegation).
     source: str = "cli"
+    #: The session a new session is started under: one of the profile's own.
+    parent_session_id: uuid.UUID | None = None
 
 
 class TurnResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -150,27 +161,34 @@ class Loop:
     # -- entry points -----------------------------------------------------------------------------
 
     async def run_turn(self, request: TurnRequest, on_start: Callable[[TurnInfo], None] | None = None) -> TurnResult:
-        """Run one turn. Raises `SessionBusy`, `SessionNotFound`, `UnknownProfile`, `InvalidTag`,
+        """Run one turn. Raises `BadRequest`, `InvalidTag`, `SessionBusy`, `SessionNotFound`, `UnknownProfile`,
         `MessageTooLarge` before a turn starts (nothing of it recorded); `JournalError` when even the
         turn's end could not be recorded. `on_start` gets the turn's identity once it is recorded (so a
         caller can name a turn that is then cancelled)."""
         profile = self.profile(request.profile_id)
-        session_tags = tuple(parse_tags(request.tags))
+        session_tags = self._check_request(request)
         record: SessionRecord | None = None
         history: list[Message] = []
         user = UserMessage(text=request.text)
         if request.session_id is None:
             self.journal.check_message(_provisional(profile.id), user, "the chat text")
+            if request.parent_session_id is not None:
+                await self._check_parent(profile.id, request.parent_session_id)
             session_id = await self.journal.create_session(
                 NewSession(
                     profile_id=profile.id,
                     source=request.source,
                     title=title_from_text(request.text),
                     tags=session_tags,
+                    parent_session_id=request.parent_session_id,
                 )
             )
             record = SessionRecord(
-                session_id=session_id, profile_id=profile.id, source=request.source, tags=session_tags
+                session_id=session_id,
+                profile_id=profile.id,
+                source=request.source,
+                tags=session_tags,
+                parent_session_id=request.parent_session_id,
             )
         else:
             session_id = request.session_id
@@ -192,6 +210,39 @@ class Loop:
         finally:
             await asyncio.shield(lease.release())
 
+    @staticmethod
+    def _check_request(request: TurnRequest) -> tuple[str, ...]:
+        """What a request may carry (`BadRequest`, `InvalidTag` otherwise); the tags of its new session."""
+        for what, text in (("the chat text", request.text), ("the source", request.source)):
+            if NUL in text:
+                raise BadRequest(f"{what} contains U+0000 (NUL), which cannot be stored")
+        if any(NUL in tag for tag in request.tags):
+            raise BadRequest("a tag contains U+0000 (NUL), which cannot be stored")
+        if request.source not in REQUEST_SOURCES:
+            allowed = ", ".join(repr(s) for s in REQUEST_SOURCES[:-1]) + f" or {REQUEST_SOURCES[-1]!r}"
+            raise BadRequest(
+                f"source {request.source!r} is not allowed: a chat request comes from {allowed} "
+                f"({SUBAGENT_SOURCE} sessions are made by delegation only)"
+            )
+        tags = tuple(parse_tags(request.tags))
+        if request.session_id is not None:
+            if tags:
+                raise BadRequest(
+                    f"a session's tags are fixed when it starts: send no tags to continue session {request.session_id}"
+                )
+            if request.parent_session_id is not None:
+                raise BadRequest(
+                    "a session's parent is fixed when it starts: send no parent_session_id to continue session "
+                    f"{request.session_id}"
+                )
+        return tags
+
+    async def _check_parent(self, profile_id: str, parent_session_id: uuid.UUID) -> None:
+        try:
+            await self.journal.load_session(parent_session_id, profile_id)
+        except SessionNotFound:
+            raise BadRequest(f"parent session {parent_session_id} not found for profile {profile_id!r}") from None
+
     async def _acquire(self, session_id: uuid.UUID) -> SessionLease:
         try:
             return await self.locks.acquire(session_id, self.owner)
@@ -209,13 +260,19 @@ class Loop:
         session_id = await self.journal.create_session(
             NewSession(
                 profile_id=profile.id,
-                source="subagent",
+                source=SUBAGENT_SOURCE,
                 title=goal,
                 tags=parent.tags,
                 parent_session_id=parent.session_id,
             )
         )
-        record = SessionRecord(session_id=session_id, profile_id=profile.id, source="subagent", tags=parent.tags)
+        record = SessionRecord(
+            session_id=session_id,
+            profile_id=profile.id,
+            source=SUBAGENT_SOURCE,
+            tags=parent.tags,
+            parent_session_id=parent.session_id,
+        )
         child = parent.child(session_id)
         lease = await self._acquire(session_id)
         try:

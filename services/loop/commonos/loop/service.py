@@ -26,7 +26,7 @@ from nats.aio.subscription import Subscription
 from commonos.loop.approvals import NatsApprover
 from commonos.loop.journal import JournalError, MessageTooLarge, SessionNotFound
 from commonos.loop.locks import LockUnavailable, NatsSessionLocks, SessionBusy, default_owner
-from commonos.loop.loop import Loop, TurnRequest, UnknownProfile
+from commonos.loop.loop import BadRequest, Loop, TurnRequest, UnknownProfile
 from commonos.loop.nats_journal import NatsJournal
 from commonos.loop.profiles import ProfileError, load_profiles
 from commonos.loop.providers import build_provider
@@ -50,10 +50,16 @@ LOST_WAIT_S = 1.0
 
 
 class ChatRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """A chat request (`cos.cmd.<profile>.chat`); what it may carry is `commonos.loop.loop.TurnRequest`'s."""
+
     text: str
     session_id: uuid.UUID | None = None
+    #: Only with a new session.
     tags: tuple[str, ...] = ()
+    #: `web`, `cli` or `service`.
     source: str = "service"
+    #: A new session's parent: a session of the same profile.
+    parent_session_id: uuid.UUID | None = None
 
 
 class ChatReply(msgspec.Struct, frozen=True, kw_only=True):
@@ -199,6 +205,7 @@ class LoopService:
                     session_id=request.session_id,
                     tags=request.tags,
                     source=request.source,
+                    parent_session_id=request.parent_session_id,
                 ),
                 on_start=started.append,
             )
@@ -223,7 +230,7 @@ class LoopService:
             raise
         except SessionBusy as exc:
             reply = ChatReply(status="busy", session_id=exc.session_id, error=str(exc))
-        except (SessionNotFound, UnknownProfile, InvalidTag, MessageTooLarge) as exc:
+        except (BadRequest, SessionNotFound, UnknownProfile, InvalidTag, MessageTooLarge) as exc:
             reply = ChatReply(status="rejected", session_id=request.session_id, error=str(exc))
         except (JournalError, LockUnavailable) as exc:
             reply = ChatReply(status=TurnStatus.FAILED.value, session_id=request.session_id, error=str(exc))
