@@ -174,7 +174,7 @@ async def test_a_service_waits_for_the_streams_an_admin_creates(
     )
     assert denied.returncode == 2 and "Traceback" not in denied.stderr
     # The server's own word (a permissions violation, logged as it arrives), then the command's one-line error.
-    assert denied.stderr.splitlines()[-1].startswith("cos: error: stream COS_ALERTS: no answer"), denied.stderr
+    assert denied.stderr.splitlines()[-1].startswith("cos: error: no answer from JetStream"), denied.stderr
 
 
 async def _text(url: str) -> str:

@@ -131,7 +131,7 @@ def check_event_headers(headers: Mapping[str, str] | None, event: _Event) -> Non
         raise HeaderError(f"missing CloudEvents headers: {', '.join(missing)}")
     attrs = decode_headers(dict(headers))
     if attrs["id"] != event_id:
-        raise HeaderError(f"ce-id {attrs['id']!r} does not match the event id {event_id}")
+        raise HeaderError(f"ce-id {attrs['id']!r} does not match the body's event_id")
     if attrs["type"] != ce_type(type_name):
         raise HeaderError(f"ce-type {attrs['type']!r} does not match the event type {type_name!r}")
     if attrs["subject"] != session:

@@ -54,6 +54,8 @@ def _nats_url(settings: Settings) -> str:
 
 
 def _ensure(args: argparse.Namespace) -> int:
+    import nats.errors
+
     from commonos.runtime.nats import StreamUnavailable
 
     settings = Settings.from_env()
@@ -61,6 +63,12 @@ def _ensure(args: argparse.Namespace) -> int:
         rows = asyncio.run(ensure_all(settings, _nats_url(settings)))
     except StreamUnavailable as exc:
         raise CliError(f"{exc} (COS_NATS_USER must be an admin)") from None
+    except nats.errors.TimeoutError as exc:
+        stream = getattr(exc, "stream", None) or "a stream"
+        raise CliError(
+            f"no answer from JetStream about {stream}: COS_NATS_USER may not read it (it must be an admin), "
+            "or JetStream is unavailable"
+        ) from None
     for name, replicas, messages in rows:
         print(f"{name}: {replicas} replica(s), {messages} messages")
     return 0

@@ -111,10 +111,6 @@ async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
         existing = (await js.stream_info(name)).config
     except NotFoundError:
         existing = None
-    except nats.errors.TimeoutError:
-        raise StreamUnavailable(
-            f"stream {name}: no answer from JetStream (this NATS user may not read it, or JetStream is unavailable)"
-        ) from None
     if existing is None:
         try:
             await js.add_stream(config)

@@ -8,6 +8,8 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
+import nats.errors
+import nats.js.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
@@ -75,10 +77,17 @@ async def _streams_when_there(js: JetStreamContext, replicas: int, health: Healt
             await cos_nats.ensure_streams(js, replicas)
             health.set_ready("streams", True)
             return
-        except cos_nats.StreamUnavailable as exc:
-            health.set_ready("streams", False, str(exc))
-            health.beat()  # waiting for an operator is not a hang
-            log.warning("%s; waiting", exc)
+        except (
+            cos_nats.StreamUnavailable,
+            nats.errors.TimeoutError,
+            nats.errors.NoRespondersError,
+            nats.js.errors.ServiceUnavailableError,
+        ) as exc:
+            # An operator has yet to create the streams, or a cluster is still electing its JetStream leader.
+            reason = str(exc) if isinstance(exc, cos_nats.StreamUnavailable) else f"JetStream: {type(exc).__name__}"
+            health.set_ready("streams", False, reason)
+            health.beat()  # waiting is not a hang
+            log.warning("%s; waiting", reason)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), backoff)
             backoff = min(backoff * 2, 10.0)
