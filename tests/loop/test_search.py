@@ -7,6 +7,7 @@ import pytest
 
 from commonos.loop.search import PostgresMessageSearch, SearchUnavailable
 from commonos.proto.ids import new_id
+from commonos.proto.text import escape_nul
 from commonos.runtime.postgres import connect
 
 # The shape of the core table (the journal-writer owns it); 'simple' to check the config is read from it.
@@ -70,5 +71,31 @@ async def test_no_table_is_search_unavailable(database_url: str) -> None:
     try:
         with pytest.raises(SearchUnavailable):
             await search.search("default", "anything")
+    finally:
+        await search.close()
+
+
+async def test_search_finds_and_shows_text_stored_escaped(database_url: str) -> None:
+    """A message holding U+0000 is stored escaped (`commonos.proto.text`): a hit shows the original text,
+    and a query holding U+0000 is looked up as stored instead of failing."""
+    conn = await connect(database_url)
+    try:
+        await conn.execute(MESSAGES)
+        await conn.execute(
+            "INSERT INTO messages (id, session_id, turn_id, profile_id, seq, role, content)"
+            " VALUES ($1, $2, $3, 'default', 1, 'tool_result', $4)",
+            new_id(),
+            new_id(),
+            new_id(),
+            {"role": "tool_result", "call_id": "c", "content": escape_nul("exit code 0\nbinary a\x00b ␀ here")},
+        )
+    finally:
+        await conn.close()
+    search = await PostgresMessageSearch.connect(database_url)
+    try:
+        [hit] = await search.search("default", "binary")
+        assert hit.text == "exit code 0\nbinary a\x00b ␀ here"
+        [same] = await search.search("default", "a\x00b")
+        assert same.text == hit.text
     finally:
         await search.close()

@@ -1,8 +1,9 @@
 """Full-text search over a profile's past messages, for the `session_search` tool.
 
 `PostgresMessageSearch` reads the core `messages` table (written by the journal-writer, never by the
-loop) through its generated `search` tsvector, on read-only connections. `MemoryMessageSearch` does
-the same over a `MemoryJournal`'s events, for tests.
+loop) through its generated `search` tsvector, on read-only connections; the table holds text escaped
+(`commonos.proto.text`), so a query is escaped the same way and a hit shows the original text.
+`MemoryMessageSearch` does the same over a `MemoryJournal`'s events, for tests.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import msgspec
 from commonos.loop.memory import MemoryJournal
 from commonos.proto.events import MessageAppended
 from commonos.proto.messages import Message, message_text
+from commonos.proto.text import escape_nul, unescape_nul_json
 
 
 class SearchUnavailable(RuntimeError):
@@ -86,11 +88,13 @@ class PostgresMessageSearch:
     ) -> list[SearchHit]:
         try:
             config = await self._config()
-            rows = await self.pool.fetch(self.QUERY, profile_id, query, limit, config, exclude_session)
+            rows = await self.pool.fetch(self.QUERY, profile_id, escape_nul(query), limit, config, exclude_session)
         except (OSError, asyncpg.PostgresError) as exc:
             raise SearchUnavailable(f"message search failed: {exc}") from exc
         return [
-            SearchHit(session_id=r["session_id"], seq=r["seq"], role=r["role"], text=_text_of(r["content"]))
+            SearchHit(
+                session_id=r["session_id"], seq=r["seq"], role=r["role"], text=_text_of(unescape_nul_json(r["content"]))
+            )
             for r in rows
         ]
 
