@@ -318,3 +318,124 @@ async def test_events_of_another_profile_cannot_change_a_session(nats_url: str, 
     messages = await _fetch(database_url, "SELECT seq, content FROM messages ORDER BY seq")
     assert [m["seq"] for m in messages] == [1, 2] and "acme's second" in messages[1]["content"]
     assert await _fetch(database_url, "SELECT * FROM approvals") == []
+
+
+async def test_billing_and_memory_refuse_events_of_another_profile(nats_url: str, database_url: str) -> None:
+    """A model call or memory change published under `evil` for a session of `acme` is a profile_mismatch
+    dead letter; a session nobody created in the stream (imported work) belongs to the first profile naming it."""
+    from commonos.journal_writer.memory import MemoryProjection
+    from commonos.journal_writer.service import serve, writer_schemas
+    from commonos.runtime.settings import Settings
+    from tests.billing.support import billing
+    from tests.support import InProcess
+
+    clock = Clock()
+    acme = SessionBuilder("acme", clock).create()
+    turn = acme.start_turn()
+    acme.model_call(turn)
+    evil = SessionBuilder("evil", clock, session_id=acme.session_id)
+    evil.model_call(turn)
+    imported = SessionBuilder("codex", clock)  # no session_created: its first model call names the owner
+    imported.model_call(uuid.uuid4())
+    thief = SessionBuilder("evil", clock, session_id=imported.session_id)
+    thief.model_call(uuid.uuid4())
+
+    def memory(profile: str) -> ev.MemoryChanged:
+        return ev.MemoryChanged(
+            occurred_at=clock.tick(),
+            profile_id=profile,
+            session_id=acme.session_id,
+            turn_id=turn,
+            target=ev.MemoryTarget.MEMORY,
+            op=ev.MemoryOp.ADD,
+            position=0,
+            content=f"from {profile}",
+        )
+
+    stolen_memory = memory("evil")
+    stream = [*acme.events, memory("acme"), *evil.events, stolen_memory, *imported.events, *thief.events]
+    acks = await publish_all(nats_url, stream)
+    last_memory = acks[stream.index(stolen_memory)].seq
+    settings = Settings(nats_url=nats_url, database_url=database_url)
+    running = InProcess()
+    running.task = asyncio.create_task(
+        serve(settings, [MemoryProjection()], writer_schemas(), "memory-writer", stop=running.stop)
+    )
+    try:
+        async with billing(nats_url, database_url):
+            await wait_for_position(database_url, "billing", acks[-1].seq, table="billing_positions")
+            await wait_for_position(database_url, "memory-writer", last_memory)
+    finally:
+        await running.close()
+    nc = await nats.connect(nats_url)
+    try:
+        letters = await list_dead_letters(nc.jetstream())
+    finally:
+        await nc.close()
+    by_consumer = sorted((d.consumer, d.subject.rsplit(".", 1)[-1]) for d in letters)
+    assert by_consumer == [
+        ("billing", "model_call_completed"),
+        ("billing", "model_call_completed"),
+        ("memory-writer", "memory_changed"),
+    ]
+    assert all(d.reason.startswith("profile_mismatch: ") for d in letters)
+    calls = await _fetch(database_url, "SELECT profile_id, session_id FROM model_calls ORDER BY profile_id")
+    assert [(c["profile_id"], c["session_id"]) for c in calls] == [
+        ("acme", acme.session_id),
+        ("codex", imported.session_id),
+    ]
+    entries = await _fetch(database_url, "SELECT profile_id, content FROM memory_entries")
+    assert [(e["profile_id"], e["content"]) for e in entries] == [("acme", "from acme")]
+
+
+async def test_an_imported_session_belongs_to_the_profile_that_imported_it(nats_url: str, database_url: str) -> None:
+    """A transcript part under profile `evil` naming a session that `claude-code` imported is a profile_mismatch
+    dead letter; graph.sessions says who owns each session."""
+    from commonos.journal_writer.service import serve, writer_schemas
+    from commonos.proto.graph import Graph, Outcome, Session, encode_graph
+    from commonos.runtime.settings import Settings
+    from tests.support import InProcess
+
+    root = str(uuid.uuid4())
+
+    def part(profile: str, title: str) -> ev.TranscriptImported:
+        graph = Graph(
+            sessions=[
+                Session(
+                    id=root, parent_session_id=None, spawned_by_tool_use_id=None, outcome=Outcome.UNKNOWN, title=title
+                )
+            ]
+        )
+        return ev.TranscriptImported(
+            occurred_at=Clock().tick(),
+            profile_id=profile,
+            session_id=uuid.UUID(root),
+            vendor="claude-code",
+            graph=msgspec.json.decode(encode_graph(graph)),
+        )
+
+    acks = await publish_all(nats_url, [part("claude-code", "mine"), part("evil", "stolen")])
+    from commonos.journal_writer.graph_projection import GraphProjection
+
+    running = InProcess()
+    running.task = asyncio.create_task(
+        serve(
+            Settings(nats_url=nats_url, database_url=database_url),
+            [GraphProjection()],
+            writer_schemas(),
+            "graph-writer",
+            stop=running.stop,
+        )
+    )
+    try:
+        await wait_for_position(database_url, "graph-writer", acks[-1].seq, table="graph.positions")
+    finally:
+        await running.close()
+    nc = await nats.connect(nats_url)
+    try:
+        [letter] = await list_dead_letters(nc.jetstream())
+    finally:
+        await nc.close()
+    assert letter.reason.startswith("profile_mismatch: ") and "'claude-code'" in letter.reason
+    [row] = await _fetch(database_url, "SELECT profile_id, title FROM graph.sessions")
+    assert (row["profile_id"], row["title"]) == ("claude-code", "mine")

@@ -50,6 +50,8 @@ async def test_replay_rebuilds_core_graph_and_memory_tables_as_the_live_writer_d
         transcripts = await js.stream_info(EVENTS_STREAM, subjects_filter="cos.events.*.*.transcript_imported")
         graph_events = sum((transcripts.state.subjects or {}).values())
         assert graph_events == 3
+        created = await js.stream_info(EVENTS_STREAM, subjects_filter="cos.events.*.*.session_created")
+        sessions_created = sum((created.state.subjects or {}).values())
         live = InProcess()
         live.task = asyncio.create_task(
             serve(settings, writer_projections(), writer_schemas(), "journal-writer", stop=live.stop)
@@ -71,7 +73,9 @@ async def test_replay_rebuilds_core_graph_and_memory_tables_as_the_live_writer_d
         Settings(nats_url=nats_url, database_url=rebuilt),
         on_progress=lambda done, total: progress.append((done, total)),
     )
-    deliveries = stream.state.messages + graph_events + len(memory)
+    # Every event to the core pass; transcripts to the graph's; memory changes and, for their owners, every
+    # session_created to the memory pass.
+    deliveries = stream.state.messages + graph_events + len(memory) + sessions_created
     assert result.applied + result.skipped == deliveries
     assert result.last_seq == stream.state.last_seq
     assert progress[-1] == (deliveries, deliveries)

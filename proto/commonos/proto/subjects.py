@@ -16,6 +16,8 @@ DLQ_PREFIX: Final = "cos.dlq"
 DLQ_ALL: Final = "cos.dlq.>"
 ALERTS_BUDGET: Final = "cos.alerts.budget"
 MODEL_CALLS_FILTER: Final = "cos.events.*.*.model_call_completed"
+#: Every session's creation: plugin projections learn from it which profile owns a session.
+SESSIONS_CREATED_FILTER: Final = "cos.events.*.*.session_created"
 
 _PROFILE_TOKEN = re.compile(r"[a-z0-9_-]{1,64}")
 

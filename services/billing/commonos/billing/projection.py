@@ -41,7 +41,8 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from commonos.billing.pricing import Pricer
 from commonos.billing.usage import TokenUsage
-from commonos.proto.events import Event, ModelCallCompleted
+from commonos.proto.events import Event, ModelCallCompleted, SessionCreated
+from commonos.runtime.owners import SessionOwners
 
 if TYPE_CHECKING:
     from commonos.billing.budgets import BudgetStep, BudgetTracker
@@ -286,6 +287,8 @@ class BillingProjection:
         self.metrics = metrics
         self.budgets = budgets
         self._staged = _Staged()
+        #: A model call is billed only to the profile that owns its session.
+        self.owners = SessionOwners("billing_session_owners")
         #: Rows of the events ``check`` accepted, by the event's identity, until their batch commits.
         self._checked: dict[int, tuple[ModelCallCompleted, ModelCallRow]] = {}
 
@@ -324,6 +327,7 @@ class BillingProjection:
         return self.bill(event)  # not checked first: price it now (its data errors then stop the batch)
 
     async def apply(self, conn: Conn, events: Sequence[Event]) -> None:
+        await self.owners.check(conn, [e for e in events if isinstance(e, (ModelCallCompleted, SessionCreated))])
         rows = [self.row_for(e) for e in events if isinstance(e, ModelCallCompleted)]
         if not rows:
             return

@@ -11,7 +11,9 @@ The core never reads these tables, and billing reads no core table.
 
 from typing import Final
 
-SCHEMA: Final = """
+from commonos.runtime.owners import owners_schema
+
+SCHEMA = """
 CREATE TABLE IF NOT EXISTS model_calls (
     event_id              uuid PRIMARY KEY,
     profile_id            text NOT NULL,
@@ -100,5 +102,16 @@ CREATE TABLE IF NOT EXISTS billing_reprices (
 );
 """
 
+# Who owns each session billing has seen (its session_created, or the first model call naming it): a model
+# call of another profile is a profile_mismatch dead letter, never billed to the owner's session.
+SCHEMA += owners_schema("billing_session_owners")
+
 #: Tables of this plugin, for tests and tools.
-BILLING_TABLES: Final = ("model_calls", "billing_positions", "budget_spend", "budget_alerts", "billing_reprices")
+BILLING_TABLES: Final = (
+    "model_calls",
+    "billing_positions",
+    "budget_spend",
+    "budget_alerts",
+    "billing_reprices",
+    "billing_session_owners",
+)

@@ -30,7 +30,7 @@ from commonos.billing.projection import BillingProjection
 from commonos.billing.schema import SCHEMA
 from commonos.journal_writer.service import partition_suffix
 from commonos.proto.cloudevents import CONTENT_TYPE, MSG_ID, SPECVERSION
-from commonos.proto.subjects import ALERTS_BUDGET, MODEL_CALLS_FILTER
+from commonos.proto.subjects import ALERTS_BUDGET, MODEL_CALLS_FILTER, SESSIONS_CREATED_FILTER
 from commonos.runtime import nats as cos_nats
 from commonos.runtime.consumer import BatchConsumer, ConsumerOptions
 from commonos.runtime.http import Health
@@ -187,7 +187,7 @@ async def serve(
             options = ConsumerOptions(
                 batch_size=settings.batch_size,
                 batch_timeout_s=settings.batch_timeout_s,
-                filter_subjects=(MODEL_CALLS_FILTER,),
+                filter_subjects=(MODEL_CALLS_FILTER, SESSIONS_CREATED_FILTER),
                 partitions=settings.partitions,
                 partition=settings.partition or 0,
             )

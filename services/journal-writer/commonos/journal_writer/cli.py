@@ -57,7 +57,8 @@ def _replay(args: argparse.Namespace) -> int:
         except ReplayError as exc:
             raise CliError(str(exc)) from None
     print(
-        f"replayed {result.applied} events into empty tables ({result.skipped} skipped as dead letters), "
+        f"replayed {result.applied} deliveries into empty tables (each projection counts its own; "
+        f"{result.skipped} skipped as dead letters), "
         f"up to stream seq {result.last_seq}, in {result.seconds:.1f} s ({result.rate:,.0f} events/s)"
     )
     return 0

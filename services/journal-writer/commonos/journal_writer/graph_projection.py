@@ -42,6 +42,7 @@ import msgspec
 from commonos.journal_writer.graph_schema import GRAPH_TABLES
 from commonos.proto.events import Event, TranscriptImported
 from commonos.proto.graph import Graph, GraphInvalid, decode_graph, validate
+from commonos.runtime.owners import mismatch
 
 if TYPE_CHECKING:
     from commonos.runtime.postgres import Conn
@@ -50,8 +51,8 @@ if TYPE_CHECKING:
 STATEMENTS: Final[dict[str, str]] = {
     "sessions": """
         INSERT INTO graph.sessions AS s (id, parent_session_id, spawned_by_tool_use_id, started_at, ended_at, title,
-                                         working_dir, git_branch, outcome, repo_root, worktree_root)
-        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+                                         working_dir, git_branch, outcome, repo_root, worktree_root, profile_id)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
         ON CONFLICT (id) DO UPDATE SET
             ended_at = EXCLUDED.ended_at,
             outcome = EXCLUDED.outcome,
@@ -133,6 +134,20 @@ STATEMENTS: Final[dict[str, str]] = {
 }
 
 Rows = dict[str, list[tuple[Any, ...]]]
+
+#: Where each statement's rows hold the session they belong to.
+_SESSION_COLUMN: Final[dict[str, int]] = {
+    "sessions": 0,
+    "session_attributes": 1,
+    "user_inputs": 1,
+    "model_invocations": 1,
+    "assistant_messages": 1,
+    "tool_uses": 1,
+    "tool_results": 2,
+    "file_touches": 3,
+    "token_usage": 1,
+    "vendor_ids": 5,
+}
 
 _hunks_encoder: Final = msgspec.json.Encoder()
 # Plans checked but not yet applied, by event id; bounded so events that never reach apply cannot pile up.
@@ -384,14 +399,37 @@ class GraphProjection:
 
     async def apply(self, conn: Conn, events: Sequence[Event]) -> None:
         batch: Rows = {name: [] for name in STATEMENTS}
+        plans: list[tuple[TranscriptImported, Rows]] = []
         for event in events:
             if not isinstance(event, TranscriptImported):
                 continue
             plan = self._plans.pop(event.event_id, None)
             if plan is None:
                 plan = plan_event(event)
+            plans.append((event, plan))
+        await _check_owners(conn, plans)
+        for event, plan in plans:
             for name, rows in plan.items():
-                batch[name].extend(rows)
+                batch[name].extend([(*row, event.profile_id) for row in rows] if name == "sessions" else rows)
         for name, sql in STATEMENTS.items():
             if batch[name]:
                 await conn.executemany(sql, batch[name])
+
+
+async def _check_owners(conn: Conn, plans: Sequence[tuple[TranscriptImported, Rows]]) -> None:
+    """Every session a part's rows belong to must be unknown or its own profile's (`profile_mismatch`)."""
+    sessions_of = [
+        (event, {row[_SESSION_COLUMN[name]] for name, rows in plan.items() for row in rows}) for event, plan in plans
+    ]
+    ids = list({s for _, sessions in sessions_of for s in sessions})
+    if not ids:
+        return
+    found = await conn.fetch(
+        "SELECT id, profile_id FROM graph.sessions WHERE id = ANY($1::uuid[]) AND profile_id IS NOT NULL", ids
+    )
+    owners: dict[uuid.UUID, str] = {r["id"]: r["profile_id"] for r in found}
+    for event, sessions in sessions_of:
+        for session in sessions:
+            owner = owners.setdefault(session, event.profile_id)
+            if owner != event.profile_id:
+                raise mismatch(event, owner)

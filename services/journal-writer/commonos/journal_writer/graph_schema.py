@@ -35,6 +35,10 @@ CREATE TABLE IF NOT EXISTS graph.sessions (
     worktree_root          text,
     CHECK ((parent_session_id IS NULL) = (spawned_by_tool_use_id IS NULL))
 );
+-- The profile whose import created the session (the transcript_imported event's profile): another profile's
+-- part naming it is refused. Null on rows stored before the column existed.
+ALTER TABLE graph.sessions ADD COLUMN IF NOT EXISTS profile_id text;
+CREATE INDEX IF NOT EXISTS sessions_profile ON graph.sessions (profile_id);
 CREATE INDEX IF NOT EXISTS sessions_parent ON graph.sessions (parent_session_id) WHERE parent_session_id IS NOT NULL;
 CREATE INDEX IF NOT EXISTS sessions_started ON graph.sessions (started_at DESC);
 

@@ -26,9 +26,10 @@ DEFAULT_HTTP_PORT = 9462
 def writer_schemas() -> list[str]:
     """The core schema, then the plugin schemas whose projections run in this process."""
     from commonos.journal_writer.graph_schema import SCHEMA as GRAPH_SCHEMA
+    from commonos.journal_writer.memory import OWNERS_SCHEMA as MEMORY_OWNERS_SCHEMA
     from commonos.loop.memory_schema import SCHEMA as MEMORY_SCHEMA
 
-    return [SCHEMA, MEMORY_SCHEMA, GRAPH_SCHEMA]
+    return [SCHEMA, MEMORY_SCHEMA, MEMORY_OWNERS_SCHEMA, GRAPH_SCHEMA]
 
 
 def partition_suffix(settings: Settings) -> str:
