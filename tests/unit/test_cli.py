@@ -29,6 +29,7 @@ COMMANDS = (
     "import",
     "schema",
     "streams",
+    "security",
 )
 
 

@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "commonos.importer.cli",
     "commonos.cli.schema",
     "commonos.cli.streams",
+    "commonos.cli.security",
 )
 
 #: The top-level commands each module registers (tests/unit/test_cli.py checks this against `register`).
@@ -42,6 +43,7 @@ COMMANDS = {
     "import": "commonos.importer.cli",
     "schema": "commonos.cli.schema",
     "streams": "commonos.cli.streams",
+    "security": "commonos.cli.security",
 }
 
 
