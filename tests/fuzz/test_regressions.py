@@ -133,7 +133,9 @@ async def test_a_time_that_overflows_utc_is_dead_lettered_and_the_writer_lives(
 
 @pytest.mark.slow
 async def test_a_rejected_session_leaves_no_profile_row(nats_url: str, database_url: str) -> None:
-    rejected = ev.SessionCreated(profile_id="orphan", session_id=SESSION, source="a\x00b")
+    # U+0000 in its source used to be the rejection; it is stored escaped now (␀): a time PostgreSQL cannot
+    # hold in UTC is refused by PostgreSQL as well, with the profile row in the same transaction.
+    rejected = ev.SessionCreated(profile_id="orphan", session_id=SESSION, source="cli", occurred_at=LATEST_MINUS_5)
     last = await publish_raw(nats_url, [as_item(rejected)])
     at, reasons = await writer_outcome(nats_url, database_url, last)
     assert at == last and len(reasons) == 1 and reasons[0].startswith("rejected by PostgreSQL")
