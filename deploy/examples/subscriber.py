@@ -47,6 +47,8 @@ async def subscribe(args: argparse.Namespace) -> int:
         user=args.user or None,
         password=args.password or None,
         name=args.durable,
+        # Replies come to an inbox only this user may read (deploy/nats/auth.conf: `_INBOX_<user>.>`).
+        inbox_prefix=f"_INBOX_{args.user}" if args.user else "_INBOX",
     )
     try:
         js = nc.jetstream()

@@ -14,6 +14,7 @@ import pytest
 from nats.aio.client import Client
 
 from commonos.runtime.embedded import NatsServer
+from commonos.runtime.nats import inbox_prefix
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -52,7 +53,12 @@ class SecuredNats:
             seen.append(str(exc))
 
         client = await nats.connect(
-            self.url, user=user, password=nats_password(user), error_cb=on_error, max_reconnect_attempts=0
+            self.url,
+            user=user,
+            password=nats_password(user),
+            error_cb=on_error,
+            max_reconnect_attempts=0,
+            inbox_prefix=inbox_prefix(user),  # each user reads only its own inbox
         )
         self.clients.append(client)
         return client

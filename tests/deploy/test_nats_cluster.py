@@ -20,7 +20,7 @@ from nats.aio.client import Client
 
 from commonos.proto.subjects import EVENTS_STREAM
 from commonos.runtime.embedded import NatsServer, free_port
-from commonos.runtime.nats import StreamUnavailable, ensure_streams
+from commonos.runtime.nats import StreamUnavailable, ensure_streams, inbox_prefix
 from commonos.runtime.publisher import EventPublisher
 from tests.deploy.conftest import DEPLOY, nats_password
 from tests.deploy.system import sample_events
@@ -64,7 +64,11 @@ async def cluster(
 
 async def connect(nodes: list[NatsServer], user: str) -> Client:
     return await nats.connect(
-        [n.url for n in nodes if n.running], user=user, password=nats_password(user), max_reconnect_attempts=-1
+        [n.url for n in nodes if n.running],
+        user=user,
+        password=nats_password(user),
+        max_reconnect_attempts=-1,
+        inbox_prefix=inbox_prefix(user),
     )
 
 

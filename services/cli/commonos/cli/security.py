@@ -72,6 +72,8 @@ PROBES: Final[tuple[Probe, ...]] = (
     Probe("answer an approval", f"cos.approvals.decide.{STAND_IN}", b"{}"),
     Probe("subscribe to the events (cos.events.>)", "cos.events.>", subscribe=True),
     Probe("subscribe to every inbox (_INBOX.>)", "_INBOX.>", subscribe=True),
+    Probe("subscribe to the subscriber's inbox (_INBOX_subscriber.>)", "_INBOX_subscriber.>", subscribe=True),
+    Probe("subscribe to the loop's inbox (_INBOX_loop.>)", "_INBOX_loop.>", subscribe=True),
 )
 
 
@@ -86,6 +88,8 @@ async def probe_identity(url: str, user: str, password: str, probes: Sequence[Pr
     import nats
     import nats.errors
 
+    from commonos.runtime.nats import inbox_prefix
+
     violations: list[str] = []
 
     async def on_error(exc: Exception) -> None:
@@ -94,6 +98,7 @@ async def probe_identity(url: str, user: str, password: str, probes: Sequence[Pr
     try:
         nc = await nats.connect(
             url,
+            inbox_prefix=inbox_prefix(user),
             user=user,
             password=password,
             error_cb=on_error,

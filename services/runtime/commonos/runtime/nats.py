@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 import nats
@@ -51,6 +52,11 @@ def dlq_stream_config(replicas: int = 1) -> StreamConfig:
     )
 
 
+def inbox_prefix(user: str) -> str:
+    """The private inbox of a NATS user: `_INBOX_<user>` (deploy/nats/auth.conf lets each user read only its own)."""
+    return "_INBOX_" + re.sub(r"[^A-Za-z0-9_-]", "_", user)
+
+
 async def connect(settings: Settings, name: str, **overrides: Any) -> Client:
     """Connect with unlimited reconnects: a NATS restart is an outage to wait out, not a crash."""
     if not settings.nats_url:
@@ -81,6 +87,8 @@ async def connect(settings: Settings, name: str, **overrides: Any) -> Client:
     if settings.nats_user:
         options["user"] = settings.nats_user
         options["password"] = settings.nats_password or ""
+        # Replies (JetStream API answers, chat replies) come to an inbox only this user may read.
+        options["inbox_prefix"] = inbox_prefix(settings.nats_user)
     if settings.nats_tls_ca or settings.nats_tls_cert:
         import ssl
 
