@@ -20,6 +20,7 @@ from commonos.billing.pricing import Pricer, PriceResult, load_price_file
 from commonos.billing.usage import TokenUsage
 from commonos.proto import events as ev
 from commonos.proto.ids import new_id
+from commonos.proto.text import unescape_nul
 from commonos.runtime.dlq import list_dead_letters
 from commonos.runtime.postgres import connect
 from tests.billing.support import POSITIONS, billing, recent_start
@@ -82,8 +83,6 @@ def poison_calls() -> list[tuple[ev.ModelCallCompleted, str]]:
         (call(datetime(9999, 12, 31, 12, 0, tzinfo=UTC)), "invariant: budgets: OverflowError: the day 9999-12-31"),
         # 2^63 - 1 tokens at $1 each: no cost column holds that.
         (call(datetime.now(UTC), "ollama", "dear-model", input_tokens=2**63 - 1), "invariant: pricing: the cost"),
-        # Billed, but PostgreSQL refuses the row (text cannot hold U+0000): the consumer isolates it.
-        (call(datetime.now(UTC), stop_reason="end\x00"), "rejected by PostgreSQL: CharacterNotInRepertoireError"),
     ]
 
 
@@ -95,6 +94,8 @@ async def test_calls_billing_cannot_handle_are_dead_lettered_and_the_rest_billed
     clock = Clock(now=recent_start())
     poison = poison_calls()
     good = [call(clock.tick()) for _ in range(len(poison) + 1)]
+    # U+0000, which PostgreSQL text cannot hold, in a vendor's text: billed, stored escaped (proto.text).
+    good[-1] = call(clock.tick(), stop_reason="end\x00")
     interleaved: list[ev.Event] = [good[0]]
     for (bad, _), after in zip(poison, good[1:], strict=True):
         interleaved += [bad, after]
@@ -113,10 +114,12 @@ async def test_calls_billing_cannot_handle_are_dead_lettered_and_the_rest_billed
         ids = {r["event_id"] for r in await conn.fetch("SELECT event_id FROM model_calls")}
         spent = await conn.fetchval("SELECT sum(spent_usd) FROM budget_spend WHERE tag = 'client:acme'")
         total = await conn.fetchval("SELECT sum(cost_usd) FROM model_calls")
+        stop = await conn.fetchval("SELECT stop_reason FROM model_calls WHERE event_id = $1", good[-1].event_id)
     finally:
         await conn.close()
     assert ids == {c.event_id for c in good + later}
     assert spent == total, "the budget counts exactly the billed calls"
+    assert unescape_nul(stop) == "end\x00"
 
     nc = await nats.connect(nats_url)
     try:

@@ -30,6 +30,7 @@ from commonos.proto.events import ModelCallCompleted, TranscriptImported, decode
 from commonos.proto.graph import Graph, GraphInvalid, ModelInvocation, decode_graph, encode_graph, validate
 from commonos.proto.subjects import parse_subject, subject_for
 from commonos.proto.tags import parse_tags
+from commonos.proto.text import unescape_nul, unescape_nul_json
 from commonos.runtime.limits import DEFAULT_MAX_PAYLOAD
 from tests.importer.parts import check_parts
 from tests.importer.transcripts import (
@@ -278,16 +279,20 @@ def test_the_writer_refuses_graphs_that_break_the_model(tmp_path: Path) -> None:
     assert issubclass(GraphEventInvalid, ValueError)
 
 
-def test_nul_characters_are_stored_as_replacement_characters(tmp_path: Path) -> None:
+def test_nul_characters_of_imported_text_are_stored_escaped_and_losslessly(tmp_path: Path) -> None:
+    """PostgreSQL text and jsonb cannot hold U+0000: imported text is stored as the core's (`proto.text`):
+    U+0000 as ␀, a ␀ already there as ␛␀, so the original reads back exactly."""
     home = small_claude_home(tmp_path, sessions=1)
     graph = next(iter(read_claude(home))).graph
     result = graph.tool_results[0]
     nul = msgspec.structs.replace(
-        result, output_text="a\x00b", output=msgspec.Raw(msgspec.json.encode({"stdout": "x\x00y"}))
+        result, output_text="a\x00b\u2400", output=msgspec.Raw(msgspec.json.encode({"std\x00out": "x\x00y"}))
     )
     graph = decode_graph(encode_graph(msgspec.structs.replace(graph, tool_results=[nul])))
     row = graph_rows(graph)["tool_results"][0]
-    assert row[5] == "a\ufffdb" and "\\u0000" not in row[6] and "\ufffd" in msgspec.json.decode(row[6])["stdout"]
+    assert "\x00" not in row[5] and "\\u0000" not in row[6]
+    assert unescape_nul(row[5]) == "a\x00b\u2400"
+    assert unescape_nul_json(msgspec.json.decode(row[6])) == {"std\x00out": "x\x00y"}
 
 
 def test_call_time_falls_back_to_the_session_start(tmp_path: Path) -> None:

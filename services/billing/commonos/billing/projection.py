@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple
 from commonos.billing.pricing import Pricer
 from commonos.billing.usage import TokenUsage
 from commonos.proto.events import Event, ModelCallCompleted, SessionCreated
+from commonos.proto.text import escape_nul
 from commonos.runtime.owners import SessionOwners
 
 if TYPE_CHECKING:
@@ -251,7 +252,9 @@ def insert_arguments(rows: Sequence[ModelCallRow]) -> list[list[Any]]:
     """The 25 column arrays of :data:`INSERT_MODEL_CALLS`."""
     columns: list[list[Any]] = [list(column) for column in zip(*rows, strict=True)]
     columns[_TAGS_COLUMN] = [" ".join(tags) for tags in columns[_TAGS_COLUMN]]
-    return columns
+    # A vendor's text (model, request id, stop reason) may hold U+0000, which PostgreSQL text cannot:
+    # stored escaped, losslessly, as every projection does (`proto.text`).
+    return [[escape_nul(v) if isinstance(v, str) else v for v in column] for column in columns]
 
 
 def new_rows(rows: Sequence[ModelCallRow], inserted: set[uuid.UUID]) -> list[ModelCallRow]:

@@ -42,6 +42,7 @@ import msgspec
 from commonos.journal_writer.graph_schema import GRAPH_TABLES
 from commonos.proto.events import Event, TranscriptImported
 from commonos.proto.graph import Graph, GraphInvalid, decode_graph, validate
+from commonos.proto.text import escape_nul, escape_nul_in_json
 from commonos.runtime.owners import mismatch
 
 if TYPE_CHECKING:
@@ -152,7 +153,6 @@ _SESSION_COLUMN: Final[dict[str, int]] = {
 _hunks_encoder: Final = msgspec.json.Encoder()
 # Plans checked but not yet applied, by event id; bounded so events that never reach apply cannot pile up.
 _MAX_CACHED_PLANS: Final = 16
-_NUL_ESCAPE: Final = b"\\u0000"
 
 
 class GraphEventInvalid(ValueError):
@@ -168,32 +168,18 @@ def _opt_id(value: str | None) -> uuid.UUID | None:
 
 
 def _text(value: str | None) -> str | None:
-    # PostgreSQL text cannot hold NUL; it is stored as U+FFFD (the replacement character).
-    if value is None or "\x00" not in value:
-        return value
-    return value.replace("\x00", "\ufffd")
-
-
-def _strip_nul(value: Any) -> Any:
-    if isinstance(value, str):
-        return value.replace("\x00", "\ufffd")
-    if isinstance(value, list):
-        return [_strip_nul(v) for v in value]
-    if isinstance(value, dict):
-        return {_strip_nul(k): _strip_nul(v) for k, v in value.items()}
-    return value
+    """PostgreSQL text cannot hold U+0000: stored escaped, losslessly, as the core does (`proto.text`)."""
+    return escape_nul(value) if value is not None else None
 
 
 def _json(raw: msgspec.Raw | bytes | None) -> str | None:
-    """Raw JSON as text for a jsonb parameter; jsonb rejects ``\\u0000``, so such strings get U+FFFD."""
+    """Raw JSON as text for a jsonb parameter, every key and string escaped like `_text` (jsonb rejects U+0000)."""
     if raw is None:
         return None
     data = bytes(raw)
     if not data:
         return None
-    if _NUL_ESCAPE in data:
-        data = msgspec.json.encode(_strip_nul(msgspec.json.decode(data)))
-    return data.decode()
+    return escape_nul_in_json(data.decode())
 
 
 def _time(value: datetime | None) -> datetime | None:
