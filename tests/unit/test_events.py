@@ -34,6 +34,9 @@ def samples() -> dict[str, ev.Event]:
         "profile_upserted": ev.ProfileUpserted(
             event_id=_id(1), profile_id="default", occurred_at=T0, tags=("area:work", "team:core")
         ),
+        "profile_deleted": ev.ProfileDeleted(
+            event_id=_id(14), profile_id="default", occurred_at=T0, deleted_by="cli:alice"
+        ),
         "session_created": ev.SessionCreated(
             event_id=_id(2), **common, source="cli", title="Do I need an umbrella?", tags=("project:site",)
         ),

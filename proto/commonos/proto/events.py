@@ -80,6 +80,17 @@ class ProfileUpserted(_Event, frozen=True, kw_only=True, tag="profile_upserted")
     tags: tuple[Tag, ...] = ()
 
 
+class ProfileDeleted(_Event, frozen=True, kw_only=True, tag="profile_deleted"):
+    """A profile deleted with everything of it: its sessions, turns, messages, tool calls, approvals,
+    session graphs and memory entries. Events of the profile after it are refused, until a later
+    `profile_upserted` re-creates the profile (afresh: nothing from before the deletion comes back).
+    On the profile's subject with the nil session, like `profile_upserted`; `occurred_at` is when."""
+
+    session_id: uuid.UUID = NO_SESSION
+    #: Who deleted it: `cli:<user>`, or what a service's request named.
+    deleted_by: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+
+
 class SessionCreated(_Event, frozen=True, kw_only=True, tag="session_created"):
     #: Where it came from: `web`, `cli`, `subagent`, or an importer's vendor.
     source: str
@@ -207,6 +218,7 @@ class TranscriptImported(_Event, frozen=True, kw_only=True, tag="transcript_impo
 
 Event = (
     ProfileUpserted
+    | ProfileDeleted
     | SessionCreated
     | TurnStarted
     | MessageAppended

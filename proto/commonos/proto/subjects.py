@@ -6,7 +6,7 @@ import re
 import uuid
 from typing import Final, NamedTuple
 
-from commonos.proto.events import EVENT_TYPE_NAMES, _Event, event_type
+from commonos.proto.events import EVENT_TYPE_NAMES, NO_SESSION, _Event, event_type
 
 EVENTS_STREAM: Final = "COS_EVENTS"
 EVENTS_PREFIX: Final = "cos.events"
@@ -18,6 +18,9 @@ ALERTS_BUDGET: Final = "cos.alerts.budget"
 MODEL_CALLS_FILTER: Final = "cos.events.*.*.model_call_completed"
 #: Every session's creation: plugin projections learn from it which profile owns a session.
 SESSIONS_CREATED_FILTER: Final = "cos.events.*.*.session_created"
+#: Every profile's deletions and (re-)creations: each projection keeps its own record of deleted profiles.
+PROFILES_DELETED_FILTER: Final = "cos.events.*.*.profile_deleted"
+PROFILES_UPSERTED_FILTER: Final = "cos.events.*.*.profile_upserted"
 
 _PROFILE_TOKEN = re.compile(r"[a-z0-9_-]{1,64}")
 
@@ -42,6 +45,13 @@ def event_subject(profile_id: str, session_id: uuid.UUID, type_name: str) -> str
 
 def subject_for(event: _Event) -> str:
     return event_subject(event.profile_id, event.session_id, event_type(event))
+
+
+def profile_events_filter(profile_id: str = "*") -> str:
+    """The profile-level events (`profile_upserted`, `profile_deleted`) of one profile, or of every profile."""
+    if profile_id != "*" and not _PROFILE_TOKEN.fullmatch(profile_id):
+        raise SubjectError(f"profile id {profile_id!r} is not a valid subject token")
+    return f"{EVENTS_PREFIX}.{profile_id}.{NO_SESSION}.*"
 
 
 def session_filter(profile_id: str, session_id: uuid.UUID) -> str:
