@@ -18,15 +18,25 @@ import subprocess
 import sys
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO, Final
+from typing import IO, Any, Final
+from urllib.parse import quote
 
 START_TIMEOUT_S: Final = 30.0
 
 
 class ServerStartError(RuntimeError):
     """A server did not become ready; the message carries its own output."""
+
+
+def _as_user(user: str | None) -> dict[str, Any]:
+    """subprocess arguments to run as `user` with its own primary group and no other: `user=` alone
+    would keep our groups (root's gid 0, when we are root)."""
+    if user is None:
+        return {}
+    pw = pwd.getpwnam(user)
+    return {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
 
 
 def free_port() -> int:
@@ -69,9 +79,9 @@ class _Process:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            user=self.user,
             env=self.env,
             start_new_session=True,
+            **_as_user(self.user),
         )
         assert self.proc.stdout is not None
         threading.Thread(target=self._pump, args=(self.proc.stdout,), daemon=True).start()
@@ -152,6 +162,7 @@ class NatsServer:
         config_file: Path | None = None,
         name: str = "nats-server",
         max_payload: int | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         if max_payload is not None and config_file is not None:
             raise ValueError("set max_payload in the config file itself")
@@ -162,6 +173,8 @@ class NatsServer:
         self.name = name
         #: The largest message (headers and body) the server accepts; None is nats-server's default (1 MiB).
         self.max_payload = max_payload
+        #: Variables added to the server's environment (a config file's `$NAME`s, such as passwords).
+        self.env = dict(env) if env else None
         self._proc: _Process | None = None
 
     @property
@@ -190,7 +203,8 @@ class NatsServer:
             str(self.data_dir / "jetstream"),
             *self.extra_args,
         ]
-        self._proc = _Process(self.name, argv, self._READY, self.data_dir / "nats-server.log")
+        env = {**os.environ, **self.env} if self.env else None
+        self._proc = _Process(self.name, argv, self._READY, self.data_dir / "nats-server.log", env=env)
         match = self._proc.start()
         self.port = int(match.group(1))
         return self
@@ -253,8 +267,25 @@ def _unprivileged_user() -> str | None:
     raise ServerStartError("running as root and no unprivileged user (postgres, nobody) exists")
 
 
+#: pg_hba.conf of a cluster with a password: every connection, the local socket's too, gives it.
+PASSWORD_HBA: Final = """\
+# Written by commonos.runtime.embedded at every start: every connection gives the password (SCRAM).
+local   all          all                 scram-sha-256
+host    all          all   127.0.0.1/32  scram-sha-256
+host    all          all   ::1/128       scram-sha-256
+local   replication  all                 scram-sha-256
+host    replication  all   127.0.0.1/32  scram-sha-256
+host    replication  all   ::1/128       scram-sha-256
+"""
+
+
 class PostgresCluster:
-    """A private PostgreSQL cluster in `data_dir`, listening on 127.0.0.1 on its own port."""
+    """A private PostgreSQL cluster in `data_dir`, listening on 127.0.0.1 on its own port.
+
+    With a `password`, the superuser `postgres` has it and every connection must give it (SCRAM, for
+    TCP and the local socket alike); it is set again at every start, so a cluster made without one
+    (trust) gets it. Without one, anyone on the machine may connect as `postgres` (the tests' servers).
+    """
 
     _READY: Final = re.compile(r"database system is ready to accept connections")
 
@@ -265,11 +296,15 @@ class PostgresCluster:
         *,
         durable: bool = True,
         settings: dict[str, str] | None = None,
+        password: str | None = None,
     ) -> None:
+        if password is not None and (not password or any(c in password for c in "\0\r\n")):
+            raise ValueError("the password must be one line of text, without NUL")
         self.data_dir = data_dir
         self.port = port if port is not None else free_port()
         self.durable = durable
         self.settings = settings or {}
+        self.password = password
         self.user = _unprivileged_user()
         self._proc: _Process | None = None
 
@@ -279,15 +314,24 @@ class PostgresCluster:
 
     @property
     def url(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        return self.dsn("postgres")
 
     def dsn(self, database: str) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+        login = "postgres" if self.password is None else f"postgres:{quote(self.password, safe='')}"
+        return f"postgresql://{login}@127.0.0.1:{self.port}/{database}"
 
     def _chown(self, path: Path) -> None:
         if self.user is not None:
             pw = pwd.getpwnam(self.user)
             os.chown(path, pw.pw_uid, pw.pw_gid)
+
+    def _write_private(self, path: Path, text: str) -> None:
+        """A file of the server's user alone (0600)."""
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            os.fchmod(f.fileno(), 0o600)
+            f.write(text)
+        self._chown(path)
 
     def _check_reachable(self) -> None:
         """As root the server runs as another user, who must be able to walk down to the data."""
@@ -304,30 +348,67 @@ class PostgresCluster:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._check_reachable()
         self._chown(self.data_dir)
+        self.data_dir.chmod(0o700)  # its log and socket are the server's user's alone
         if (self.pgdata / "PG_VERSION").exists():
+            if self.password is not None:
+                self._set_password(self.password)
+                self._write_private(self.pgdata / "pg_hba.conf", PASSWORD_HBA)
             return
-        bindir = postgres_bindir()
-        result = subprocess.run(
-            [
-                str(bindir / "initdb"),
-                "-D",
-                str(self.pgdata),
-                "-U",
-                "postgres",
-                "--auth=trust",
-                "-E",
-                "UTF8",
-                "--no-locale",
-                "--no-sync",
-            ],
-            capture_output=True,
-            text=True,
-            user=self.user,
-            cwd=self.data_dir,
-            check=False,
-        )
+        auth = ["--auth=trust"]
+        pwfile = self.data_dir / ".initdb-password"
+        if self.password is not None:
+            self._write_private(pwfile, self.password + "\n")
+            auth = ["--auth=scram-sha-256", f"--pwfile={pwfile}"]
+        try:
+            result = subprocess.run(
+                [
+                    str(postgres_bindir() / "initdb"),
+                    "-D",
+                    str(self.pgdata),
+                    "-U",
+                    "postgres",
+                    *auth,
+                    "-E",
+                    "UTF8",
+                    "--no-locale",
+                    "--no-sync",
+                ],
+                capture_output=True,
+                text=True,
+                cwd=self.data_dir,
+                check=False,
+                **_as_user(self.user),
+            )
+        finally:
+            pwfile.unlink(missing_ok=True)
         if result.returncode != 0:
             raise ServerStartError(f"initdb failed (exit {result.returncode}):\n{result.stderr}{result.stdout}")
+        if self.password is not None:
+            self._write_private(self.pgdata / "pg_hba.conf", PASSWORD_HBA)
+
+    def _set_password(self, password: str) -> None:
+        """Give `postgres` the password in single-user mode, which needs no login (the server is down)."""
+        literal = password.replace("'", "''")
+        result = subprocess.run(
+            [
+                str(postgres_bindir() / "postgres"),
+                "--single",
+                "-D",
+                str(self.pgdata),
+                "-c",
+                "password_encryption=scram-sha-256",
+                "postgres",
+            ],
+            input=f"ALTER ROLE postgres PASSWORD '{literal}';\n",
+            capture_output=True,
+            text=True,
+            cwd=self.data_dir,
+            check=False,
+            **_as_user(self.user),
+        )
+        output = (result.stderr + result.stdout).replace(literal, "***").replace(password, "***")
+        if result.returncode != 0 or "ERROR:" in output:
+            raise ServerStartError(f"setting the password of postgres failed (exit {result.returncode}):\n{output}")
 
     def start(self) -> PostgresCluster:
         self.init()
@@ -340,6 +421,7 @@ class PostgresCluster:
             "unix_socket_directories": str(sock_dir),
             "max_connections": "200",
             "logging_collector": "off",
+            **({"password_encryption": "scram-sha-256"} if self.password is not None else {}),
             **self.settings,
         }
         if not self.durable:
