@@ -25,7 +25,7 @@ from rich.table import Table
 
 from commonos.cli.args import CliError
 from commonos.cli.system import Endpoints, clear_state
-from commonos.cli.up import start_system
+from commonos.cli.up import NATS_IDENTITY, start_system
 from commonos.proto.subjects import EVENTS_STREAM
 from commonos.runtime.postgres import connect
 from commonos.runtime.settings import Settings
@@ -113,6 +113,13 @@ def _demo(args: argparse.Namespace) -> int:
         system.print_state(console)
         assert system.endpoints is not None
         console.print(f"\n[bold]you>[/bold] {args.message}")
+        env = {
+            **os.environ,
+            "COS_NATS_URL": system.endpoints.nats_url,
+            "COS_DATABASE_URL": system.endpoints.database_url,
+        }
+        if system.nats is not None:  # its URL carries the admin's login; a COS_NATS_USER of ours is for others
+            env = {k: v for k, v in env.items() if k not in NATS_IDENTITY}
         chat = subprocess.run(
             [
                 sys.executable,
@@ -129,11 +136,7 @@ def _demo(args: argparse.Namespace) -> int:
                 "-v",
                 args.message,
             ],
-            env={
-                **os.environ,
-                "COS_NATS_URL": system.endpoints.nats_url,
-                "COS_DATABASE_URL": system.endpoints.database_url,
-            },
+            env=env,
             check=False,
         )
         if chat.returncode != 0:

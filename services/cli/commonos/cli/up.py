@@ -3,6 +3,11 @@
 With no COS_NATS_URL / COS_DATABASE_URL it starts its own nats-server (JetStream) and its own
 PostgreSQL cluster under COS_DATA_DIR (default `.cos`), on free ports, then every service as its
 own process, and stays in the foreground until Ctrl-C or SIGTERM.
+
+Its servers are its user's: nats-server has the users and permissions of deploy/nats/auth.conf and
+PostgreSQL asks for a password on every connection. The passwords are made on the first start and
+kept in COS_DATA_DIR/secrets (files of the user's alone); each service logs in to NATS as its own
+user, and the `cos` commands of the same user find the admin's credentials in COS_DATA_DIR/state.json.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import os
@@ -29,14 +35,30 @@ from rich.table import Table
 
 from commonos.cli.args import CliError
 from commonos.cli.streams import ensure_all
-from commonos.cli.system import Endpoints, clear_state, write_state
-from commonos.runtime.embedded import NatsServer, PostgresCluster, free_port
+from commonos.cli.system import (
+    Endpoints,
+    clear_state,
+    ensure_secret,
+    private_dir,
+    running_owner,
+    secret_path,
+    write_private,
+    write_state,
+)
+from commonos.runtime.embedded import NatsServer, PostgresCluster, ServerStartError, free_port
 from commonos.runtime.postgres import apply_schemas, connect
 from commonos.runtime.settings import Settings
 
 #: Services `cos up` runs, each `python -m commonos.<module>`, if that module exists.
 SERVICES = ("journal_writer", "billing", "loop")
 DATABASE = "commonos"
+#: The users of deploy/nats/auth.conf; each service `cos up` starts logs in as its own, `cos` as admin.
+NATS_USERS = ("admin", "loop", "journal-writer", "billing", "subscriber")
+SERVICE_NATS_USERS = {"journal_writer": "journal-writer", "billing": "billing", "loop": "loop"}
+#: Where the users and permissions of every NATS deployment are, in the source tree.
+NATS_AUTH_CONF = Path(__file__).resolve().parents[4] / "deploy" / "nats" / "auth.conf"
+#: Our own NATS identity, set aside for the embedded server (whose users are ours).
+NATS_IDENTITY = ("COS_NATS_USER", "COS_NATS_PASSWORD", "COS_NATS_PASSWORD_FILE", "COS_NATS_CREDS")
 
 
 @dataclass
@@ -53,49 +75,81 @@ class System:
     nats: NatsServer | None = None
     postgres: PostgresCluster | None = None
     endpoints: Endpoints | None = None
+    #: The passwords of the embedded nats-server's users (none for a configured server).
+    nats_passwords: dict[str, str] = field(default_factory=dict)
     children: dict[str, tuple[subprocess.Popen[bytes], int]] = field(default_factory=dict)
     components: list[Component] = field(default_factory=list)
 
     def start_servers(self) -> Endpoints:
         s = self.settings
         data = s.data_dir.resolve()
+        owner = running_owner(s)
+        if owner is not None and owner != os.getpid():
+            raise CliError(
+                f"cos up is already running in {data} (pid {owner}): stop it first, or give this one another "
+                "COS_DATA_DIR"
+            )
         ports_file = data / "ports.json"
+        ours = not data.exists() or ports_file.exists()  # not a folder named by mistake, such as /tmp
+        data.mkdir(parents=True, exist_ok=True)
+        if ours:  # no one else lists or writes it; PostgreSQL's user (as root) still passes through it
+            data.chmod(0o711)
         ports: dict[str, int] = json.loads(ports_file.read_text()) if ports_file.exists() else {}
         nats_url = s.nats_url
         if not nats_url:
-            limit = s.nats_max_payload
-            self.nats = NatsServer(data / "nats", port=ports.get("nats"), max_payload=limit)
-            try:
-                self.nats.start()
-            except Exception:
-                # The remembered port may be taken now: take a new one.
-                self.nats = NatsServer(data / "nats", max_payload=limit).start()
-            nats_url = self.nats.url
-            self.components.append(Component("nats-server (embedded)", nats_url, self.nats._pid(), "running"))
+            self.nats = self._start_nats(data / "nats", ports.get("nats"))
+            nats_url = _with_login(self.nats.url, "admin", self.nats_passwords["admin"])
+            self.components.append(Component("nats-server (embedded)", self.nats.url, self.nats._pid(), "running"))
         else:
             self.components.append(Component("nats", nats_url, None, "configured"))
         database_url = s.database_url
         if not database_url:
             port = ports.get("postgres") or free_port()
-            self.postgres = PostgresCluster(data / "postgres", port=port).start()
+            password = ensure_secret(s, "postgres")
+            self.postgres = PostgresCluster(data / "postgres", port=port, password=password).start()
             database_url = self.postgres.dsn(DATABASE)
-            self.components.append(Component("postgresql (embedded)", self.postgres.url, None, "running"))
+            self.components.append(Component("postgresql (embedded)", _redact(self.postgres.url), None, "running"))
         else:
             self.components.append(Component("postgresql", _redact(database_url), None, "configured"))
-        data.mkdir(parents=True, exist_ok=True)
-        ports_file.write_text(
+        write_private(
+            ports_file,
             json.dumps(
                 {
                     "nats": self.nats.port if self.nats else None,
                     "postgres": self.postgres.port if self.postgres else None,
                 }
-            )
+            ),
         )
         self.endpoints = Endpoints(nats_url, database_url)
         return self.endpoints
 
+    def _start_nats(self, folder: Path, port: int | None) -> NatsServer:
+        """nats-server with deploy/nats/auth.conf as it is, its passwords in the server's environment."""
+        if not NATS_AUTH_CONF.is_file():
+            raise CliError(
+                f"{NATS_AUTH_CONF} not found: cos up runs its nats-server with the users of deploy/nats/auth.conf "
+                "(run it from a source tree, or set COS_NATS_URL to a server of your own)"
+            )
+        private_dir(folder)
+        self.nats_passwords = {user: ensure_secret(self.settings, f"nats-{user}") for user in NATS_USERS}
+        env = {f"NATS_{user.upper().replace('-', '_')}_PASSWORD": pw for user, pw in self.nats_passwords.items()}
+        write_private(folder / "auth.conf", NATS_AUTH_CONF.read_text(encoding="utf-8"))
+        config = folder / "cos-up.conf"
+        limit = self.settings.nats_max_payload
+        write_private(
+            config,
+            "# Written by cos up at every start: the users of deploy/nats/auth.conf (a copy beside this file),\n"
+            "# their passwords from the server's environment (kept in COS_DATA_DIR/secrets).\n"
+            'include "auth.conf"\n' + (f"max_payload: {int(limit)}\n" if limit is not None else ""),
+        )
+        try:
+            return NatsServer(folder, port=port, config_file=config, env=env).start()
+        except Exception:
+            # The remembered port may be taken now: take a new one.
+            return NatsServer(folder, config_file=config, env=env).start()
+
     async def prepare(self) -> None:
-        """Create the database (embedded), the streams and every schema."""
+        """Create the database (embedded), the streams (as the admin: no service may) and every schema."""
         assert self.endpoints is not None
         if self.postgres is not None:
             admin = await asyncpg.connect(self.postgres.url)
@@ -104,7 +158,10 @@ class System:
                     await admin.execute(f'CREATE DATABASE "{DATABASE}"')
             finally:
                 await admin.close()
-        await ensure_all(self.settings, self.endpoints.nats_url)
+        settings = self.settings
+        if self.nats is not None:
+            settings = dataclasses.replace(settings, nats_user=None, nats_password=None, nats_creds=None)
+        await ensure_all(settings, self.endpoints.nats_url)
         conn = await connect(self.endpoints.database_url)
         try:
             await apply_schemas(conn, all_schemas())
@@ -113,8 +170,7 @@ class System:
 
     def start_services(self, wait_ready_s: float = 30.0) -> None:
         assert self.endpoints is not None
-        logs = self.settings.data_dir.resolve() / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
+        logs = private_dir(self.settings.data_dir.resolve() / "logs")
         for service in SERVICES:
             module = f"commonos.{service}"
             if importlib.util.find_spec(module) is None or importlib.util.find_spec(module + ".__main__") is None:
@@ -126,6 +182,14 @@ class System:
                 "COS_DATABASE_URL": self.endpoints.database_url,
                 "COS_HTTP_PORT": str(port),
             }
+            if self.nats is not None:  # its own NATS user, its password read from its file
+                user = SERVICE_NATS_USERS[service]
+                env = {k: v for k, v in env.items() if k not in NATS_IDENTITY}
+                env |= {
+                    "COS_NATS_URL": self.nats.url,
+                    "COS_NATS_USER": user,
+                    "COS_NATS_PASSWORD_FILE": str(secret_path(self.settings, f"nats-{user}")),
+                }
             log = (logs / f"{service}.log").open("ab")
             argv = [sys.executable, "-m", module, *(["serve"] if service == "loop" else [])]
             proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -184,6 +248,12 @@ def _redact(url: str) -> str:
     return url.replace(f":{p.password}@", ":***@") if p.password else url
 
 
+def _with_login(url: str, user: str, password: str) -> str:
+    """`nats://host:port` with a user and password, as nats-py (and the `cos` commands) take them."""
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://{user}:{password}@{rest}"
+
+
 def _wait_ready(proc: subprocess.Popen[bytes], port: int, deadline: float) -> str:
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -205,10 +275,20 @@ def start_system(settings: Settings) -> System:
         asyncio.run(system.prepare())
         system.start_services()
         write_state(settings, endpoints, {n: p.pid for n, (p, _) in system.children.items()})
+    except ServerStartError as exc:
+        system.stop()
+        raise CliError(_in_one_line(exc)) from None
     except BaseException:
         system.stop()
         raise
     return system
+
+
+def _in_one_line(exc: ServerStartError) -> str:
+    """What failed, and the line of the server's output saying why (its message carries its output)."""
+    first, *output = str(exc).splitlines()
+    why = next((line for line in reversed(output) if "FATAL" in line or "ERROR" in line), "")
+    return f"{first} {why.strip()}".strip()
 
 
 def _up(args: argparse.Namespace) -> int:
