@@ -30,7 +30,7 @@ async def test_two_turns_with_tools_approvals_and_delegation_yield_the_rows(
         request = msgspec.json.decode(msg.data, type=ApprovalRequest)
         approve = request.args.get("command") == "echo approved"
         status = ApprovalStatus.APPROVED if approve else ApprovalStatus.DENIED
-        assert (await send_decision(nc, request.approval_id, status, "cli:ann")).ok
+        assert (await send_decision(nc, request.profile_id, request.approval_id, status, "cli:ann")).ok
 
     sub = await nc.subscribe(approval_request_subject("demo"), cb=human)
     loop = nats_loop(nc, profile)

@@ -91,7 +91,7 @@ async def test_a_turn_on_nats_records_every_step_on_the_stream(
     async def approve_only_the_first(msg: Msg) -> None:
         request = msgspec.json.decode(msg.data, type=ApprovalRequest)
         if request.args.get("command") == "echo approved":
-            ack = await send_decision(nc, request.approval_id, ApprovalStatus.APPROVED, "cli:ann")
+            ack = await send_decision(nc, request.profile_id, request.approval_id, ApprovalStatus.APPROVED, "cli:ann")
             assert ack.ok
 
     sub = await nc.subscribe(approval_request_subject("demo"), cb=approve_only_the_first)
@@ -147,7 +147,9 @@ async def test_one_turn_per_session_across_processes(
         await second.run_turn(TurnRequest(profile_id="demo", text="me too", session_id=request.session_id))
     assert busy.value.holder == "process-a"
 
-    assert (await send_decision(second_nc, request.approval_id, ApprovalStatus.APPROVED, "cli:ann")).ok
+    assert (
+        await send_decision(second_nc, request.profile_id, request.approval_id, ApprovalStatus.APPROVED, "cli:ann")
+    ).ok
     done = await running
     assert (done.status, done.text) == (TurnStatus.COMPLETED, "waited")
 

@@ -85,7 +85,7 @@ async def test_chat_requests_and_refusals(nc: Client, js: JetStreamContext, serv
     request = await asyncio.wait_for(waiting, 10)
     busy = await chat(nc, ChatRequest(text="me too", session_id=request.session_id))
     assert busy.status == "busy" and busy.session_id == request.session_id and "busy" in (busy.error or "")
-    assert (await send_decision(nc, request.approval_id, ApprovalStatus.APPROVED, "cli:ann")).ok
+    assert (await send_decision(nc, request.profile_id, request.approval_id, ApprovalStatus.APPROVED, "cli:ann")).ok
     assert (await running).text == "waited"
 
     bad = await chat(nc, b"{not json")
@@ -145,7 +145,9 @@ async def test_cos_approve_and_deny(nc: Client, nats_url: str) -> None:
             timeout_s=30,
         )
         asked = asyncio.create_task(approver.ask(request, 30))
-        code, out, err = await run_cli(command, str(request.approval_id), "--by", "cli:ann", env=env)
+        code, out, err = await run_cli(
+            command, "--profile", "demo", str(request.approval_id), "--by", "cli:ann", env=env
+        )
         assert (code, out, err) == (0, f"{status.value} {request.approval_id}\n", "")
         answer = await asked
         assert (answer.status, answer.decided_by) == (status, "cli:ann")
@@ -153,6 +155,8 @@ async def test_cos_approve_and_deny(nc: Client, nats_url: str) -> None:
     assert code == 2 and "is waiting (decided, timed out, or unknown)" in err
     code, _, err = await run_cli("approve", "not-a-uuid", env=env)
     assert code == 2 and "'not-a-uuid' is not a UUID" in err
+    code, _, err = await run_cli("approve", str(new_id()), "--by", "a name", env=env)
+    assert code == 2 and "error: --by: approver 'a name' is not a name" in err.splitlines()[0], err
 
 
 async def test_cos_chat_talks_to_the_service_and_runs_here_without_one(

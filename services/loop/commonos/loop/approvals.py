@@ -1,8 +1,10 @@
 """Asking a person whether a risky tool call may run, and waiting (bounded) for the answer.
 
 `NatsApprover` publishes an `ApprovalRequest` on `cos.approvals.<profile>.request` and waits on
-`cos.approvals.decide.<approval_id>` for an `ApprovalAnswer` (sent by `cos approve ID` / `cos deny ID`,
-or any service), replying with an `ApprovalAck`. No answer before the profile's timeout means denied
+`cos.approvals.decide.<profile>.<approval_id>.<approver>` for an `ApprovalAnswer` (sent by `cos approve ID`
+/ `cos deny ID`, or any service), replying with an `ApprovalAck`. Who decided is the subject's last token
+(NATS permissions decide who may answer as whom, for which profiles); `policy` and `timeout` are the
+loop's own and refused in an answer. No answer before the profile's timeout means denied
 (`timed_out`). An answer not taken (neither approved nor denied, a `decided_by` holding U+0000, or one
 after the decision) gets a not-ok ack saying why; until one is taken the approval keeps waiting. The
 approval id is the tool call's `tool_call_id`.
@@ -22,7 +24,12 @@ import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from commonos.loop.subjects import approval_decide_subject, approval_request_subject
+from commonos.loop.subjects import (
+    RESERVED_DECIDERS,
+    approval_answers_subject,
+    approval_decide_subject,
+    approval_request_subject,
+)
 from commonos.proto.events import ApprovalStatus, Risk, utcnow
 from commonos.proto.text import NUL
 
@@ -101,6 +108,9 @@ class NatsApprover:
         decided: asyncio.Future[ApprovalAnswer] = asyncio.get_running_loop().create_future()
 
         async def on_answer(msg: Msg) -> None:
+            # Who decided is the subject's last token, which NATS permissions bind to the answering user;
+            # a `decided_by` in the body is not trusted.
+            approver = msg.subject.rsplit(".", 1)[-1]
             try:
                 answer = msgspec.json.decode(msg.data, type=ApprovalAnswer)
             except msgspec.DecodeError as exc:
@@ -108,18 +118,20 @@ class NatsApprover:
             else:
                 if answer.status is ApprovalStatus.TIMED_OUT:
                     ack = ApprovalAck(ok=False, error="answer approved or denied")
-                elif NUL in answer.decided_by:
+                elif approver in RESERVED_DECIDERS:
+                    ack = ApprovalAck(ok=False, error=f"{approver!r} is reserved for the loop's own decisions")
+                elif NUL in approver:
                     ack = ApprovalAck(ok=False, error=NUL_DECIDER)
                 elif decided.done():
                     ack = ApprovalAck(ok=False, error="already decided")
                 else:
-                    decided.set_result(answer)
+                    decided.set_result(ApprovalAnswer(status=answer.status, decided_by=approver))
                     ack = ApprovalAck(ok=True)
             if msg.reply:
                 with contextlib.suppress(nats.errors.Error):
                     await msg.respond(msgspec.json.encode(ack))
 
-        sub = await self.nc.subscribe(approval_decide_subject(request.approval_id), cb=on_answer)
+        sub = await self.nc.subscribe(approval_answers_subject(request.profile_id, request.approval_id), cb=on_answer)
         try:
             try:
                 await self.nc.publish(approval_request_subject(request.profile_id), msgspec.json.encode(request))
@@ -147,12 +159,22 @@ class FixedApprover:
 
 
 async def send_decision(
-    nc: Client, approval_id: uuid.UUID, status: ApprovalStatus, decided_by: str, timeout_s: float = 5.0
+    nc: Client,
+    profile_id: str,
+    approval_id: uuid.UUID,
+    status: ApprovalStatus,
+    approver: str,
+    timeout_s: float = 5.0,
 ) -> ApprovalAck:
-    """Send a decision to the loop waiting on `approval_id`; a not-ok ack says why it was not taken."""
-    answer = ApprovalAnswer(status=status, decided_by=decided_by)
+    """Send `approver`'s decision to the loop waiting on `approval_id` of `profile_id`; a not-ok ack says why
+    it was not taken (no answer at all when NATS does not let this connection answer as `approver`).
+
+    Raises ValueError, before sending anything, for an approver that is not one subject token.
+    """
+    subject = approval_decide_subject(profile_id, approval_id, approver)
+    answer = ApprovalAnswer(status=status, decided_by=approver)
     try:
-        reply = await nc.request(approval_decide_subject(approval_id), msgspec.json.encode(answer), timeout=timeout_s)
+        reply = await nc.request(subject, msgspec.json.encode(answer), timeout=timeout_s)
     except nats.errors.NoRespondersError:
         return ApprovalAck(ok=False, error=f"no approval {approval_id} is waiting (decided, timed out, or unknown)")
     except nats.errors.TimeoutError:

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import dataclasses
 import getpass
+import os
 import sys
 import uuid
 from typing import Any
@@ -25,7 +26,7 @@ from nats.aio.msg import Msg
 from commonos.cli.args import CliError, Parser
 from commonos.loop.approvals import ApprovalRequest, send_decision
 from commonos.loop.service import ChatReply, ChatRequest
-from commonos.loop.subjects import approval_request_subject, chat_subject
+from commonos.loop.subjects import approval_request_subject, chat_subject, check_approver
 from commonos.proto.events import ApprovalStatus, EventDecodeError, ToolCallRecorded, decode_event
 from commonos.proto.subjects import EVENTS_PREFIX
 from commonos.proto.tags import InvalidTag, parse_tag
@@ -81,9 +82,13 @@ def _decide(args: argparse.Namespace, status: ApprovalStatus) -> int:
     settings = _settings()
 
     async def main() -> int:
+        try:
+            approver = check_approver(args.by or _who())
+        except ValueError as exc:
+            raise CliError(f"--by: {exc}") from None
         nc = await _connect(settings, "cos-approve", max_reconnect_attempts=3)
         try:
-            ack = await send_decision(nc, args.id, status, args.by or _who())
+            ack = await send_decision(nc, args.profile, args.id, status, approver)
         finally:
             await nc.close()
         if not ack.ok:
@@ -135,12 +140,13 @@ class _Chat:
             return
         call = f"{request.tool} {msgspec.json.encode(request.args).decode()}"
         if self.auto_approve:
-            ack = await send_decision(self.nc, request.approval_id, ApprovalStatus.APPROVED, _who())
+            ack = await send_decision(self.nc, request.profile_id, request.approval_id, ApprovalStatus.APPROVED, _who())
             print(f"[approved {call}]" if ack.ok else f"[could not approve {call}: {ack.error}]", file=sys.stderr)
             return
+        which = f"--profile {request.profile_id} {request.approval_id}"
         print(
-            f"[approval needed: {call}]\n  cos approve {request.approval_id}    or    "
-            f"cos deny {request.approval_id}    (before {request.expires_at:%H:%M:%S} UTC)",
+            f"[approval needed: {call}]\n  cos approve {which}    or    "
+            f"cos deny {which}    (before {request.expires_at:%H:%M:%S} UTC)",
             file=sys.stderr,
             flush=True,
         )
@@ -315,5 +321,13 @@ def register(sub: Any) -> None:
     for name, handler, verb in (("approve", _approve, "run"), ("deny", _deny, "not run")):
         p = sub.add_parser(name, help=f"let a waiting risky tool call {verb}")
         p.add_argument("id", type=_uuid, help="the approval id printed with the request")
-        p.add_argument("--by", help="who decides (default cli:<user>)")
+        p.add_argument(
+            "--profile",
+            default=os.environ.get("COS_PROFILE", "default"),
+            help="the profile whose call it is, printed with the request (default $COS_PROFILE or default)",
+        )
+        p.add_argument(
+            "--by",
+            help="who decides, one name (default cli:<user>); with NATS permissions, the name your user may answer as",
+        )
         p.set_defaults(handler=handler)

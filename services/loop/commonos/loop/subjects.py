@@ -2,12 +2,13 @@
 
 * `cos.cmd.<profile>.chat` — chat requests from other services (`ChatRequest` → `ChatReply`).
 * `cos.approvals.<profile>.request` — a risky tool call waits for a decision (`ApprovalRequest`).
-* `cos.approvals.decide.<approval_id>` — the decision (`ApprovalAnswer` → `ApprovalAck`), sent by
+* `cos.approvals.decide.<profile>.<approval_id>.<approver>` — the decision (`ApprovalAnswer` → `ApprovalAck`), sent by
   `cos approve ID` / `cos deny ID`; the waiting loop answers whether it took it.
 """
 
 from __future__ import annotations
 
+import re
 import uuid
 from typing import Final
 
@@ -25,5 +26,26 @@ def approval_request_subject(profile_id: str) -> str:
     return f"cos.approvals.{check_profile_id(profile_id)}.request"
 
 
-def approval_decide_subject(approval_id: uuid.UUID) -> str:
-    return f"cos.approvals.decide.{approval_id}"
+#: An approver's name is one subject token: what NATS permissions bind a user to.
+_APPROVER: Final = re.compile(r"[A-Za-z0-9_:@+=-]{1,128}")
+#: Deciders only the loop itself records; an answer naming one is refused.
+RESERVED_DECIDERS: Final = frozenset({"policy", "timeout"})
+
+
+def check_approver(approver: str) -> str:
+    if not _APPROVER.fullmatch(approver):
+        raise ValueError(
+            f"approver {approver[:40]!r} is not a name of 1 to 128 letters, digits or _ : @ + = - "
+            "(it is the last token of the answer's subject)"
+        )
+    return approver
+
+
+def approval_decide_subject(profile_id: str, approval_id: uuid.UUID, approver: str) -> str:
+    """Where `approver` answers: NATS permissions on it decide who may answer, for which profiles."""
+    return f"cos.approvals.decide.{check_profile_id(profile_id)}.{approval_id}.{check_approver(approver)}"
+
+
+def approval_answers_subject(profile_id: str, approval_id: uuid.UUID) -> str:
+    """Every approver's answer to one approval (the loop's subscription)."""
+    return f"cos.approvals.decide.{check_profile_id(profile_id)}.{approval_id}.*"
