@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import pwd
+import re
 import shutil
 import signal
 import stat
@@ -29,6 +30,7 @@ import nats
 import pytest
 
 from commonos.runtime.embedded import PostgresCluster, postgres_bindir
+from commonos.runtime.settings import Settings
 from tests.conftest import REPO
 from tests.harness import PgServer, cleanup, make_temp_root
 
@@ -175,7 +177,10 @@ def test_secrets_are_files_of_the_owner_alone(cos_up: RunningUp) -> None:
     secrets = cos_up.data / "secrets"
     assert stat.S_IMODE(secrets.stat().st_mode) == 0o700
     names = sorted(p.name for p in secrets.iterdir())
-    assert names == sorted(["postgres.password", *(f"nats-{u}.password" for u in NATS_USERS)])
+    in_auth_conf = re.findall(r"\$NATS_([A-Z_]+)_PASSWORD", (REPO / "deploy" / "nats" / "auth.conf").read_text())
+    assert set(NATS_USERS) <= {u.lower().replace("_", "-") for u in in_auth_conf}
+    expected = {"postgres.password", *(f"nats-{u.lower().replace('_', '-')}.password" for u in in_auth_conf)}
+    assert names == sorted(expected)
     passwords = set()
     for path in [*secrets.iterdir(), cos_up.data / "state.json"]:
         st = path.stat()
@@ -408,6 +413,39 @@ def test_a_server_that_cannot_start_is_one_line() -> None:
         ]
     finally:
         cleanup(root)
+
+
+def test_every_user_auth_conf_names_gets_a_password(
+    tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user added to deploy/nats/auth.conf (its `$NATS_<USER>_PASSWORD`) does not stop `cos up`: it
+    gets a password of its own like the others."""
+    from commonos.cli import up
+
+    conf = tmp_path / "auth.conf"
+    extra = "    {\n      user: approver-acme\n      password: $NATS_APPROVER_ACME_PASSWORD\n    }\n"
+    text = up.NATS_AUTH_CONF.read_text()
+    head, sep, tail = text.partition("  users: [\n")
+    assert sep, "auth.conf lists its users in `users: [`"
+    conf.write_text(head + sep + extra + tail)
+    monkeypatch.setattr(up, "NATS_AUTH_CONF", conf)
+    settings = Settings.from_env({"COS_DATA_DIR": str(tmp_path / "cos"), "COS_DATABASE_URL": database_url})
+    system = up.System(settings)
+    system.start_servers()
+    try:
+        password = (tmp_path / "cos" / "secrets" / "nats-approver-acme.password").read_text().strip()
+        assert system.nats is not None
+
+        async def login() -> bool:
+            nc = await nats.connect(system.nats.url, user="approver-acme", password=password)
+            try:
+                return bool(nc.is_connected)
+            finally:
+                await nc.close()
+
+        assert asyncio.run(login())
+    finally:
+        system.stop()
 
 
 # -- restarts and a data folder made before ---------------------------------------------------------

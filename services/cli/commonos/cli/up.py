@@ -19,6 +19,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -52,8 +53,9 @@ from commonos.runtime.settings import Settings
 #: Services `cos up` runs, each `python -m commonos.<module>`, if that module exists.
 SERVICES = ("journal_writer", "billing", "loop")
 DATABASE = "commonos"
-#: The users of deploy/nats/auth.conf; each service `cos up` starts logs in as its own, `cos` as admin.
-NATS_USERS = ("admin", "loop", "journal-writer", "billing", "subscriber")
+#: A user's password in deploy/nats/auth.conf: `$NATS_<USER>_PASSWORD` (JOURNAL_WRITER for journal-writer).
+NATS_PASSWORD_VARIABLE = re.compile(r"\$(NATS_([A-Z0-9_]+)_PASSWORD)\b")
+#: The NATS user each service `cos up` starts logs in as (the `cos` commands log in as admin).
 SERVICE_NATS_USERS = {"journal_writer": "journal-writer", "billing": "billing", "loop": "loop"}
 #: Where the users and permissions of every NATS deployment are, in the source tree.
 NATS_AUTH_CONF = Path(__file__).resolve().parents[4] / "deploy" / "nats" / "auth.conf"
@@ -131,9 +133,14 @@ class System:
                 "(run it from a source tree, or set COS_NATS_URL to a server of your own)"
             )
         private_dir(folder)
-        self.nats_passwords = {user: ensure_secret(self.settings, f"nats-{user}") for user in NATS_USERS}
-        env = {f"NATS_{user.upper().replace('-', '_')}_PASSWORD": pw for user, pw in self.nats_passwords.items()}
-        write_private(folder / "auth.conf", NATS_AUTH_CONF.read_text(encoding="utf-8"))
+        auth = NATS_AUTH_CONF.read_text(encoding="utf-8")
+        # A password for every user it names (admin, loop, journal-writer, billing, subscriber, and any added).
+        variables = {m.group(1): m.group(2).lower().replace("_", "-") for m in NATS_PASSWORD_VARIABLE.finditer(auth)}
+        env = {variable: ensure_secret(self.settings, f"nats-{user}") for variable, user in variables.items()}
+        self.nats_passwords = {user: env[variable] for variable, user in variables.items()}
+        if "admin" not in self.nats_passwords:
+            raise CliError(f"{NATS_AUTH_CONF} has no user admin ($NATS_ADMIN_PASSWORD): cos up needs one")
+        write_private(folder / "auth.conf", auth)
         config = folder / "cos-up.conf"
         limit = self.settings.nats_max_payload
         write_private(
