@@ -39,11 +39,13 @@ from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
-from commonos.journal_writer.graph_schema import GRAPH_TABLES
-from commonos.proto.events import Event, TranscriptImported
+from commonos.journal_writer.graph_schema import DELETIONS_TABLE, GRAPH_TABLES
+from commonos.proto.events import Event, ProfileDeleted, TranscriptImported
 from commonos.proto.graph import Graph, GraphInvalid, decode_graph, validate
+from commonos.proto.subjects import PROFILES_DELETED_FILTER, PROFILES_UPSERTED_FILTER
 from commonos.proto.text import escape_nul, escape_nul_in_json
 from commonos.runtime.owners import mismatch
+from commonos.runtime.tombstones import ProfileTombstones, check_profile_event
 
 if TYPE_CHECKING:
     from commonos.runtime.postgres import Conn
@@ -133,6 +135,8 @@ STATEMENTS: Final[dict[str, str]] = {
         VALUES ($1, $2, $3, $4, $5, $6, $7)
         ON CONFLICT (our_type, vendor, vendor_id_kind, vendor_id) DO NOTHING""",
 }
+#: A profile's deletion: the sessions its imports created and, by ON DELETE CASCADE, every row of theirs.
+PROFILE_DELETE: Final = "DELETE FROM graph.sessions WHERE profile_id = $1"
 
 Rows = dict[str, list[tuple[Any, ...]]]
 
@@ -365,17 +369,24 @@ def plan_event(event: TranscriptImported) -> Rows:
 
 
 class GraphProjection:
-    """Projects ``transcript_imported`` events into the ``graph`` schema; other events pass by."""
+    """Projects ``transcript_imported`` events into the ``graph`` schema; other events pass by.
+
+    A profile's deletion deletes the sessions of its imports at its place in the stream and is remembered in
+    ``graph.profile_deletions`` (``commonos.runtime.tombstones``): the profile's transcripts after it are
+    ``profile_deleted`` dead letters until a ``profile_upserted`` re-creates the profile.
+    """
 
     position_table = "graph.positions"
-    filter_subjects = ("cos.events.*.*.transcript_imported",)
-    tables = GRAPH_TABLES
+    filter_subjects = ("cos.events.*.*.transcript_imported", PROFILES_DELETED_FILTER, PROFILES_UPSERTED_FILTER)
+    tables = (*GRAPH_TABLES, DELETIONS_TABLE)
 
     def __init__(self, name: str = "graph-writer") -> None:
         self.name = name
         self._plans: OrderedDict[uuid.UUID, Rows] = OrderedDict()
+        self.deletions = ProfileTombstones(DELETIONS_TABLE)
 
     def check(self, event: Event) -> None:
+        check_profile_event(event)
         if not isinstance(event, TranscriptImported):
             return
         plan = plan_event(event)
@@ -384,22 +395,34 @@ class GraphProjection:
             self._plans.popitem(last=False)
 
     async def apply(self, conn: Conn, events: Sequence[Event]) -> None:
-        batch: Rows = {name: [] for name in STATEMENTS}
+        events = await self.deletions.screen(conn, events, refuse=(TranscriptImported,))
+        # The transcripts between two deletions are stored together, then the deletion runs.
         plans: list[tuple[TranscriptImported, Rows]] = []
         for event in events:
-            if not isinstance(event, TranscriptImported):
-                continue
-            plan = self._plans.pop(event.event_id, None)
-            if plan is None:
-                plan = plan_event(event)
-            plans.append((event, plan))
-        await _check_owners(conn, plans)
-        for event, plan in plans:
-            for name, rows in plan.items():
-                batch[name].extend([(*row, event.profile_id) for row in rows] if name == "sessions" else rows)
-        for name, sql in STATEMENTS.items():
-            if batch[name]:
-                await conn.executemany(sql, batch[name])
+            if isinstance(event, ProfileDeleted):
+                await _store(conn, plans)
+                plans = []
+                await conn.execute(PROFILE_DELETE, event.profile_id)
+            elif isinstance(event, TranscriptImported):
+                plan = self._plans.pop(event.event_id, None)
+                if plan is None:
+                    plan = plan_event(event)
+                plans.append((event, plan))
+        await _store(conn, plans)
+
+
+async def _store(conn: Conn, plans: Sequence[tuple[TranscriptImported, Rows]]) -> None:
+    """The rows of these events' graphs, parents first, each as its profile's."""
+    if not plans:
+        return
+    await _check_owners(conn, plans)
+    batch: Rows = {name: [] for name in STATEMENTS}
+    for event, plan in plans:
+        for name, rows in plan.items():
+            batch[name].extend([(*row, event.profile_id) for row in rows] if name == "sessions" else rows)
+    for name, sql in STATEMENTS.items():
+        if batch[name]:
+            await conn.executemany(sql, batch[name])
 
 
 async def _check_owners(conn: Conn, plans: Sequence[tuple[TranscriptImported, Rows]]) -> None:

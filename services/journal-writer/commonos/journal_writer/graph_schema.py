@@ -14,9 +14,17 @@ rows (input, invocation, parent invocation, tool use) are foreign keys too, so a
 that lacks a row it points at is rejected rather than stored half-linked. The one reference without
 a foreign key is ``sessions.spawned_by_tool_use_id``: a nested session is inserted before the tool
 uses of the graph, and ``validate`` has checked the link already.
+
+Deleting a profile (``profile_deleted``) deletes the sessions its imports created (``profile_id``), and
+with them every row of theirs; rows stored before ``profile_id`` existed carry none and stay.
 """
 
 from typing import Final
+
+from commonos.runtime.tombstones import tombstones_schema
+
+#: The session graph's record of deleted profiles (`commonos.runtime.tombstones`).
+DELETIONS_TABLE: Final = "graph.profile_deletions"
 
 SCHEMA: Final = """
 CREATE SCHEMA IF NOT EXISTS graph;
@@ -193,7 +201,7 @@ CREATE TABLE IF NOT EXISTS graph.positions (
     stream_seq bigint NOT NULL,
     updated_at timestamptz NOT NULL DEFAULT now()
 );
-"""
+""" + tombstones_schema(DELETIONS_TABLE)
 
 #: Graph tables, parents first (the order rows are inserted in, and the order for checksums).
 GRAPH_TABLES: Final = (

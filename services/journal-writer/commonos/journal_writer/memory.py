@@ -1,7 +1,12 @@
 """The Memory plugin's projection (`memory_entries`), hosted by the journal-writer process.
 
 A profile's memory changes come from any of its sessions and must be applied in stream order, so
-this projection is never partitioned by session: one consumer, filtered on `memory_changed`.
+this projection is never partitioned by session: one consumer, filtered on `memory_changed` (and the
+`session_created`, `profile_deleted` and `profile_upserted` it keeps records of).
+
+A profile's deletion deletes its entries at its place in the stream and is remembered in
+`memory_profile_deletions` (`commonos.runtime.tombstones`): the profile's memory changes after it are
+`profile_deleted` dead letters until a `profile_upserted` re-creates the profile, whose memory starts empty.
 """
 
 from __future__ import annotations
@@ -9,35 +14,50 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from commonos.loop.memory_schema import memory_rows
-from commonos.proto.events import Event, MemoryChanged, MemoryOp, SessionCreated
-from commonos.proto.subjects import SESSIONS_CREATED_FILTER
+from commonos.loop.memory_schema import memory_rows, profile_deleted_rows
+from commonos.proto.events import Event, MemoryChanged, MemoryOp, ProfileDeleted, SessionCreated
+from commonos.proto.subjects import PROFILES_DELETED_FILTER, PROFILES_UPSERTED_FILTER, SESSIONS_CREATED_FILTER
 from commonos.runtime.errors import EventRejected
 from commonos.runtime.owners import SessionOwners, owners_schema
 from commonos.runtime.postgres import Conn
+from commonos.runtime.tombstones import ProfileTombstones, check_profile_event, tombstones_schema
 
-MEMORY_TABLES: Final = ("memory_entries", "memory_changes_applied", "memory_session_owners")
-#: Who owns each session memory changes name: a change from another profile is a profile_mismatch dead letter.
-OWNERS_SCHEMA: Final = owners_schema("memory_session_owners")
+DELETIONS_TABLE: Final = "memory_profile_deletions"
+MEMORY_TABLES: Final = ("memory_entries", "memory_changes_applied", "memory_session_owners", DELETIONS_TABLE)
+#: Who owns each session memory changes name: a change from another profile is a profile_mismatch dead letter;
+#: and which profiles are deleted.
+OWNERS_SCHEMA: Final = owners_schema("memory_session_owners") + tombstones_schema(DELETIONS_TABLE)
 _APPLIED: Final = "SELECT true FROM memory_changes_applied WHERE event_id = $1"
 
 
 class MemoryProjection:
     position_table = "projection_positions"
-    filter_subjects = ("cos.events.*.*.memory_changed", SESSIONS_CREATED_FILTER)
+    filter_subjects = (
+        "cos.events.*.*.memory_changed",
+        SESSIONS_CREATED_FILTER,
+        PROFILES_DELETED_FILTER,
+        PROFILES_UPSERTED_FILTER,
+    )
     partitioned = False
     tables = MEMORY_TABLES
 
     def __init__(self, name: str = "memory-writer") -> None:
         self.name = name
         self.owners = SessionOwners("memory_session_owners")
+        self.deletions = ProfileTombstones(DELETIONS_TABLE)
 
     def check(self, event: Event) -> None:
-        return None
+        check_profile_event(event)
 
     async def apply(self, conn: Conn, events: Sequence[Event]) -> None:
+        # A deleted profile's memory changes are refused; its sessions are not recorded as anyone's.
+        events = await self.deletions.screen(conn, events, refuse=(MemoryChanged,), skip=(SessionCreated,))
         await self.owners.check(conn, [e for e in events if isinstance(e, (MemoryChanged, SessionCreated))])
         for event in events:
+            if isinstance(event, ProfileDeleted):
+                for statement in profile_deleted_rows(event.profile_id):
+                    await conn.execute(statement.sql, *statement.args)
+                continue
             statements = memory_rows(event)
             if not statements:
                 continue

@@ -4,7 +4,8 @@ A batch of events becomes one `Plan`: for each statement, the argument tuples in
 The store runs the statements in a fixed parent-before-child order (`STATEMENTS`), which keeps
 every dependency of one session's events, because an event only ever depends on earlier events of
 kinds that come before it in that order (a session before its turns, a turn before its messages
-and tool calls, a message before its deactivation, a turn's start before its finish).
+and tool calls, a message before its deactivation, a turn's start before its finish). A profile's
+deletion comes last, and ends its plan: a batch holding one is planned in segments (`plan_segments`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from commonos.proto import events as ev
 from commonos.proto.identity import stored_title, title_from_text
 from commonos.proto.messages import UserMessage
 from commonos.proto.text import escape_nul, escape_nul_in_json
+from commonos.runtime.tombstones import check_profile_event
 
 _content_encoder: Final = msgspec.json.Encoder()
 
@@ -71,6 +73,10 @@ STATEMENTS: Final[dict[str, str]] = {
     "turn_finish": """
         UPDATE turns SET status = $2, error = $3, finished_at = $4
         WHERE id = $1 AND finished_at IS NULL""",
+    # Last: a plan ends at a profile's deletion (`plan_segments`), so the rows of the events before it are
+    # written first. ON DELETE CASCADE takes its sessions, turns, messages, tool calls and approvals along.
+    "profile_delete": """
+        DELETE FROM profiles WHERE id = $1""",
 }
 
 
@@ -193,7 +199,8 @@ PROFILE_ENSURE: Final = """
 
 
 def profiles_mentioned(events: Sequence[ev.Event]) -> list[tuple[str, datetime]]:
-    """Each profile a batch's sessions belong to, with its earliest mention, sorted by id.
+    """Each profile a batch's sessions belong to, with its earliest mention since the profile's last
+    deletion in the batch, sorted by id.
 
     Sessions reference their profile, which may not have been upserted yet (or is upserted by
     another partition's writer), so the batch creates it if missing (`profile_exists`, which takes no
@@ -203,7 +210,9 @@ def profiles_mentioned(events: Sequence[ev.Event]) -> list[tuple[str, datetime]]
     """
     first: dict[str, datetime] = {}
     for event in events:
-        if isinstance(event, ev.SessionCreated):
+        if isinstance(event, ev.ProfileDeleted):
+            first.pop(event.profile_id, None)  # a re-created profile starts afresh
+        elif isinstance(event, ev.SessionCreated):
             seen = first.get(event.profile_id)
             if seen is None or event.occurred_at < seen:
                 first[event.profile_id] = event.occurred_at
@@ -215,6 +224,17 @@ def plan_events(events: Sequence[ev.Event]) -> Plan:
     for event in events:
         plan_event(plan, event)
     return plan
+
+
+def plan_segments(events: Sequence[ev.Event]) -> list[Plan]:
+    """The plans of a batch, one ending at each `profile_deleted` (its `profile_delete` runs last), so that
+    the rows of the events before a deletion are written before it and those after it after it."""
+    plans = [Plan()]
+    for event in events:
+        plan_event(plans[-1], event)
+        if isinstance(event, ev.ProfileDeleted):
+            plans.append(Plan())
+    return plans
 
 
 # PostgreSQL's text and jsonb cannot hold U+0000, which a tool's output or a model's arguments may
@@ -244,6 +264,11 @@ def check_event(event: ev.Event) -> None:
             raise InvariantViolation("a finished turn cannot have status 'running'")
         case ev.MessageDeactivated() if not event.message_ids:
             raise InvariantViolation("message_deactivated names no message")
+        case ev.ProfileDeleted():
+            try:
+                check_profile_event(event)
+            except ValueError as exc:
+                raise InvariantViolation(str(exc)) from None
         case _:
             pass
 
@@ -257,6 +282,8 @@ def plan_event(plan: Plan, event: ev.Event) -> None:
     match event:
         case ev.ProfileUpserted():
             plan.add("profile_upsert", (event.profile_id, list(event.tags), event.occurred_at))
+        case ev.ProfileDeleted():
+            plan.add("profile_delete", (event.profile_id,))
         case ev.SessionCreated():
             plan.add("profile_exists", (event.profile_id, event.occurred_at))
             title = _text(stored_title(event.title)) if event.title else None

@@ -1,13 +1,19 @@
 """Core tables of the specification (seed 003), applied on every start, `IF NOT EXISTS`.
 
 Every row carries `profile_id`; deleting a profile deletes its sessions, turns, messages, tool calls
-and approvals. `approvals.tool_call_id` has no foreign key: a decision is published before the tool
-runs, so the approval may be projected before its tool call. Parent links (`parent_session_id`,
+and approvals (a `profile_deleted` event deletes its row; `profile_deletions` remembers it).
+`approvals.tool_call_id` has no foreign key: a decision is published before the tool runs, so the
+approval may be projected before its tool call. Parent links (`parent_session_id`,
 `parent_turn_id`) carry no foreign key either: writers partition the stream by session, so a child
 session may be projected by another writer before its parent; the profile cascade still removes both.
 """
 
 from typing import Final
+
+from commonos.runtime.tombstones import tombstones_schema
+
+#: The core's record of deleted profiles (`commonos.runtime.tombstones`).
+DELETIONS_TABLE: Final = "profile_deletions"
 
 SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS profiles (
@@ -100,7 +106,7 @@ CREATE TABLE IF NOT EXISTS projection_positions (
     stream_seq bigint NOT NULL,
     updated_at timestamptz NOT NULL DEFAULT now()
 );
-"""
+""" + tombstones_schema(DELETIONS_TABLE)
 
 #: Core tables, parents first (for truncation and checksums).
 CORE_TABLES: Final = ("profiles", "sessions", "turns", "messages", "tool_calls", "approvals")

@@ -15,25 +15,32 @@ from commonos.journal_writer.projection import (
     PROFILE_ENSURE,
     SESSION_EVENTS,
     STATEMENTS,
+    Plan,
     check_event,
     columns,
-    plan_events,
+    plan_segments,
     profiles_mentioned,
 )
-from commonos.journal_writer.schema import CORE_TABLES
-from commonos.proto.events import Event, SessionCreated, event_type
+from commonos.journal_writer.schema import CORE_TABLES, DELETIONS_TABLE
+from commonos.proto.events import Event, ProfileDeleted, SessionCreated, event_type
 from commonos.runtime.errors import EventRejected
 from commonos.runtime.postgres import Conn
+from commonos.runtime.tombstones import ProfileTombstones
 
 #: Session owners remembered between batches (the rest are looked up in `sessions`).
 _MAX_OWNERS: Final = 200_000
 
 
 class JournalProjection:
-    """The core projection: events -> profiles, sessions, turns, messages, tool_calls, approvals."""
+    """The core projection: events -> profiles, sessions, turns, messages, tool_calls, approvals.
+
+    A profile's deletion deletes its row (and by cascade everything of it) at its place in the stream and
+    is remembered in `profile_deletions` (`commonos.runtime.tombstones`): the profile's session events after
+    it are `profile_deleted` dead letters until a `profile_upserted` re-creates the profile.
+    """
 
     position_table = "projection_positions"
-    tables = CORE_TABLES
+    tables = (*CORE_TABLES, DELETIONS_TABLE)
 
     def __init__(self, name: str = "journal-writer") -> None:
         self.name = name
@@ -42,9 +49,15 @@ class JournalProjection:
         #: Who owns a session (the profile that created it): committed, and staged by the batch in flight.
         self._owners: OrderedDict[uuid.UUID, str] = OrderedDict()
         self._staged: dict[uuid.UUID, str] = {}
+        self.deletions = ProfileTombstones(DELETIONS_TABLE)
+        #: Profiles the batch in flight deleted: their sessions leave the owners cache once it commits.
+        self._deleted: set[str] = set()
 
     async def after_commit(self, conn: Conn, events: Sequence[Event]) -> None:
         """Bring each profile's created_at to its earliest mention, when a batch mentions it earlier."""
+        for event in events:
+            if isinstance(event, ProfileDeleted):
+                self._ensured.pop(event.profile_id, None)  # a re-created profile's row is a new row
         earlier = [(p, t) for p, t in profiles_mentioned(events) if p not in self._ensured or t < self._ensured[p]]
         if earlier:
             await conn.executemany(PROFILE_ENSURE, earlier)
@@ -57,11 +70,16 @@ class JournalProjection:
         """The owners of the sessions created by the batch that just committed are now facts."""
         self._owners.update(self._staged)
         self._staged.clear()
+        if self._deleted:
+            for session in [s for s, p in self._owners.items() if p in self._deleted]:
+                del self._owners[session]  # deleted with their profile
+            self._deleted.clear()
         while len(self._owners) > _MAX_OWNERS:
             self._owners.popitem(last=False)
 
     def rolled_back(self) -> None:
         self._staged.clear()
+        self._deleted.clear()
 
     async def check_owners(self, conn: Conn, events: Sequence[Event]) -> None:
         """Every core event must come from the profile that created its session (`profile_mismatch`)."""
@@ -89,20 +107,27 @@ class JournalProjection:
 
     async def apply(self, conn: Conn, events: Sequence[Event]) -> None:
         self._staged.clear()
+        events = await self.deletions.screen(conn, events, refuse=SESSION_EVENTS)
         await self.check_owners(conn, events)
-        plan = plan_events(events)
-        for statement, sql in STATEMENTS.items():
-            rows = plan.rows[statement]
-            if not rows:
-                continue
-            if statement in CHECKED:
-                await _checked(conn, statement, rows)
-                continue
-            bulk = BULK.get(statement)
-            if bulk is not None and len(rows) >= BULK_MIN_ROWS:
-                await conn.execute(bulk, *columns(statement, rows))
-            else:
-                await conn.executemany(sql, rows)
+        for plan in plan_segments(events):
+            await _run(conn, plan)
+        self._deleted.update(e.profile_id for e in events if isinstance(e, ProfileDeleted))
+
+
+async def _run(conn: Conn, plan: Plan) -> None:
+    """The statements of one plan, in their fixed order."""
+    for statement, sql in STATEMENTS.items():
+        rows = plan.rows[statement]
+        if not rows:
+            continue
+        if statement in CHECKED:
+            await _checked(conn, statement, rows)
+            continue
+        bulk = BULK.get(statement)
+        if bulk is not None and len(rows) >= BULK_MIN_ROWS:
+            await conn.execute(bulk, *columns(statement, rows))
+        else:
+            await conn.executemany(sql, rows)
 
 
 async def _checked(conn: Conn, statement: str, rows: list[tuple[Any, ...]]) -> None:

@@ -74,6 +74,16 @@ WHERE profile_id = $2 AND target = $3 AND position > $4
 _MARK: Final = """
 INSERT INTO memory_changes_applied (event_id, profile_id) VALUES ($1, $2) ON CONFLICT (event_id) DO NOTHING
 """
+#: A profile's deletion: its entries, and the record of the changes applied to them.
+_DELETE_PROFILE: Final = (
+    "DELETE FROM memory_entries WHERE profile_id = $1",
+    "DELETE FROM memory_changes_applied WHERE profile_id = $1",
+)
+
+
+def profile_deleted_rows(profile_id: str) -> list[Statement]:
+    """The statements that delete a profile's memory (`profile_deleted`), in order."""
+    return [Statement(sql, (profile_id,)) for sql in _DELETE_PROFILE]
 
 
 def memory_rows(event: Event) -> list[Statement]:

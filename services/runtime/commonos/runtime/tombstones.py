@@ -1,0 +1,148 @@
+"""Deleted profiles, as each projection remembers them: `profile_deleted`, and a `profile_upserted` after it.
+
+Deleting a profile deletes its rows, and the deletion must stick: an event of the profile that arrives
+after it (a loop that did not know yet, an old event sent again) must not bring a row back. So every
+projection that keeps rows of profiles also keeps a table of deletions (`tombstones_schema`), of its
+own, as it keeps its own session owners (`commonos.runtime.owners`), and decides in stream order, inside
+the batch's transaction: a replay of the stream decides exactly as the live consumer did.
+
+* `profile_deleted` records the deletion (who, when, the event) and the projection drops the profile's
+  rows at that point of the stream. A profile the projection holds nothing of is recorded all the
+  same (a deletion is about the profile id: what arrives later must be refused). A deletion of a
+  profile whose deletion holds already changes nothing (the first one stands), nor does the same
+  deletion event seen again.
+* While a deletion holds, the projection's own events of the profile are refused (`profile_deleted`
+  dead letters); events it only reads for bookkeeping (a plugin's `session_created`) are left out.
+* A `profile_upserted` after the deletion re-creates the profile, afresh: the deletion no longer holds
+  (its record keeps `recreated_at`), events from then on are applied, and nothing from before the
+  deletion comes back unless it is published again.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import TYPE_CHECKING, Final
+
+from commonos.proto.events import NO_SESSION, Event, ProfileDeleted, ProfileUpserted, event_type
+from commonos.proto.text import escape_nul
+from commonos.runtime.errors import EventRejected
+
+if TYPE_CHECKING:
+    from commonos.runtime.postgres import Conn
+
+#: The dead letter's reason for an event of a deleted profile.
+PROFILE_DELETED: Final = "profile_deleted"
+
+
+def tombstones_schema(table: str) -> str:
+    return f"""
+CREATE TABLE IF NOT EXISTS {table} (
+    profile_id   text PRIMARY KEY,
+    deleted_at   timestamptz NOT NULL,
+    deleted_by   text NOT NULL,
+    event_id     uuid NOT NULL,
+    -- when a profile_upserted re-created the profile after the deletion; NULL while the deletion holds
+    recreated_at timestamptz
+);
+"""
+
+
+def check_profile_event(event: Event) -> None:
+    """Raise ValueError (an `invariant` dead letter) for a `profile_deleted` about a session."""
+    if isinstance(event, ProfileDeleted) and event.session_id != NO_SESSION:
+        raise ValueError(f"profile_deleted belongs to no session: its session id must be {NO_SESSION}")
+
+
+@dataclass(frozen=True)
+class Tombstone:
+    profile_id: str
+    deleted_at: datetime
+    #: As stored (escaped: `commonos.proto.text`).
+    deleted_by: str
+    event_id: uuid.UUID
+    recreated_at: datetime | None = None
+
+    @property
+    def holds(self) -> bool:
+        """The deletion is in force: the profile was not re-created since."""
+        return self.recreated_at is None
+
+
+def refusal(event: Event, tombstone: Tombstone) -> EventRejected:
+    return EventRejected(
+        f"{event_type(event)} of profile {event.profile_id!r}: the profile was deleted at "
+        f"{tombstone.deleted_at.isoformat()} by {tombstone.deleted_by}",
+        reason=PROFILE_DELETED,
+    )
+
+
+class ProfileTombstones:
+    """The deletions table `table` (see `tombstones_schema`) and the screening of a batch against it."""
+
+    def __init__(self, table: str) -> None:
+        self.table = table
+        self._select = (
+            f"SELECT profile_id, deleted_at, deleted_by, event_id, recreated_at FROM {table} "
+            "WHERE profile_id = ANY($1::text[])"
+        )
+        self._upsert = (
+            f"INSERT INTO {table} (profile_id, deleted_at, deleted_by, event_id, recreated_at) "
+            "VALUES ($1, $2, $3, $4, $5) ON CONFLICT (profile_id) DO UPDATE SET deleted_at = EXCLUDED.deleted_at, "
+            "deleted_by = EXCLUDED.deleted_by, event_id = EXCLUDED.event_id, recreated_at = EXCLUDED.recreated_at"
+        )
+
+    async def screen(
+        self,
+        conn: Conn,
+        events: Sequence[Event],
+        *,
+        refuse: tuple[type[Event], ...],
+        skip: tuple[type[Event], ...] = (),
+    ) -> list[Event]:
+        """The events of a batch to apply, in stream order, with the batch's deletions and re-creations recorded.
+
+        Raises a `profile_deleted` EventRejected for the first event of a `refuse` type whose profile's
+        deletion holds (the consumer then applies the batch one event at a time to find each). Leaves out
+        the events of a `skip` type of such a profile, and every `profile_deleted` that changes nothing;
+        each `profile_deleted` kept is one the projection must apply (drop the profile's rows) at its place.
+        """
+        watched = (ProfileDeleted, ProfileUpserted, *refuse, *skip)
+        profiles = sorted({e.profile_id for e in events if isinstance(e, watched)})
+        if not profiles:
+            return list(events)
+        rows = await conn.fetch(self._select, profiles)
+        state: dict[str, Tombstone] = {
+            r["profile_id"]: Tombstone(
+                r["profile_id"], r["deleted_at"], r["deleted_by"], r["event_id"], r["recreated_at"]
+            )
+            for r in rows
+        }
+        changed: dict[str, Tombstone] = {}
+        kept: list[Event] = []
+        for event in events:
+            profile = event.profile_id
+            tombstone = state.get(profile)
+            if isinstance(event, ProfileDeleted):
+                if tombstone is not None and (tombstone.holds or tombstone.event_id == event.event_id):
+                    continue  # deleted already (the first deletion stands), or this very deletion again
+                state[profile] = changed[profile] = Tombstone(
+                    profile, event.occurred_at, escape_nul(event.deleted_by), event.event_id
+                )
+            elif isinstance(event, ProfileUpserted):
+                if tombstone is not None and tombstone.holds:
+                    state[profile] = changed[profile] = replace(tombstone, recreated_at=event.occurred_at)
+            elif tombstone is not None and tombstone.holds:
+                if isinstance(event, refuse):
+                    raise refusal(event, tombstone)
+                if isinstance(event, skip):
+                    continue
+            kept.append(event)
+        if changed:
+            await conn.executemany(
+                self._upsert,
+                [(t.profile_id, t.deleted_at, t.deleted_by, t.event_id, t.recreated_at) for t in changed.values()],
+            )
+        return kept
