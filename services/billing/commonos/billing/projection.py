@@ -40,10 +40,12 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from commonos.billing.pricing import Pricer
+from commonos.billing.schema import DELETIONS_TABLE
 from commonos.billing.usage import TokenUsage
 from commonos.proto.events import Event, ModelCallCompleted, SessionCreated
 from commonos.proto.text import escape_nul
 from commonos.runtime.owners import SessionOwners
+from commonos.runtime.tombstones import ProfileTombstones, check_profile_event
 
 if TYPE_CHECKING:
     from commonos.billing.budgets import BudgetStep, BudgetTracker
@@ -292,6 +294,8 @@ class BillingProjection:
         self._staged = _Staged()
         #: A model call is billed only to the profile that owns its session.
         self.owners = SessionOwners("billing_session_owners")
+        #: And never to a deleted profile (what it was billed before its deletion stays).
+        self.deletions = ProfileTombstones(DELETIONS_TABLE)
         #: Rows of the events ``check`` accepted, by the event's identity, until their batch commits.
         self._checked: dict[int, tuple[ModelCallCompleted, ModelCallRow]] = {}
 
@@ -319,6 +323,7 @@ class BillingProjection:
         return row
 
     def check(self, event: Event) -> None:
+        check_profile_event(event)
         if isinstance(event, ModelCallCompleted):
             self._checked[id(event)] = (event, self.bill(event))
 
@@ -330,6 +335,8 @@ class BillingProjection:
         return self.bill(event)  # not checked first: price it now (its data errors then stop the batch)
 
     async def apply(self, conn: Conn, events: Sequence[Event]) -> None:
+        # A deleted profile's model calls are refused (profile_deleted); its sessions are not recorded as anyone's.
+        events = await self.deletions.screen(conn, events, refuse=(ModelCallCompleted,), skip=(SessionCreated,))
         await self.owners.check(conn, [e for e in events if isinstance(e, (ModelCallCompleted, SessionCreated))])
         rows = [self.row_for(e) for e in events if isinstance(e, ModelCallCompleted)]
         if not rows:

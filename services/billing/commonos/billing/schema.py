@@ -12,6 +12,7 @@ The core never reads these tables, and billing reads no core table.
 from typing import Final
 
 from commonos.runtime.owners import owners_schema
+from commonos.runtime.tombstones import tombstones_schema
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS model_calls (
@@ -105,6 +106,11 @@ CREATE TABLE IF NOT EXISTS billing_reprices (
 # Who owns each session billing has seen (its session_created, or the first model call naming it): a model
 # call of another profile is a profile_mismatch dead letter, never billed to the owner's session.
 SCHEMA += owners_schema("billing_session_owners")
+
+#: The profiles deleted (`commonos.runtime.tombstones`): a deleted profile's model calls are refused, while
+#: what it was billed before stays in `model_calls`, an accounting record.
+DELETIONS_TABLE: Final = "billing_profile_deletions"
+SCHEMA += tombstones_schema(DELETIONS_TABLE)
 
 #: Tables of this plugin, for tests and tools.
 BILLING_TABLES: Final = (

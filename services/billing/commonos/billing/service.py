@@ -30,7 +30,13 @@ from commonos.billing.projection import BillingProjection
 from commonos.billing.schema import SCHEMA
 from commonos.journal_writer.service import partition_suffix
 from commonos.proto.cloudevents import CONTENT_TYPE, MSG_ID, SPECVERSION
-from commonos.proto.subjects import ALERTS_BUDGET, MODEL_CALLS_FILTER, SESSIONS_CREATED_FILTER
+from commonos.proto.subjects import (
+    ALERTS_BUDGET,
+    MODEL_CALLS_FILTER,
+    PROFILES_DELETED_FILTER,
+    PROFILES_UPSERTED_FILTER,
+    SESSIONS_CREATED_FILTER,
+)
 from commonos.runtime import nats as cos_nats
 from commonos.runtime.consumer import BatchConsumer, ConsumerOptions
 from commonos.runtime.http import Health
@@ -51,6 +57,13 @@ ALERT_SOURCE: Final = "urn:commonos:billing"
 ALERTS_DUPLICATE_WINDOW_S: Final = 24 * 3600.0
 
 _alert_encoder: Final = msgspec.json.Encoder(decimal_format="string")
+#: What billing reads: model calls, and who owns sessions and which profiles are deleted (or re-created).
+BILLING_FILTERS: Final = (
+    MODEL_CALLS_FILTER,
+    SESSIONS_CREATED_FILTER,
+    PROFILES_DELETED_FILTER,
+    PROFILES_UPSERTED_FILTER,
+)
 
 
 def billing_schemas() -> list[str]:
@@ -187,7 +200,7 @@ async def serve(
             options = ConsumerOptions(
                 batch_size=settings.batch_size,
                 batch_timeout_s=settings.batch_timeout_s,
-                filter_subjects=(MODEL_CALLS_FILTER, SESSIONS_CREATED_FILTER),
+                filter_subjects=BILLING_FILTERS,
                 partitions=settings.partitions,
                 partition=settings.partition or 0,
             )
