@@ -90,6 +90,10 @@ async def read_events(
             delay = min(delay * 2, 1.0)
 
 
+#: How long a session reader's consumer outlives its last fetch before the server removes it.
+READER_IDLE_S = 5.0
+
+
 async def _read_once(js: JetStreamContext, filter_subject: str, batch: int, fetch_timeout_s: float) -> list[Event]:
     name = f"cos_loop_read_{new_id().hex}"
     config = ConsumerConfig(
@@ -98,32 +102,30 @@ async def _read_once(js: JetStreamContext, filter_subject: str, batch: int, fetc
         ack_policy=AckPolicy.NONE,
         replay_policy=ReplayPolicy.INSTANT,
         filter_subject=filter_subject,
-        inactive_threshold=30.0,
+        # The server removes it once it is idle: deleting it ourselves would need the right to delete
+        # consumers, which would let the loop delete anyone's (deploy/nats/auth.conf grants it to no service).
+        inactive_threshold=READER_IDLE_S,
         mem_storage=True,
         num_replicas=1,
     )
     info = await js.add_consumer(EVENTS_STREAM, config)
-    try:
-        events: list[Event] = []
-        remaining = info.num_pending
-        if not remaining:
-            return events
-        sub = await js.pull_subscribe_bind(name, stream=EVENTS_STREAM)
-        try:
-            while remaining > 0:
-                for msg in await sub.fetch(min(batch, remaining), timeout=fetch_timeout_s):
-                    remaining = msg.metadata.num_pending
-                    try:
-                        events.append(decode_event(msg.data))
-                    except EventDecodeError as exc:
-                        log.warning("skipping a payload on %s that is not an event: %s", msg.subject, exc)
-        finally:
-            with contextlib.suppress(nats.errors.Error):
-                await sub.unsubscribe()
+    events: list[Event] = []
+    remaining = info.num_pending
+    if not remaining:
         return events
+    sub = await js.pull_subscribe_bind(name, stream=EVENTS_STREAM)
+    try:
+        while remaining > 0:
+            for msg in await sub.fetch(min(batch, remaining), timeout=fetch_timeout_s):
+                remaining = msg.metadata.num_pending
+                try:
+                    events.append(decode_event(msg.data))
+                except EventDecodeError as exc:
+                    log.warning("skipping a payload on %s that is not an event: %s", msg.subject, exc)
     finally:
-        with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
-            await js.delete_consumer(EVENTS_STREAM, name)
+        with contextlib.suppress(nats.errors.Error):
+            await sub.unsubscribe()
+    return events
 
 
 class NatsJournal(EventJournal):
