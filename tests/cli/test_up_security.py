@@ -507,3 +507,14 @@ def test_psql_and_python3_exist_for_the_other_user() -> None:
     assert Path(SYSTEM_PYTHON).exists()
     assert (postgres_bindir() / "psql").exists()
     assert shutil.which("ls")
+
+
+def test_cos_security_check_reads_the_identities_of_cos_up(cos_up: RunningUp) -> None:
+    """With nothing configured, `cos security check` beside a `cos up` checks every user it generated."""
+    done = cos(cos_up.data, "security", "check", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    results = json.loads(done.stdout)
+    assert set(results) == {"loop", "journal-writer", "billing", "subscriber", "admin"}
+    assert all(results["admin"].values())
+    assert results["loop"]["publish an event"] and not results["subscriber"]["publish an event"]
+    assert not results["loop"]["change COS_EVENTS (STREAM.UPDATE)"]

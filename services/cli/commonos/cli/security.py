@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from commonos.cli.args import CliError
+from commonos.runtime.settings import Settings
 
 #: The identities of deploy/nats/auth.conf and the environment variables holding their passwords.
 IDENTITIES: Final = {
@@ -150,7 +151,10 @@ def matrix_markdown(results: dict[str, dict[str, Verdict]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _identities(args: argparse.Namespace) -> dict[str, str]:
+def _identities(args: argparse.Namespace, settings: Settings) -> dict[str, str]:
+    """--identity USER=PASSWORD; else auth.conf's password variables; else the secrets `cos up` keeps."""
+    from commonos.cli.system import secret_path
+
     chosen: dict[str, str] = {}
     for item in args.identity or []:
         user, sep, password = item.partition("=")
@@ -160,23 +164,37 @@ def _identities(args: argparse.Namespace) -> dict[str, str]:
     if not chosen:
         chosen = {user: os.environ[var] for user, var in IDENTITIES.items() if os.environ.get(var)}
     if not chosen:
+        for user in IDENTITIES:
+            path = secret_path(settings, f"nats-{user}")
+            if path.is_file():
+                chosen[user] = path.read_text(encoding="utf-8").strip()
+    if not chosen:
         raise CliError(
-            "no identity to check: pass --identity USER=PASSWORD, or set the variables auth.conf reads "
-            f"({', '.join(IDENTITIES.values())})"
+            "no identity to check: pass --identity USER=PASSWORD, set the variables auth.conf reads "
+            f"({', '.join(IDENTITIES.values())}), or run it beside a `cos up` (COS_DATA_DIR)"
         )
     return chosen
 
 
-def _check(args: argparse.Namespace) -> int:
-    from commonos.runtime.settings import Settings
+def _server(settings: Settings) -> str:
+    """COS_NATS_URL, else the `cos up` system's, without any login in it (each identity logs in itself)."""
+    from urllib.parse import urlsplit, urlunsplit
 
+    from commonos.cli.system import endpoints
+
+    url = settings.nats_url or endpoints(settings).nats_url
+    parts = [urlsplit(u.strip()) for u in url.split(",")]
+    return ",".join(urlunsplit(p._replace(netloc=p.netloc.rpartition("@")[2])) for p in parts)
+
+
+def _check(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
-    url = settings.nats_url
-    if not url:
-        raise CliError("COS_NATS_URL is not set: name the NATS server to check")
+    url = _server(settings)
+
+    identities = _identities(args, settings)
 
     async def run() -> dict[str, dict[str, Verdict]]:
-        return {user: await probe_identity(url, user, pw) for user, pw in _identities(args).items()}
+        return {user: await probe_identity(url, user, pw) for user, pw in identities.items()}
 
     results = asyncio.run(run())
     if args.format == "json":
@@ -200,7 +218,7 @@ def register(sub: Any) -> None:
         action="append",
         metavar="USER=PASSWORD",
         help="an identity to check (repeatable); default: the users of deploy/nats/auth.conf whose password "
-        "variable (NATS_LOOP_PASSWORD, ...) is set",
+        "variable (NATS_LOOP_PASSWORD, ...) is set, else those of the `cos up` in COS_DATA_DIR",
     )
     check.add_argument("--format", choices=("table", "json"), default="table")
     check.set_defaults(handler=_check)
