@@ -14,20 +14,9 @@ from commonos.importer.cut import CUTTABLE, is_cut
 from commonos.importer.publish import message_size, part_budget
 from commonos.journal_writer.graph_projection import GraphProjection, graph_of
 from commonos.proto.events import TranscriptImported
-from commonos.proto.graph import Graph, validate
+from commonos.proto.graph import GRAPH_LISTS, Graph, validate
 
-LISTS = (
-    "sessions",
-    "attributes",
-    "user_inputs",
-    "model_invocations",
-    "assistant_messages",
-    "tool_uses",
-    "tool_results",
-    "file_touches",
-    "token_usage",
-    "vendor_ids",
-)
+LISTS = GRAPH_LISTS
 
 
 def row_key(name: str, row: Any) -> str:

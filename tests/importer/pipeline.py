@@ -24,29 +24,12 @@ import asyncpg
 import nats
 
 from commonos.journal_writer.graph_schema import GRAPH_TABLES
-from commonos.proto.graph import Graph
+from commonos.proto.graph import GRAPH_LISTS, Graph
 from tests.billing.support import billing
 from tests.importer.test_store import caught_up, graph_writer
 
 #: Each graph table and the Graph list that fills it.
-TABLE_LISTS = dict(
-    zip(
-        GRAPH_TABLES,
-        (
-            "sessions",
-            "attributes",
-            "user_inputs",
-            "model_invocations",
-            "assistant_messages",
-            "tool_uses",
-            "tool_results",
-            "file_touches",
-            "token_usage",
-            "vendor_ids",
-        ),
-        strict=True,
-    )
-)
+TABLE_LISTS = dict(zip(GRAPH_TABLES, GRAPH_LISTS, strict=True))
 TOKEN_KINDS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
 
 

@@ -17,25 +17,14 @@ import pytest
 from commonos.importer.claude import read_claude_file
 from commonos.journal_writer.graph_projection import GraphEventInvalid, GraphProjection
 from commonos.proto.events import TranscriptImported
-from commonos.proto.graph import Graph, GraphInvalid, ToolStatus, ToolVerb, encode_graph, validate
+from commonos.proto.graph import GRAPH_LISTS, Graph, GraphInvalid, ToolStatus, ToolVerb, encode_graph, validate
 from commonos.proto.subjects import DLQ_STREAM
 from commonos.runtime.dlq import REASON
 from tests.importer.test_store import caught_up, graph_writer, snapshot
 from tests.importer.transcripts import long_claude_session
 from tests.support import publish_all
 
-LISTS = (
-    "sessions",
-    "attributes",
-    "user_inputs",
-    "model_invocations",
-    "assistant_messages",
-    "tool_uses",
-    "tool_results",
-    "file_touches",
-    "token_usage",
-    "vendor_ids",
-)
+LISTS = GRAPH_LISTS
 
 
 @pytest.fixture

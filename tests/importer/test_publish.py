@@ -27,7 +27,7 @@ from commonos.importer.publish import (
 )
 from commonos.journal_writer.graph_projection import GraphEventInvalid, GraphProjection, graph_of, graph_rows
 from commonos.proto.events import ModelCallCompleted, TranscriptImported, decode_event, encode_event
-from commonos.proto.graph import Graph, GraphInvalid, ModelInvocation, decode_graph, encode_graph, validate
+from commonos.proto.graph import GRAPH_LISTS, Graph, GraphInvalid, ModelInvocation, decode_graph, encode_graph, validate
 from commonos.proto.subjects import parse_subject, subject_for
 from commonos.proto.tags import parse_tags
 from commonos.proto.text import unescape_nul, unescape_nul_json
@@ -41,18 +41,7 @@ from tests.importer.transcripts import (
     small_claude_home,
 )
 
-_LISTS = (
-    "sessions",
-    "attributes",
-    "user_inputs",
-    "model_invocations",
-    "assistant_messages",
-    "tool_uses",
-    "tool_results",
-    "file_touches",
-    "token_usage",
-    "vendor_ids",
-)
+_LISTS = GRAPH_LISTS
 
 
 def _row_ids(graphs: Iterable[Graph]) -> dict[str, set[bytes]]:

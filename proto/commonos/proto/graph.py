@@ -20,7 +20,7 @@ import hashlib
 import uuid
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 
@@ -423,6 +423,10 @@ class _WireGraph(msgspec.Struct, kw_only=True):
 
 _graph_encoder = msgspec.json.Encoder()
 _graph_decoder = msgspec.json.Decoder(_WireGraph)
+
+
+#: The graph's lists, in insertion order (parents first): the fields of `Graph`.
+GRAPH_LISTS: Final[tuple[str, ...]] = tuple(Graph.__struct_fields__)
 
 
 def encode_graph(graph: Graph) -> bytes:

@@ -47,11 +47,10 @@ from commonos.importer.discover import (
     claude_session_files,
     is_claude_agent_file,
 )
-from commonos.importer.lines import NotRegularFile, Warn, iter_lines, log_warning, open_regular
+from commonos.importer.lines import Warn, json_object_lines, log_warning
 from commonos.importer.model import (
     VENDOR_CLAUDE_CODE,
     ImportedSession,
-    TranscriptError,
     shape_errors_as_transcript_errors,
 )
 from commonos.proto.graph import (
@@ -147,26 +146,8 @@ def _decode_lines(path: Path, warn: Warn) -> list[_Line]:
     a device: `warn` is told); one that cannot be read is a `TranscriptError`. A line over
     `MAX_LINE_BYTES` is skipped and `warn` told where it is.
     """
-    lines: list[_Line] = []
-    try:
-        with open_regular(path) as handle:
-            for number, raw in iter_lines(handle, path, warn):
-                if not raw.strip():
-                    continue
-                try:
-                    decoded = msgspec.json.decode(raw)
-                except msgspec.DecodeError:
-                    continue
-                if isinstance(decoded, dict):
-                    lines.append(_Line(decoded, f"{path.name}:{number}"))
-    except FileNotFoundError:
-        return lines
-    except NotRegularFile as exc:
-        warn(exc.warning())
-        return []
-    except OSError as exc:
-        raise TranscriptError(path, str(exc.strerror or exc)) from None
-    return lines
+    records, _ = json_object_lines(path, warn)
+    return [_Line(record, where) for record, where in records]
 
 
 def _message(record: dict[str, Any]) -> dict[str, Any]:

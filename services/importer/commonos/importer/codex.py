@@ -29,8 +29,8 @@ import msgspec
 
 from commonos.importer.builder import GraphBuilder, is_count, parse_time, raw_json, short_title
 from commonos.importer.discover import codex_rollout_files
-from commonos.importer.lines import NotRegularFile, Warn, iter_lines, log_warning, open_regular
-from commonos.importer.model import VENDOR_CODEX, ImportedSession, TranscriptError, shape_errors_as_transcript_errors
+from commonos.importer.lines import Warn, json_object_lines, log_warning
+from commonos.importer.model import VENDOR_CODEX, ImportedSession, shape_errors_as_transcript_errors
 from commonos.proto.graph import (
     AssistantMessage,
     EntityType,
@@ -405,35 +405,9 @@ def _session_id_from_name(path: Path) -> str:
     return match.group(1) if match else path.stem
 
 
-def _read_records(path: Path, warn: Warn) -> tuple[list[tuple[dict[str, Any], str]], int]:
-    """Every JSON object line of a rollout with its reference, and the bytes read (see `lines`)."""
-    records: list[tuple[dict[str, Any], str]] = []
-    size = 0
-    try:
-        with open_regular(path) as handle:
-            for number, raw in iter_lines(handle, path, warn):
-                if not raw.strip():
-                    continue
-                try:
-                    decoded = msgspec.json.decode(raw)
-                except msgspec.DecodeError:
-                    continue
-                if isinstance(decoded, dict):
-                    records.append((decoded, f"{path.name}:{number}"))
-            size = handle.tell()
-    except FileNotFoundError:
-        return [], 0
-    except NotRegularFile as exc:
-        warn(exc.warning())
-        return [], 0
-    except OSError as exc:
-        raise TranscriptError(path, str(exc.strerror or exc)) from None
-    return records, size
-
-
 def _read_codex_file(path: Path, warn: Warn) -> ImportedSession | None:
     """Read one rollout as one top-level session graph; None when the file holds no records or is gone."""
-    records, source_bytes = _read_records(path, warn)
+    records, source_bytes = json_object_lines(path, warn)
     if not records:
         return None
     meta = next((_payload(r) for r, _ in records if r.get("type") == "session_meta"), {})

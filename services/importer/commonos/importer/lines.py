@@ -19,7 +19,11 @@ import os
 import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import BinaryIO, Final
+from typing import Any, BinaryIO, Final
+
+import msgspec
+
+from commonos.importer.model import TranscriptError
 
 #: The longest transcript line the importer reads (64 MiB); a longer one is skipped with a warning.
 MAX_LINE_BYTES: Final = 64 * 1024 * 1024
@@ -135,3 +139,34 @@ def iter_lines(
         for piece in chunk.splitlines() or [b""]:
             number += 1
             yield number, piece
+
+
+def json_object_lines(path: Path, warn: Warn) -> tuple[list[tuple[dict[str, Any], str]], int]:
+    """Every JSON object line of a transcript with its `file:line` reference, and the bytes read.
+
+    Blank lines, lines that are not JSON (a torn last line of a file still being written) and JSON that
+    is not an object are passed over. A file removed since it was listed has no lines, nor has one that
+    is not a regular file (`warn` is told); one that cannot be read is a `TranscriptError`.
+    """
+    records: list[tuple[dict[str, Any], str]] = []
+    size = 0
+    try:
+        with open_regular(path) as handle:
+            for number, raw in iter_lines(handle, path, warn):
+                if not raw.strip():
+                    continue
+                try:
+                    decoded = msgspec.json.decode(raw)
+                except msgspec.DecodeError:
+                    continue
+                if isinstance(decoded, dict):
+                    records.append((decoded, f"{path.name}:{number}"))
+            size = handle.tell()
+    except FileNotFoundError:
+        return [], 0
+    except NotRegularFile as exc:
+        warn(exc.warning())
+        return [], 0
+    except OSError as exc:
+        raise TranscriptError(path, str(exc.strerror or exc)) from None
+    return records, size

@@ -44,6 +44,7 @@ from commonos.importer.model import VENDOR_CLAUDE_CODE, VENDOR_CODEX, ImportedSe
 from commonos.proto.cloudevents import event_headers
 from commonos.proto.events import Event, ModelCallCompleted, TranscriptImported, encode_event
 from commonos.proto.graph import (
+    GRAPH_LISTS,
     Graph,
     ModelInvocation,
     Session,
@@ -73,19 +74,7 @@ _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _TAG_VALUE_BAD: Final = re.compile(r"[^A-Za-z0-9_.-]+")
 _PROFILE_BAD: Final = re.compile(r"[^a-z0-9_-]+")
 _MAX_TAG_VALUE: Final = 200
-# The graph's lists, in insertion order (parents first).
-_LISTS: Final = (
-    "sessions",
-    "attributes",
-    "user_inputs",
-    "model_invocations",
-    "assistant_messages",
-    "tool_uses",
-    "tool_results",
-    "file_touches",
-    "token_usage",
-    "vendor_ids",
-)
+_LISTS: Final = GRAPH_LISTS
 
 _row_encoder: Final = msgspec.json.Encoder()
 
