@@ -26,6 +26,7 @@ from commonos.loop.journal import (
     SessionRecord,
     ToolCallRecord,
 )
+from commonos.loop.profile_status import ProfileStatus, StoredEvent, fold_profiles
 from commonos.loop.session_state import SessionState, fold_memory, fold_session
 from commonos.proto.cloudevents import event_headers
 from commonos.proto.events import (
@@ -35,6 +36,7 @@ from commonos.proto.events import (
     MessageAppended,
     MessageDeactivated,
     ModelCallCompleted,
+    ProfileDeleted,
     ProfileUpserted,
     SessionCreated,
     ToolCallRecorded,
@@ -88,8 +90,21 @@ class EventJournal(ABC):
         when given (the fold leaves out any other profile's anyway)."""
 
     @abstractmethod
-    async def _read_memory(self, profile_id: str) -> list[Event]:
-        """Every `memory_changed` event of one profile, in the order they were stored."""
+    async def _read_memory(self, profile_id: str, after: int = 0) -> list[Event]:
+        """Every `memory_changed` event of one profile stored after position `after`, in the order stored."""
+
+    @abstractmethod
+    async def _read_profiles(self, profile_id: str | None) -> list[StoredEvent]:
+        """The `profile_upserted` and `profile_deleted` events of one profile (of every profile when None),
+        with their positions: at least the latest of each kind of each profile."""
+
+    @abstractmethod
+    async def has_events(self, profile_id: str) -> bool:
+        """Whether any event of the profile is stored."""
+
+    @abstractmethod
+    async def _session_position(self, session_id: uuid.UUID, profile_id: str) -> int | None:
+        """The position of the profile's (first) `session_created` of the session."""
 
     # -- sizes -------------------------------------------------------------------------------------
 
@@ -171,6 +186,23 @@ class EventJournal(ABC):
     async def publish_profile(self, profile_id: str, tags: Sequence[str]) -> None:
         check_profile_id(profile_id)
         await self._emit(ProfileUpserted(profile_id=profile_id, tags=tuple(parse_tags(tags))))
+
+    async def profile_status(self, profile_id: str) -> ProfileStatus:
+        check_profile_id(profile_id)
+        status = fold_profiles(await self._read_profiles(profile_id)).get(profile_id)
+        return status if status is not None else ProfileStatus(profile_id=profile_id)
+
+    async def profile_statuses(self) -> dict[str, ProfileStatus]:
+        return fold_profiles(await self._read_profiles(None))
+
+    async def delete_profile(self, profile_id: str, deleted_by: str) -> ProfileDeleted:
+        check_profile_id(profile_id)
+        event = ProfileDeleted(profile_id=profile_id, deleted_by=deleted_by)
+        await self._emit(event)
+        return event
+
+    async def session_position(self, session_id: uuid.UUID, profile_id: str) -> int | None:
+        return await self._session_position(session_id, check_profile_id(profile_id))
 
     async def create_session(self, session: NewSession) -> uuid.UUID:
         check_profile_id(session.profile_id)
@@ -308,7 +340,9 @@ class EventJournal(ABC):
         )
 
     async def load_memory(self, profile_id: str) -> MemoryEntries:
-        return fold_memory(await self._read_memory(profile_id), profile_id)
+        # A re-created profile's memory starts empty: the changes before its latest deletion are gone.
+        after = (await self.profile_status(profile_id)).deleted_position
+        return fold_memory(await self._read_memory(profile_id, after), profile_id)
 
     async def finish_turn(self, turn: TurnInfo, status: TurnStatus, error: str | None = None) -> None:
         event = TurnFinished(

@@ -16,10 +16,12 @@ from typing import Any, Protocol
 import msgspec
 
 from commonos.billing.usage import TokenUsage
+from commonos.loop.profile_status import ProfileStatus
 from commonos.proto.events import (
     ApprovalStatus,
     MemoryOp,
     MemoryTarget,
+    ProfileDeleted,
     Risk,
     TurnStatus,
     utcnow,
@@ -176,6 +178,26 @@ class Journal(Protocol):
         """Record that a profile exists with these tags (`profile_upserted`), at loop start-up."""
         ...
 
+    async def profile_status(self, profile_id: str) -> ProfileStatus:
+        """What the journal says of a profile: its latest `profile_upserted` and `profile_deleted`, and where."""
+        ...
+
+    async def profile_statuses(self) -> dict[str, ProfileStatus]:
+        """The status of every profile the journal has a `profile_upserted` or `profile_deleted` of."""
+        ...
+
+    async def has_events(self, profile_id: str) -> bool:
+        """Whether the journal holds any event of the profile (one never upserted: imported work, say)."""
+        ...
+
+    async def delete_profile(self, profile_id: str, deleted_by: str) -> ProfileDeleted:
+        """Record the deletion of a profile (`profile_deleted`), unchecked (see `profile_status.delete_profile`)."""
+        ...
+
+    async def session_position(self, session_id: uuid.UUID, profile_id: str) -> int | None:
+        """Where the profile's `session_created` of the session is in the journal; None when there is none."""
+        ...
+
     async def create_session(self, session: NewSession) -> uuid.UUID:
         """Start a new session (`session_created`) and return its new id (UUIDv7)."""
         ...
@@ -229,7 +251,8 @@ class Journal(Protocol):
         ...
 
     async def load_memory(self, profile_id: str) -> MemoryEntries:
-        """The profile's memory entries now: every `memory_changed` of the profile applied in order."""
+        """The profile's memory entries now: every `memory_changed` of the profile since its latest deletion
+        applied in order."""
         ...
 
     async def finish_turn(self, turn: TurnInfo, status: TurnStatus, error: str | None = None) -> None:

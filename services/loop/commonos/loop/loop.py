@@ -34,12 +34,13 @@ from commonos.loop.journal import (
     ToolCallRecord,
 )
 from commonos.loop.locks import SessionBusy, SessionLease, SessionLocks, default_owner
+from commonos.loop.profile_status import ProfileStatus, delete_profile, deleted_when_by, describe_deletion
 from commonos.loop.profiles import Policy, Profile
 from commonos.loop.providers.base import ModelRequest, Provider, ProviderError
 from commonos.loop.registry import NoRegistry, TurnRegistry
 from commonos.loop.search import MessageSearch, NoSearch
 from commonos.loop.tools import Tool, ToolContext, ToolFailed, ToolOutput, builtin_tools, fit_result, tool_specs
-from commonos.proto.events import ApprovalStatus, Risk, TurnStatus, utcnow
+from commonos.proto.events import ApprovalStatus, ProfileDeleted, Risk, TurnStatus, utcnow
 from commonos.proto.identity import REQUEST_SOURCES, SUBAGENT_SOURCE, NewSession, TurnInfo, title_from_text
 from commonos.proto.ids import new_id
 from commonos.proto.messages import AssistantMessage, Message, ToolCall, ToolResultMessage, UserMessage
@@ -60,6 +61,10 @@ class UnknownProfile(LookupError):
 
 class BadRequest(ValueError):
     """A turn request refused before anything of it is recorded; the message says why, in one line."""
+
+
+class ProfileDeletedError(BadRequest):
+    """A chat of a deleted profile, or one continuing a session deleted with its profile."""
 
 
 class TurnRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -134,6 +139,7 @@ class Loop:
         owner: str | None = None,
         max_tokens: int = DEFAULT_MAX_TOKENS,
         registry: TurnRegistry | None = None,
+        deletion_check_s: float = 1.0,
     ) -> None:
         missing = set(profiles) - set(providers)
         if missing:
@@ -151,12 +157,60 @@ class Loop:
         #: Set when the service stops: a turn cancelled from now on ends `interrupted`, not `cancelled`.
         self.shutting_down = False
         self._memory_locks: dict[str, asyncio.Lock] = {}
+        #: A running turn reads its profile's status from the journal again before a model call when the
+        #: status it holds is older than this (a turn's start always reads it).
+        self.deletion_check_s = deletion_check_s
+        self._statuses: dict[str, tuple[float, ProfileStatus]] = {}
 
     def profile(self, profile_id: str) -> Profile:
         try:
             return self.profiles[check_profile_id(profile_id)]
         except KeyError:
             raise UnknownProfile(profile_id) from None
+
+    # -- deleted profiles ---------------------------------------------------------------------------
+
+    async def profile_status(self, profile_id: str, max_age_s: float = 0.0) -> ProfileStatus:
+        """The profile's status as the journal says, read again unless the one held is younger than `max_age_s`."""
+        held = self._statuses.get(profile_id)
+        now = time.monotonic()
+        if held is not None and now - held[0] < max_age_s:
+            return held[1]
+        status = await self.journal.profile_status(profile_id)
+        self._statuses[profile_id] = (now, status)
+        return status
+
+    async def _check_alive(self, profile_id: str, session_id: uuid.UUID | None) -> ProfileStatus:
+        """`ProfileDeletedError` for a deleted profile, or a session from before the profile's latest deletion."""
+        status = await self.profile_status(profile_id)
+        if status.deleted is not None:
+            raise ProfileDeletedError(f"{describe_deletion(status.deleted)}: it takes no chats")
+        if session_id is not None and await self._deleted_session(status, session_id):
+            assert status.deletion is not None
+            raise ProfileDeletedError(
+                f"session {session_id} was deleted with profile {profile_id!r} {deleted_when_by(status.deletion)}"
+            )
+        return status
+
+    async def _deleted_session(self, status: ProfileStatus, session_id: uuid.UUID) -> bool:
+        """Whether the profile's session was created before the profile's latest deletion (which deleted it)."""
+        if not status.deleted_position:
+            return False
+        created = await self.journal.session_position(session_id, status.profile_id)
+        return created is not None and created < status.deleted_position
+
+    async def _still_there(self, profile_id: str) -> None:
+        """During a turn: end it (`_TurnFailed`) if its profile was deleted meanwhile."""
+        status = await self.profile_status(profile_id, self.deletion_check_s)
+        if status.deleted is not None:
+            raise _TurnFailed(f"{describe_deletion(status.deleted)} during the turn")
+
+    async def delete_profile(self, profile_id: str, deleted_by: str) -> ProfileDeleted:
+        """Publish a profile's deletion (`ProfileAdminError` for an unknown or deleted profile); its chats are
+        refused from then on, and its running turns end before their next model call."""
+        event = await delete_profile(self.journal, profile_id, deleted_by)
+        self._statuses.pop(profile_id, None)
+        return event
 
     # -- entry points -----------------------------------------------------------------------------
 
@@ -167,6 +221,7 @@ class Loop:
         caller can name a turn that is then cancelled)."""
         profile = self.profile(request.profile_id)
         session_tags = self._check_request(request)
+        await self._check_alive(profile.id, request.session_id)
         record: SessionRecord | None = None
         history: list[Message] = []
         user = UserMessage(text=request.text)
@@ -238,10 +293,13 @@ class Loop:
         return tags
 
     async def _check_parent(self, profile_id: str, parent_session_id: uuid.UUID) -> None:
+        not_found = BadRequest(f"parent session {parent_session_id} not found for profile {profile_id!r}")
         try:
             await self.journal.load_session(parent_session_id, profile_id)
         except SessionNotFound:
-            raise BadRequest(f"parent session {parent_session_id} not found for profile {profile_id!r}") from None
+            raise not_found from None
+        if await self._deleted_session(await self.profile_status(profile_id, max_age_s=60.0), parent_session_id):
+            raise not_found  # deleted with the profile, before it was re-created
 
     async def _acquire(self, session_id: uuid.UUID) -> SessionLease:
         try:
@@ -256,6 +314,10 @@ class Loop:
         try:
             self.journal.check_message(_provisional(profile.id), UserMessage(text=goal), "the goal")
         except MessageTooLarge as exc:
+            raise ToolFailed(f"not delegated: {exc}") from None
+        try:
+            await self._still_there(profile.id)
+        except _TurnFailed as exc:
             raise ToolFailed(f"not delegated: {exc}") from None
         session_id = await self.journal.create_session(
             NewSession(
@@ -358,9 +420,11 @@ class Loop:
         user = UserMessage(text=text)
         await self.journal.append_message(turn, user)
         messages.append(user)
-        for _ in range(profile.max_steps):
+        for step in range(profile.max_steps):
             if lease.lost:
                 raise _TurnFailed("lost the session lock to another process")
+            if step:
+                await self._still_there(profile.id)  # deleted meanwhile (the turn's start checked the first call)
             request = ModelRequest(
                 model=profile.model,
                 system=system,

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import uuid
 
-from commonos.loop.event_journal import EventJournal
-from commonos.proto.events import Event, MemoryChanged
+from commonos.loop.event_journal import LOOP_SOURCE, EventJournal
+from commonos.loop.profile_status import StoredEvent
+from commonos.proto.events import Event, MemoryChanged, ProfileDeleted, ProfileUpserted, SessionCreated
 from commonos.runtime.settings import DEFAULT_MAX_MESSAGE_BYTES
 
 
@@ -22,5 +23,23 @@ class MemoryJournal(EventJournal):
     async def _read_session(self, session_id: uuid.UUID, profile_id: str | None) -> list[Event]:
         return [e for e in self.events if e.session_id == session_id and profile_id in (None, e.profile_id)]
 
-    async def _read_memory(self, profile_id: str) -> list[Event]:
-        return [e for e in self.events if isinstance(e, MemoryChanged) and e.profile_id == profile_id]
+    # A position is an event's place in `events`, from 1.
+
+    async def _read_memory(self, profile_id: str, after: int = 0) -> list[Event]:
+        return [e for e in self.events[after:] if isinstance(e, MemoryChanged) and e.profile_id == profile_id]
+
+    async def _read_profiles(self, profile_id: str | None) -> list[StoredEvent]:
+        return [
+            StoredEvent(i, e, LOOP_SOURCE)
+            for i, e in enumerate(self.events, start=1)
+            if isinstance(e, ProfileUpserted | ProfileDeleted) and profile_id in (None, e.profile_id)
+        ]
+
+    async def has_events(self, profile_id: str) -> bool:
+        return any(e.profile_id == profile_id for e in self.events)
+
+    async def _session_position(self, session_id: uuid.UUID, profile_id: str) -> int | None:
+        for i, e in enumerate(self.events, start=1):
+            if isinstance(e, SessionCreated) and e.session_id == session_id and e.profile_id == profile_id:
+                return i
+        return None

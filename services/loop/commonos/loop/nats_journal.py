@@ -23,9 +23,11 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, ReplayPolicy
 
 from commonos.loop.event_journal import LOOP_SOURCE, EventJournal
 from commonos.loop.journal import JournalError
+from commonos.loop.profile_status import StoredEvent
+from commonos.proto.cloudevents import HeaderError, decode_headers
 from commonos.proto.events import Event, EventDecodeError, decode_event
 from commonos.proto.ids import new_id
-from commonos.proto.subjects import EVENTS_PREFIX, EVENTS_STREAM
+from commonos.proto.subjects import EVENTS_PREFIX, EVENTS_STREAM, profile_events_filter
 from commonos.proto.tags import check_profile_id
 from commonos.runtime.limits import message_bytes, with_stream_header
 from commonos.runtime.publisher import EventPublisher, EventTooLarge, PublishError
@@ -68,17 +70,41 @@ async def read_events(
     deadline_s: float = 30.0,
     batch: int = 256,
     fetch_timeout_s: float = 5.0,
+    start_seq: int = 1,
 ) -> list[Event]:
-    """Every event on `filter_subject` now in COS_EVENTS, in stream order.
+    """Every event on `filter_subject` now in COS_EVENTS (from stream sequence `start_seq`), in stream order.
 
     Retries the whole read (with a fresh consumer) through a NATS outage until `deadline_s`, then
     raises `JournalError`. Payloads that are not events are skipped with a warning.
     """
+    stored = await read_stored(
+        js, filter_subject, deadline_s=deadline_s, batch=batch, fetch_timeout_s=fetch_timeout_s, start_seq=start_seq
+    )
+    return [s.event for s in stored]
+
+
+async def read_stored(
+    js: JetStreamContext,
+    filter_subject: str,
+    *,
+    last_per_subject: bool = False,
+    last: bool = False,
+    deadline_s: float = 30.0,
+    batch: int = 256,
+    fetch_timeout_s: float = 5.0,
+    start_seq: int = 1,
+) -> list[StoredEvent]:
+    """`read_events` with each event's stream sequence and `ce-source`; with `last_per_subject`, only the
+    last event of each subject matching `filter_subject`; with `last`, only the last event of all."""
     deadline = time.monotonic() + deadline_s
     delay = 0.05
+    if last_per_subject or last:
+        deliver, start = (DeliverPolicy.LAST_PER_SUBJECT if last_per_subject else DeliverPolicy.LAST), None
+    else:
+        deliver, start = (DeliverPolicy.BY_START_SEQUENCE, start_seq) if start_seq > 1 else (DeliverPolicy.ALL, None)
     while True:
         try:
-            return await _read_once(js, filter_subject, batch, fetch_timeout_s)
+            return await _read_once(js, filter_subject, batch, fetch_timeout_s, deliver, start)
         except _RETRYABLE_READ as exc:
             if time.monotonic() + delay >= deadline:
                 raise JournalError(
@@ -94,11 +120,19 @@ async def read_events(
 READER_IDLE_S = 5.0
 
 
-async def _read_once(js: JetStreamContext, filter_subject: str, batch: int, fetch_timeout_s: float) -> list[Event]:
+async def _read_once(
+    js: JetStreamContext,
+    filter_subject: str,
+    batch: int,
+    fetch_timeout_s: float,
+    deliver: DeliverPolicy = DeliverPolicy.ALL,
+    start_seq: int | None = None,
+) -> list[StoredEvent]:
     name = f"cos_loop_read_{new_id().hex}"
     config = ConsumerConfig(
         name=name,
-        deliver_policy=DeliverPolicy.ALL,
+        deliver_policy=deliver,
+        opt_start_seq=start_seq,
         ack_policy=AckPolicy.NONE,
         replay_policy=ReplayPolicy.INSTANT,
         filter_subject=filter_subject,
@@ -109,7 +143,7 @@ async def _read_once(js: JetStreamContext, filter_subject: str, batch: int, fetc
         num_replicas=1,
     )
     info = await js.add_consumer(EVENTS_STREAM, config)
-    events: list[Event] = []
+    events: list[StoredEvent] = []
     remaining = info.num_pending
     if not remaining:
         return events
@@ -119,13 +153,23 @@ async def _read_once(js: JetStreamContext, filter_subject: str, batch: int, fetc
             for msg in await sub.fetch(min(batch, remaining), timeout=fetch_timeout_s):
                 remaining = msg.metadata.num_pending
                 try:
-                    events.append(decode_event(msg.data))
+                    event = decode_event(msg.data)
                 except EventDecodeError as exc:
                     log.warning("skipping a payload on %s that is not an event: %s", msg.subject, exc)
+                    continue
+                events.append(StoredEvent(msg.metadata.sequence.stream or 0, event, _source(msg.headers)))
     finally:
         with contextlib.suppress(nats.errors.Error):
             await sub.unsubscribe()
     return events
+
+
+def _source(headers: dict[str, str] | None) -> str | None:
+    """Who published an event (`ce-source`), when its headers say."""
+    try:
+        return decode_headers(headers).get("source")
+    except HeaderError:
+        return None
 
 
 class NatsJournal(EventJournal):
@@ -175,8 +219,29 @@ class NatsJournal(EventJournal):
     async def _read_session(self, session_id: uuid.UUID, profile_id: str | None) -> list[Event]:
         return await read_events(self.js, session_subjects(session_id, profile_id), deadline_s=self.read_deadline_s)
 
-    async def _read_memory(self, profile_id: str) -> list[Event]:
-        return await read_events(self.js, memory_subjects(profile_id), deadline_s=self.read_deadline_s)
+    async def _read_memory(self, profile_id: str, after: int = 0) -> list[Event]:
+        return await read_events(
+            self.js, memory_subjects(profile_id), deadline_s=self.read_deadline_s, start_seq=after + 1
+        )
+
+    async def _read_profiles(self, profile_id: str | None) -> list[StoredEvent]:
+        return await read_stored(
+            self.js, profile_events_filter(profile_id or "*"), last_per_subject=True, deadline_s=self.read_deadline_s
+        )
+
+    async def has_events(self, profile_id: str) -> bool:
+        last = await read_stored(
+            self.js, f"{EVENTS_PREFIX}.{check_profile_id(profile_id)}.>", last=True, deadline_s=self.read_deadline_s
+        )
+        return bool(last)
+
+    async def _session_position(self, session_id: uuid.UUID, profile_id: str) -> int | None:
+        created = await read_stored(
+            self.js,
+            f"{EVENTS_PREFIX}.{check_profile_id(profile_id)}.{session_id}.session_created",
+            deadline_s=self.read_deadline_s,
+        )
+        return created[0].position if created else None
 
     async def events(self, filter_subjects: Sequence[str] = (f"{EVENTS_PREFIX}.>",)) -> list[Event]:
         """Every event on these subjects (for tools and tests), in stream order per subject filter."""

@@ -1,5 +1,9 @@
 """The loop as a service: chat requests on NATS (`cos.cmd.<profile>.chat`), /metrics /healthz /readyz.
 
+At start it publishes each profile's `profile_upserted`, but a deleted profile's (it warns instead: the
+profile stays deleted and its chats are refused), and warns of every profile it published before whose
+folder is gone. It answers `cos.cmd.<profile>.delete.<requester>` by publishing the profile's deletion.
+
 Life (arq-style): start, serve until SIGTERM sets the stop event, stop taking requests, let running
 turns finish for `grace_s`, then interrupt the rest — each ends `interrupted` with its
 `turn_finished` recorded and its requester told — and close connections.
@@ -16,6 +20,7 @@ import contextlib
 import logging
 import time
 import uuid
+from pathlib import Path
 
 import msgspec
 import nats.errors
@@ -24,15 +29,17 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from commonos.loop.approvals import NatsApprover
+from commonos.loop.event_journal import LOOP_SOURCE
 from commonos.loop.journal import JournalError, MessageTooLarge, SessionNotFound
 from commonos.loop.locks import LockUnavailable, NatsSessionLocks, SessionBusy, default_owner
 from commonos.loop.loop import BadRequest, Loop, TurnRequest, UnknownProfile
 from commonos.loop.nats_journal import NatsJournal
+from commonos.loop.profile_status import DeleteReply, DeleteRequest, ProfileAdminError, deleted_when_by
 from commonos.loop.profiles import ProfileError, load_profiles
 from commonos.loop.providers import build_provider
 from commonos.loop.registry import NatsTurnRegistry
 from commonos.loop.search import MessageSearch, NoSearch, PostgresMessageSearch
-from commonos.loop.subjects import CHAT_QUEUE_GROUP, chat_subject
+from commonos.loop.subjects import CHAT_QUEUE_GROUP, DELETE_REQUESTS_ALL, chat_subject, check_approver
 from commonos.proto.events import TurnStatus
 from commonos.proto.identity import TurnInfo
 from commonos.proto.tags import InvalidTag
@@ -85,9 +92,12 @@ class LoopService:
         registry: NatsTurnRegistry | None = None,
         publisher: EventPublisher | None = None,
         heartbeat_s: float = 5.0,
+        profiles_dir: Path | None = None,
     ) -> None:
         self.nc = nc
         self.loop = loop
+        #: Where the profile folders are (COS_PROFILES_DIR): a folder missing there is reported at start.
+        self.profiles_dir = profiles_dir or next((p.folder.parent for p in loop.profiles.values()), Path("profiles"))
         self.health = health if health is not None else Health()
         self.grace_s = grace_s
         self.handle_signals = handle_signals
@@ -113,14 +123,43 @@ class LoopService:
         self.stop_event.set()
 
     async def start(self) -> None:
-        for profile in self.loop.profiles.values():
-            await self.loop.journal.publish_profile(profile.id, profile.tags)
+        await self._publish_profiles()
         for profile_id in self.loop.profiles:
             sub = await self.nc.subscribe(chat_subject(profile_id), queue=CHAT_QUEUE_GROUP, cb=self._on_chat)
             self._subs.append(sub)
+        self._subs.append(await self.nc.subscribe(DELETE_REQUESTS_ALL, queue=CHAT_QUEUE_GROUP, cb=self._on_delete))
         await self.nc.flush()
         self.health.set_ready("starting", True)
         log.info("loop serving profiles %s", ", ".join(self.loop.profiles))
+
+    async def _publish_profiles(self) -> None:
+        """Publish each profile's `profile_upserted`, but a deleted profile's (it stays deleted: its chats are
+        refused); say so, and name every profile of the loop's whose folder is gone (its history stays)."""
+        statuses = await self.loop.journal.profile_statuses()
+        for profile in self.loop.profiles.values():
+            status = statuses.get(profile.id)
+            deleted = status.deleted if status is not None else None
+            if deleted is not None:
+                log.warning(
+                    "profile %r (%s) was deleted %s: it is not published again and takes no chats "
+                    "(remove its folder, or re-create it: cos profile recreate %s)",
+                    profile.id,
+                    profile.folder,
+                    deleted_when_by(deleted),
+                    profile.id,
+                )
+                continue
+            await self.loop.journal.publish_profile(profile.id, profile.tags)
+        for profile_id, status in sorted(statuses.items()):
+            if profile_id in self.loop.profiles or status.deleted is not None or status.upserted_source != LOOP_SOURCE:
+                continue
+            log.warning(
+                "profile %r: its folder %s is missing; its history stays "
+                "(restore the folder, or delete the profile: cos profile delete %s)",
+                profile_id,
+                self.profiles_dir / profile_id,
+                profile_id,
+            )
 
     async def run(self) -> int:
         """Start, serve until the stop event (SIGTERM/SIGINT when `handle_signals`) or until the NATS
@@ -236,6 +275,30 @@ class LoopService:
             reply = ChatReply(status=TurnStatus.FAILED.value, session_id=request.session_id, error=str(exc))
         await self._reply(msg, reply)
 
+    async def _on_delete(self, msg: Msg) -> None:
+        """`cos.cmd.<profile>.delete.<requester>`: publish the profile's deletion, `deleted_by` the requester."""
+        _, _, profile_id, _, requester = msg.subject.split(".", 4)
+        reply = DeleteReply(ok=False, error="the loop service is stopping")
+        if not self._stopping:
+            reply = await self._delete(profile_id, requester, msg.data)
+        if msg.reply:
+            with contextlib.suppress(nats.errors.Error):
+                await msg.respond(msgspec.json.encode(reply))
+
+    async def _delete(self, profile_id: str, requester: str, data: bytes) -> DeleteReply:
+        try:
+            msgspec.json.decode(data or b"{}", type=DeleteRequest)
+        except msgspec.DecodeError as exc:
+            return DeleteReply(ok=False, error=f"bad delete request: {exc}")
+        try:
+            event = await self.loop.delete_profile(profile_id, check_approver(requester))
+        except (ProfileAdminError, ValueError) as exc:
+            return DeleteReply(ok=False, error=str(exc))
+        except JournalError as exc:
+            return DeleteReply(ok=False, error=f"not deleted: {exc}")
+        log.warning("profile %r deleted by %s (event %s)", profile_id, event.deleted_by, event.event_id)
+        return DeleteReply(ok=True, event_id=event.event_id, deleted_at=event.occurred_at.isoformat())
+
     async def _reply(self, msg: Msg, reply: ChatReply) -> None:
         if not msg.reply:
             return
@@ -297,6 +360,7 @@ async def serve(settings: Settings, *, handle_signals: bool = True) -> int:
                 registry=registry,
                 publisher=EventPublisher(js, "urn:commonos:loop"),
                 heartbeat_s=settings.turn_heartbeat_s,
+                profiles_dir=settings.profiles_dir,
             )
             services.append(service)
             code = await service.run()

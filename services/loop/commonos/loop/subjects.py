@@ -4,6 +4,9 @@
 * `cos.approvals.<profile>.request` — a risky tool call waits for a decision (`ApprovalRequest`).
 * `cos.approvals.decide.<profile>.<approval_id>.<approver>` — the decision (`ApprovalAnswer` → `ApprovalAck`), sent by
   `cos approve ID` / `cos deny ID`; the waiting loop answers whether it took it.
+* `cos.cmd.<profile>.delete.<requester>` — delete the profile (`DeleteRequest` → `DeleteReply`, in
+  `commonos.loop.profile_status`): a loop service publishes its `profile_deleted`, with `<requester>` as
+  `deleted_by`, so NATS permissions on the subject decide who may delete which profiles.
 """
 
 from __future__ import annotations
@@ -20,6 +23,15 @@ APPROVAL_REQUESTS_ALL: Final = "cos.approvals.*.request"
 
 def chat_subject(profile_id: str) -> str:
     return f"cos.cmd.{check_profile_id(profile_id)}.chat"
+
+
+#: Every delete request, whatever the profile and requester (the loop service's subscription).
+DELETE_REQUESTS_ALL: Final = "cos.cmd.*.delete.*"
+
+
+def delete_subject(profile_id: str, requester: str) -> str:
+    """Where `requester` asks for a profile's deletion (a name like an approver's: one subject token)."""
+    return f"cos.cmd.{check_profile_id(profile_id)}.delete.{check_approver(requester)}"
 
 
 def approval_request_subject(profile_id: str) -> str:
