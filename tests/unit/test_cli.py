@@ -21,6 +21,7 @@ COMMANDS = (
     "loop",
     "approve",
     "deny",
+    "profile",
     "journal-writer",
     "replay",
     "dlq",

@@ -207,6 +207,7 @@ class _Chat:
         from commonos.loop.locks import NatsSessionLocks, SessionBusy
         from commonos.loop.loop import BadRequest, Loop, TurnRequest, UnknownProfile
         from commonos.loop.nats_journal import NatsJournal
+        from commonos.loop.profile_status import describe_deletion
         from commonos.loop.profiles import ProfileError, load_profiles
         from commonos.loop.providers import build_provider
 
@@ -222,6 +223,9 @@ class _Chat:
             js = self.nc.jetstream()
             await cos_nats.ensure_streams(js, self.settings.stream_replicas)
             journal = NatsJournal(js, max_message_bytes=self.settings.max_message_bytes)
+            deleted = (await journal.profile_status(profile.id)).deleted
+            if deleted is not None:  # it stays deleted: publishing it would re-create it
+                raise CliError(f"{describe_deletion(deleted)}: it takes no chats")
             await journal.publish_profile(profile.id, profile.tags)
             self._local_loop = Loop(
                 journal,
