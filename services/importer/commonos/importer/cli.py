@@ -36,6 +36,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, Protocol
 
+import msgspec
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import (
@@ -69,6 +70,8 @@ from commonos.importer.publish import (
     GraphTooLarge,
     PublishCounts,
     TreeState,
+    profile_id_for,
+    profile_tags,
     publish_events,
     tree_events,
 )
@@ -169,14 +172,17 @@ class TreeRead:
     error: str | None = None
 
 
-def read_trees(source: Source, path: Path, warn: Warn) -> list[TreeRead]:
-    """Every tree a top-level transcript holds, each validated (an invalid one carries its error).
+def read_trees(source: Source, path: Path, warn: Warn, profile: str | None = None) -> list[TreeRead]:
+    """Every tree a top-level transcript holds, each validated (an invalid one carries its error), as
+    `profile`'s (None: the vendor's profile).
 
     `warn` hears of input skipped on the way (lines over the cap, files that are not regular files).
     """
     out = []
     try:
         read = source.read(path, warn)
+        if profile is not None:
+            read = [msgspec.structs.replace(imported, profile_id=profile) for imported in read]
     except TranscriptError as exc:  # names the file
         return [TreeRead(None, str(exc))]
     except Exception as exc:  # one unreadable file must not stop an import of thousands
@@ -290,7 +296,14 @@ async def publish_tree(run: ImportRun, publish: PublishFn, tree: TreeOut) -> Pub
 
 
 def read_file(
-    source: Source, path: Path, pricer: Pricer, *, publishing: bool, max_payload: int, settle_s: float
+    source: Source,
+    path: Path,
+    pricer: Pricer,
+    *,
+    publishing: bool,
+    max_payload: int,
+    settle_s: float,
+    profile: str | None = None,
 ) -> FileRead:
     """Read, validate and summarise one top-level file; with ``publishing``, build each tree's events too.
 
@@ -299,7 +312,7 @@ def read_file(
     """
     out = FileRead()
     settled_only = time.time() - _mtime(path) < settle_s
-    trees = read_trees(source, path, out.warnings.append)
+    trees = read_trees(source, path, out.warnings.append, profile)
     for tree in trees:
         if tree.imported is None:
             out.errors.append(tree.error or f"{path}: unreadable")
@@ -327,19 +340,23 @@ def default_jobs() -> int:
 
 
 # Set in each reader process by `_start_reader`: the process is forked, so nothing here is pickled.
-_reader: tuple[Source, Pricer, bool, int, float] | None = None
+_reader: tuple[Source, Pricer, bool, int, float, str | None] | None = None
 
 
-def _start_reader(source: Source, pricer: Pricer, publishing: bool, max_payload: int, settle_s: float) -> None:
+def _start_reader(
+    source: Source, pricer: Pricer, publishing: bool, max_payload: int, settle_s: float, profile: str | None
+) -> None:
     global _reader
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    _reader = (source, pricer, publishing, max_payload, settle_s)
+    _reader = (source, pricer, publishing, max_payload, settle_s, profile)
 
 
 def _read_in_reader(path: Path) -> FileRead:
     assert _reader is not None, "not a reader process"
-    source, pricer, publishing, max_payload, settle_s = _reader
-    return read_file(source, path, pricer, publishing=publishing, max_payload=max_payload, settle_s=settle_s)
+    source, pricer, publishing, max_payload, settle_s, profile = _reader
+    return read_file(
+        source, path, pricer, publishing=publishing, max_payload=max_payload, settle_s=settle_s, profile=profile
+    )
 
 
 async def import_files(
@@ -352,12 +369,14 @@ async def import_files(
     settle_s: float = 10.0,
     progress: bool = False,
     jobs: int = 1,
+    profile: str | None = None,
 ) -> ImportRun:
     """Read every transcript under ``root``, summarise each tree and, with ``publish``, publish its events.
 
     With ``jobs`` above 1 the files are read by that many forked processes while this one publishes;
     results are taken in file order, so the summary, the errors and the order of publishing are the
-    same as with one. ``settle_s``: see `read_file`.
+    same as with one. ``settle_s``: see `read_file`. The trees are imported into ``profile`` (None: the
+    vendor's profile).
     """
     run = ImportRun(warnings=source.skipped(root))
     tops = source.top_files(root)
@@ -378,7 +397,13 @@ async def import_files(
         if jobs == 1:
             for path in tops:
                 read = read_file(
-                    source, path, pricer, publishing=publishing, max_payload=max_payload, settle_s=settle_s
+                    source,
+                    path,
+                    pricer,
+                    publishing=publishing,
+                    max_payload=max_payload,
+                    settle_s=settle_s,
+                    profile=profile,
                 )
                 await take(read)
             return run
@@ -386,7 +411,7 @@ async def import_files(
             jobs,
             mp_context=multiprocessing.get_context("fork"),
             initializer=_start_reader,
-            initargs=(source, pricer, publishing, max_payload, settle_s),
+            initargs=(source, pricer, publishing, max_payload, settle_s, profile),
         )
         try:
             waiting = iter(tops)
@@ -461,8 +486,14 @@ async def _import_tree(
 
 
 @contextlib.asynccontextmanager
-async def nats_publisher(settings: Settings) -> AsyncIterator[tuple[PublishFn, int]]:
-    """A publish function over a NATS connection, and the server's max message size."""
+async def nats_publisher(
+    settings: Settings, claim: tuple[str, str] | None = None
+) -> AsyncIterator[tuple[PublishFn, int]]:
+    """A publish function over a NATS connection, and the server's max message size.
+
+    With `claim` (a profile and the vendor), the profile the import belongs to is published first
+    (`profile_upserted`, tagged `vendor:<vendor>`), or the import refused (`CliError`) if it is deleted.
+    """
     from commonos.runtime import nats as cos_nats
     from commonos.runtime.publisher import EventPublisher
 
@@ -477,6 +508,8 @@ async def nats_publisher(settings: Settings) -> AsyncIterator[tuple[PublishFn, i
         js = nc.jetstream()
         await cos_nats.ensure_streams(js, settings.stream_replicas)
         publisher = EventPublisher(js, EVENT_SOURCE)
+        if claim is not None:
+            await _claim_profile(js, publisher, *claim)
 
         async def publish(events: Sequence[Event]) -> PublishCounts:
             return await publish_events(publisher, events)
@@ -485,6 +518,21 @@ async def nats_publisher(settings: Settings) -> AsyncIterator[tuple[PublishFn, i
     finally:
         closing = True
         await nc.close()
+
+
+async def _claim_profile(js: Any, publisher: Any, profile: str, vendor: str) -> None:
+    """Refuse a deleted profile (its imports would be refused); publish the import's profile."""
+    from commonos.loop.nats_journal import NatsJournal
+    from commonos.loop.profile_status import describe_deletion
+
+    journal = NatsJournal(js, publisher)
+    deleted = (await journal.profile_status(profile)).deleted
+    if deleted is not None:
+        raise CliError(
+            f"{describe_deletion(deleted)}: nothing is imported into it (re-create it first: "
+            f"cos profile recreate {profile})"
+        )
+    await journal.publish_profile(profile, profile_tags(vendor))
 
 
 # --- watching ------------------------------------------------------------------------------------
@@ -502,6 +550,8 @@ class Watcher:
     interval_s: float = 2.0
     settle_s: float = 10.0
     say: Callable[[str], None] = lambda line: None
+    #: The profile the trees are imported into (None: the vendor's).
+    profile: str | None = None
     run: ImportRun = field(default_factory=ImportRun)
     states: dict[str, TreeState] = field(default_factory=dict)
     #: Top-level files with calls not billed yet, by when they last changed (monotonic seconds).
@@ -568,7 +618,7 @@ class Watcher:
     async def process(self, path: Path, *, settled_only: bool) -> None:
         from commonos.runtime.publisher import PublishError
 
-        for tree in read_trees(self.source, path, self.warn):
+        for tree in read_trees(self.source, path, self.warn, self.profile):
             if tree.imported is None:
                 self.run.errors.append(tree.error or f"{path}: unreadable")
                 self.say(f"error: {tree.error}")
@@ -703,6 +753,15 @@ def _nats_settings() -> Settings:
     return dataclasses.replace(settings, nats_url=endpoints(settings).nats_url)
 
 
+def _profile_id(raw: str) -> str:
+    from commonos.proto.tags import InvalidProfileId, check_profile_id
+
+    try:
+        return check_profile_id(raw)
+    except InvalidProfileId as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def run_import(args: argparse.Namespace) -> int:
     """The handler of ``cos import claude|codex``."""
     source = SOURCES[args.source]
@@ -717,7 +776,16 @@ def run_import(args: argparse.Namespace) -> int:
     progress = not args.no_progress
     if args.dry_run:
         run = asyncio.run(
-            import_files(source, root, pricer, publish=None, settle_s=args.settle_s, progress=progress, jobs=args.jobs)
+            import_files(
+                source,
+                root,
+                pricer,
+                publish=None,
+                settle_s=args.settle_s,
+                progress=progress,
+                jobs=args.jobs,
+                profile=args.profile,
+            )
         )
         published: PublishCounts | None = None
     else:
@@ -740,7 +808,8 @@ def run_import(args: argparse.Namespace) -> int:
 async def _publish_run(
     source: Source, root: Path, pricer: Pricer, settings: Settings, args: argparse.Namespace, progress: bool
 ) -> ImportRun:
-    async with nats_publisher(settings) as (publish, max_payload):
+    profile = args.profile or profile_id_for(source.vendor)
+    async with nats_publisher(settings, claim=(profile, source.vendor)) as (publish, max_payload):
         if not args.watch:
             return await import_files(
                 source,
@@ -751,6 +820,7 @@ async def _publish_run(
                 settle_s=args.settle_s,
                 progress=progress,
                 jobs=args.jobs,
+                profile=args.profile,
             )
         from commonos.runtime.lifecycle import install_stop_signals
 
@@ -766,6 +836,7 @@ async def _publish_run(
             interval_s=args.interval_s,
             settle_s=args.settle_s,
             say=lambda line: err.print(line, markup=False),
+            profile=args.profile,
         )
         err.print(f"watching {root} every {args.interval_s:g}s; Ctrl-C stops", markup=False)
         return await watcher.run_until(stop)
@@ -799,6 +870,13 @@ def register(sub: Any) -> None:
             default=10.0,
             metavar="SECONDS",
             help="bill the last call of a file written to within this many seconds only once it is quiet (default 10)",
+        )
+        p.add_argument(
+            "--profile",
+            type=_profile_id,
+            default=None,
+            help=f"the profile the sessions belong to (default {profile_id_for(source.vendor)}); deleting it "
+            "deletes them",
         )
         p.add_argument("--format", choices=("table", "json"), default="table", help="summary format")
         p.add_argument(

@@ -28,6 +28,8 @@ class ImportedSession(msgspec.Struct, frozen=True, kw_only=True):
     branch: str | None
     source_path: Path
     source_bytes: int
+    #: The profile the import belongs to (``cos import --profile``); None: the vendor's (``profile_id_for``).
+    profile_id: str | None = None
 
 
 class TranscriptError(ValueError):

@@ -95,9 +95,19 @@ def tag_value(text: str | None) -> str | None:
 
 
 def profile_id_for(vendor: str) -> str:
-    """The profile imported work belongs to: the vendor's name as a profile id (``claude-code``, ``codex``)."""
+    """The profile imported work belongs to by default: the vendor's name (``claude-code``, ``codex``)."""
     profile = _PROFILE_BAD.sub("-", vendor.lower()).strip("-")[:64]
     return profile or "imported"
+
+
+def profile_of(imported: ImportedSession) -> str:
+    """The profile a tree is imported into: the one ``cos import --profile`` named, else the vendor's."""
+    return imported.profile_id or profile_id_for(imported.vendor)
+
+
+def profile_tags(vendor: str) -> tuple[str, ...]:
+    """The tags of an import profile's ``profile_upserted``: ``vendor:<vendor>``."""
+    return (f"vendor:{tag_value(vendor) or 'unknown'}",)
 
 
 def import_tags(imported: ImportedSession) -> tuple[str, ...]:
@@ -181,7 +191,7 @@ def model_call_events(
     graph = imported.graph
     root = _root(imported)
     tags = import_tags(imported)
-    profile = profile_id_for(imported.vendor)
+    profile = profile_of(imported)
     provider = VENDOR_PROVIDERS.get(imported.vendor, imported.vendor)
     wanted = set(only) if only is not None else None
     skipped = set(skip)
@@ -436,7 +446,7 @@ def transcript_event(
     return TranscriptImported(
         event_id=_event_id("transcript_imported", imported.vendor, root.id, digest, *place),
         occurred_at=occurred_at or _moment(root),
-        profile_id=profile_id_for(imported.vendor),
+        profile_id=profile_of(imported),
         session_id=uuid.UUID(root.id),
         vendor=imported.vendor,
         source_ref=str(imported.source_path),
