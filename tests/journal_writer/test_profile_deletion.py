@@ -30,6 +30,7 @@ from tests.support import (
     CORE_TABLES,
     InProcess,
     fresh_database,
+    journal_writer,
     publish_all,
     table_checksums,
     wait_caught_up,
@@ -299,7 +300,7 @@ async def test_a_deletion_about_a_session_is_an_invariant_dead_letter_in_every_p
     assert letters == [("graph-writer", "invariant"), ("journal-writer", "invariant"), ("memory-writer", "invariant")]
 
 
-def _story(seed: int) -> list[ev.Event]:
+def _story(seed: int, recreate: bool = True) -> list[ev.Event]:
     """Two profiles' conversations interleaved; `acme` deleted halfway, a loop that did not know goes on for a
     while, then `acme` is re-created and works again; memory changes and imports of both on the way."""
     rng = random.Random(seed)
@@ -325,8 +326,9 @@ def _story(seed: int) -> list[ev.Event]:
     out += mixed(some("acme", 12), some("globex", 12))
     out.append(_deleted("acme", clock))
     out += mixed(some("acme", 3), some("globex", 3))
-    out.append(_upserted("acme", clock, "client:acme", "team:again"))
-    out += mixed(some("acme", 6), some("globex", 6))
+    if recreate:
+        out.append(_upserted("acme", clock, "client:acme", "team:again"))
+        out += mixed(some("acme", 6), some("globex", 6))
     return out
 
 
@@ -356,3 +358,35 @@ async def test_live_writers_of_any_batch_size_and_a_replay_build_the_same_tables
     result = await replay(Settings(nats_url=nats_url, database_url=rebuilt))
     assert result.skipped > 0  # the events of the deleted profile are dead letters again
     assert await table_checksums(rebuilt, ALL_TABLES) == want
+
+
+async def test_writers_partitioned_by_session_build_the_tables_of_one_writer(
+    nats_url: str, database_url: str, pg_server: PgServer
+) -> None:
+    """The deletion is applied by the partition of the profile's events; the others refuse the profile's events
+    from then on (whatever their place in the stream: rows they wrote before are deleted with it), and no batch
+    writes a profile's rows while its deletion commits."""
+    tables = (*CORE_TABLES, "profile_deletions")
+    await publish_all(nats_url, _story(seed=47, recreate=False))
+    async with journal_writer(nats_url, database_url):
+        nc = await nats.connect(nats_url)
+        try:
+            await wait_caught_up(nc.jetstream(), database_url, "journal-writer")
+        finally:
+            await nc.close()
+    want = await table_checksums(database_url, tables)
+    assert want["profile_deletions"][0] == 1 and want["sessions"][0] > 0
+
+    split = await fresh_database(pg_server)
+    names = [f"journal-writer-p{i}-of-2" for i in range(2)]
+    async with (
+        journal_writer(nats_url, split, name=names[0], partitions=2, partition=0, batch_size=50),
+        journal_writer(nats_url, split, name=names[1], partitions=2, partition=1, batch_size=50),
+    ):
+        nc = await nats.connect(nats_url)
+        try:
+            for name in names:
+                await wait_caught_up(nc.jetstream(), split, name)
+        finally:
+            await nc.close()
+    assert await table_checksums(split, tables) == want

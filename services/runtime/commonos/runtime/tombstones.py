@@ -88,6 +88,12 @@ class ProfileTombstones:
             f"SELECT profile_id, deleted_at, deleted_by, event_id, recreated_at FROM {table} "
             "WHERE profile_id = ANY($1::text[])"
         )
+        # Writers partitioned by session share the table: a batch holds its profiles' lock (shared) from
+        # its first statement to its commit, a deletion holds it alone, so that no batch writes a profile's
+        # rows while its deletion commits (checked before it, written after it).
+        key = f"hashtext('{table}:' || p)"
+        self._lock_shared = f"SELECT count(pg_advisory_xact_lock_shared({key})) FROM unnest($1::text[]) AS p"
+        self._lock = f"SELECT count(pg_advisory_xact_lock({key})) FROM unnest($1::text[]) AS p"
         self._upsert = (
             f"INSERT INTO {table} (profile_id, deleted_at, deleted_by, event_id, recreated_at) "
             "VALUES ($1, $2, $3, $4, $5) ON CONFLICT (profile_id) DO UPDATE SET deleted_at = EXCLUDED.deleted_at, "
@@ -113,6 +119,10 @@ class ProfileTombstones:
         profiles = sorted({e.profile_id for e in events if isinstance(e, watched)})
         if not profiles:
             return list(events)
+        deleting = sorted({e.profile_id for e in events if isinstance(e, ProfileDeleted)})
+        if deleting:
+            await conn.fetchval(self._lock, deleting)
+        await conn.fetchval(self._lock_shared, [p for p in profiles if p not in deleting])
         rows = await conn.fetch(self._select, profiles)
         state: dict[str, Tombstone] = {
             r["profile_id"]: Tombstone(
