@@ -73,6 +73,15 @@ def _env(nats_url: str, profiles: Path, database_url: str = "postgresql://127.0.
     }
 
 
+@pytest.mark.parametrize("command", [("list",), ("delete", "demo", "--yes"), ("recreate", "demo")])
+def test_an_unreachable_nats_is_one_line(command: tuple[str, ...], profiles: Path) -> None:
+    assert cos("profile", *command, env=_env("nats://127.0.0.1:1", profiles)) == (
+        2,
+        "",
+        "cos: error: cannot reach NATS (COS_NATS_URL): nats: no servers available for connection\n",
+    )
+
+
 async def test_cos_profile_delete_asks_refuses_and_publishes_the_deletion(
     js: JetStreamContext, nats_url: str, profiles: Path
 ) -> None:

@@ -103,6 +103,8 @@ async def _session_counts(dsn: str | None) -> tuple[dict[str, tuple[int, int]] |
 
 
 async def _journal(settings: Settings, source: str | None = None) -> tuple[Any, Any]:
+    import nats.errors
+
     from commonos.loop.nats_journal import NatsJournal
     from commonos.runtime import nats as cos_nats
     from commonos.runtime.publisher import EventPublisher
@@ -110,7 +112,16 @@ async def _journal(settings: Settings, source: str | None = None) -> tuple[Any, 
     async def quiet() -> None:
         return None
 
-    nc = await cos_nats.connect(settings, "cos-profile", disconnected_cb=quiet, max_reconnect_attempts=3)
+    async def quiet_error(exc: Exception) -> None:
+        return None
+
+    try:
+        nc = await cos_nats.connect(
+            settings, "cos-profile", disconnected_cb=quiet, error_cb=quiet_error, max_reconnect_attempts=3
+        )
+    except (nats.errors.Error, OSError, TimeoutError) as exc:
+        # The URL is not repeated: the one `cos up` writes carries a password.
+        raise CliError(f"cannot reach NATS (COS_NATS_URL): {exc}") from None
     js = nc.jetstream()
     await cos_nats.ensure_streams(js, settings.stream_replicas)
     publisher = EventPublisher(js, source) if source is not None else None
