@@ -46,6 +46,7 @@ ALTER TABLE budget_spend OWNER TO cos_billing;
 ALTER TABLE budget_alerts OWNER TO cos_billing;
 ALTER TABLE billing_reprices OWNER TO cos_billing;
 ALTER TABLE billing_session_owners OWNER TO cos_billing;
+ALTER TABLE billing_profile_deletions OWNER TO cos_billing;
 
 -- Tables that exist only where their projection runs: the session graph and the Memory plugin.
 DO $$
@@ -59,7 +60,8 @@ BEGIN
         END LOOP;
         REVOKE ALL ON SCHEMA graph FROM PUBLIC;
     END IF;
-    FOREACH t IN ARRAY ARRAY['memory_entries', 'memory_changes_applied', 'memory_session_owners'] LOOP
+    FOREACH t IN ARRAY ARRAY['memory_entries', 'memory_changes_applied', 'memory_session_owners',
+                             'memory_profile_deletions', 'profile_deletions'] LOOP
         IF to_regclass('public.' || t) IS NOT NULL THEN
             EXECUTE format('ALTER TABLE %I OWNER TO cos_journal_writer', t);
             EXECUTE format('REVOKE ALL ON %I FROM PUBLIC, cos_billing, cos_loop, cos_analyst', t);
@@ -71,7 +73,8 @@ $$;
 -- Nobody else holds a privilege on them (a grant made by hand is taken back).
 REVOKE ALL ON profiles, sessions, turns, messages, tool_calls, approvals, projection_positions
     FROM PUBLIC, cos_billing, cos_loop, cos_analyst;
-REVOKE ALL ON model_calls, billing_positions, budget_spend, budget_alerts, billing_reprices, billing_session_owners
+REVOKE ALL ON model_calls, billing_positions, budget_spend, budget_alerts, billing_reprices, billing_session_owners,
+    billing_profile_deletions
     FROM PUBLIC, cos_journal_writer, cos_loop, cos_analyst;
 
 -- The loop searches every profile's messages.
