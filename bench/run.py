@@ -428,7 +428,7 @@ class Bench:
             self.logs / "replay.out",
         )
         output = (self.logs / "replay.out").read_text()
-        found = re.search(r"replayed (\d+) events .* in ([\d.]+) s", output)
+        found = re.search(r"replayed (\d+) (?:events|deliveries) .* in ([\d.]+) s", output)
         if done.returncode != 0 or found is None:
             errors = (self.logs / "replay.stderr").read_text(errors="replace")[-2000:]
             raise BenchError(f"cos replay exited {done.returncode}: {output[-500:]}{errors}")
