@@ -134,8 +134,10 @@ async def test_an_analyst_sees_only_the_profiles_granted_to_it(secured_database:
         for table in ("projection_positions", "billing_positions", "budget_spend", "memory_changes_applied"):
             with pytest.raises(asyncpg.InsufficientPrivilegeError):
                 await conn.fetch(f"SELECT * FROM {table}")
-        with pytest.raises(asyncpg.InsufficientPrivilegeError):
-            await conn.fetch("SELECT * FROM graph.sessions")
+        # The session graph is seen by profile (the next test); its bookkeeping not at all.
+        for table in ("graph.positions", "graph.profile_deletions"):
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await conn.fetch(f"SELECT * FROM {table}")
     finally:
         await conn.close()
         await admin.close()
@@ -290,5 +292,33 @@ async def test_billing_runs_as_its_role(nats_url: str, database_url: str) -> Non
             **dict.fromkeys(BILLING_TABLES, "cos_billing"),
         }
         assert await conn.fetchval("SELECT count(*) FROM model_calls") == 2
+    finally:
+        await conn.close()
+
+
+async def test_an_analyst_sees_only_the_imported_graphs_of_its_profiles(secured_database: str, analyst: str) -> None:
+    """graph.sessions carries the importing profile; every other graph table is seen through its session."""
+    admin = await asyncpg.connect(secured_database)
+    sessions = {profile: uuid.uuid4() for profile in ("acme", "globex")}
+    try:
+        for profile, session in sessions.items():
+            await admin.execute(
+                "INSERT INTO graph.sessions (id, outcome, profile_id) VALUES ($1, 'unknown', $2)", session, profile
+            )
+            await admin.execute(
+                "INSERT INTO graph.user_inputs (id, session_id, ordinal, text, interrupted, kind, origin, metadata) "
+                "VALUES ($1, $2, 0, $3, false, 'prompt', 'human', '{}')",
+                uuid.uuid4(),
+                session,
+                f"asked under {profile}",
+            )
+    finally:
+        await admin.close()
+    conn = await asyncpg.connect(analyst)
+    try:
+        assert [r["id"] for r in await conn.fetch("SELECT id FROM graph.sessions")] == [sessions["acme"]]
+        assert [r["text"] for r in await conn.fetch("SELECT text FROM graph.user_inputs")] == ["asked under acme"]
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await conn.fetch("SELECT * FROM graph.positions")
     finally:
         await conn.close()

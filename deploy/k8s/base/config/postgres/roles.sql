@@ -147,3 +147,29 @@ END
 $$;
 
 COMMIT;
+
+-- The session graph of imported work is per profile too: graph.sessions carries the importing profile and
+-- every other graph table a session, so an analyst sees the graphs of the profiles granted to it only.
+DO $$
+DECLARE
+    t text;
+BEGIN
+    IF to_regclass('graph.sessions') IS NOT NULL THEN
+        GRANT USAGE ON SCHEMA graph TO cos_analyst;
+        GRANT SELECT ON graph.sessions TO cos_analyst;
+        ALTER TABLE graph.sessions ENABLE ROW LEVEL SECURITY;
+        DROP POLICY IF EXISTS analyst_by_profile ON graph.sessions;
+        CREATE POLICY analyst_by_profile ON graph.sessions FOR SELECT TO cos_analyst
+            USING (profile_id IN (SELECT profile_id FROM analyst_grants WHERE role_name = current_user));
+        FOREACH t IN ARRAY ARRAY['session_attributes', 'user_inputs', 'model_invocations', 'assistant_messages',
+                                 'tool_uses', 'tool_results', 'file_touches', 'token_usage', 'vendor_ids'] LOOP
+            EXECUTE format('GRANT SELECT ON graph.%I TO cos_analyst', t);
+            EXECUTE format('ALTER TABLE graph.%I ENABLE ROW LEVEL SECURITY', t);
+            EXECUTE format('DROP POLICY IF EXISTS analyst_by_session ON graph.%I', t);
+            -- graph.sessions is itself filtered for the analyst: a row is visible when its session is.
+            EXECUTE format('CREATE POLICY analyst_by_session ON graph.%I FOR SELECT TO cos_analyst '
+                           'USING (session_id IN (SELECT id FROM graph.sessions))', t);
+        END LOOP;
+    END IF;
+END
+$$;
