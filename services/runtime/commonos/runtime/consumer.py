@@ -79,6 +79,10 @@ DB_RETRIES = Counter(
     "cos_consumer_database_retries_total", "Batches retried because PostgreSQL was unreachable", ["consumer"]
 )
 
+#: What PostgreSQL being unreachable, restarting or cutting connections looks like (`is_poison` tells apart
+#: the data errors among the PostgresErrors).
+_DATABASE_DOWN: Final = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError)
+
 #: SQLSTATE classes that mean "this event's data is wrong", not "the database is unwell".
 _POISON_CLASSES: Final = ("22", "23", "54")
 
@@ -407,7 +411,7 @@ class BatchConsumer:
                 DB_UP.labels(self.name).set(1)
                 self.health.set_ready("database", True)
                 return
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            except _DATABASE_DOWN as exc:
                 if is_poison(exc):
                     raise
                 DB_UP.labels(self.name).set(0)
@@ -476,9 +480,12 @@ class BatchConsumer:
                 try:
                     await self._commit(deliveries)
                     break
-                except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                except (*_DATABASE_DOWN, TimeoutError) as exc:
                     if is_poison(exc):
                         raise
+                    # A connection cut in the middle of a statement can be left unusable ("another operation
+                    # is in progress"): the retry starts on fresh connections.
+                    await self.pool.expire_connections()
                     DB_UP.labels(self.name).set(0)
                     DB_RETRIES.labels(self.name).inc()
                     self.health.beat()
@@ -564,7 +571,7 @@ class BatchConsumer:
         try:
             async with self.pool.acquire() as conn:
                 await after(conn, events)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        except _DATABASE_DOWN as exc:
             log.warning("%s: after-commit step skipped (%s)", self.name, exc)
 
     async def _finish(self, conn: Conn, deliveries: list[Delivery]) -> None:
