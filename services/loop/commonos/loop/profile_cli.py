@@ -16,14 +16,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import getpass
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from commonos.cli.args import CliError
-from commonos.proto.tags import InvalidProfileId, InvalidTag, check_profile_id, parse_tag
+from commonos.loop.cli import _tag, _who
+from commonos.proto.tags import InvalidProfileId, check_profile_id
 from commonos.runtime.settings import Settings
 
 #: The states `cos profile list` shows.
@@ -47,20 +47,6 @@ def _profile_id(raw: str) -> str:
         return check_profile_id(raw)
     except InvalidProfileId as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _tag(raw: str) -> str:
-    try:
-        return parse_tag(raw)
-    except InvalidTag as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _who() -> str:
-    try:
-        return f"cli:{getpass.getuser()}"
-    except (KeyError, OSError):
-        return "cli:unknown"
 
 
 def _folders(root: Path) -> set[str]:
