@@ -30,6 +30,7 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 format: setup
 	$(BIN)/ruff check --fix .

@@ -19,10 +19,10 @@ from decimal import Decimal
 import nats
 from prometheus_client import REGISTRY
 
+from commonos.accounting.pricing import Pricer
 from commonos.billing.budgets import BudgetTracker, spend_deltas
 from commonos.billing.config import BillingConfig, Budget, MetricsConfig, Period
 from commonos.billing.metrics import BillingMetrics
-from commonos.billing.pricing import Pricer
 from commonos.billing.projection import BillingProjection, insert_arguments
 from commonos.billing.service import billing_schemas
 from commonos.proto.events import Event, ModelCallCompleted, decode_event, encode_event

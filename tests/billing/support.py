@@ -14,14 +14,14 @@ import nats
 from nats.js.api import PubAck
 from nats.js.errors import NotFoundError
 
+from commonos.accounting.pricing import Pricer
 from commonos.billing.cli import register
 from commonos.billing.config import BillingConfig
-from commonos.billing.pricing import Pricer
-from commonos.billing.service import ALERTS_STREAM, serve
-from commonos.cli.args import Parser
+from commonos.billing.service import serve
 from commonos.proto.cloudevents import MSG_ID, event_headers
 from commonos.proto.events import ModelCallCompleted, encode_event
-from commonos.proto.subjects import EVENTS_STREAM, subject_for
+from commonos.proto.subjects import ALERTS_STREAM, EVENTS_STREAM, subject_for
+from commonos.runtime.args import Parser
 from commonos.runtime.nats import ensure_streams
 from commonos.runtime.settings import Settings
 from tests.support import InProcess

@@ -15,9 +15,9 @@ from pathlib import Path
 import nats
 import pytest
 
+from commonos.accounting.pricing import Pricer, PriceResult, load_price_file
+from commonos.accounting.usage import TokenUsage
 from commonos.billing.config import BillingConfig, Budget, Period
-from commonos.billing.pricing import Pricer, PriceResult, load_price_file
-from commonos.billing.usage import TokenUsage
 from commonos.proto import events as ev
 from commonos.proto.ids import new_id
 from commonos.proto.text import unescape_nul

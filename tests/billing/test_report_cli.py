@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from commonos.billing.pricing import Pricer
+from commonos.accounting.pricing import Pricer
 from commonos.billing.projection import INSERT_MODEL_CALLS, build_row, insert_arguments
 from commonos.billing.service import billing_schemas
 from commonos.proto import events as ev

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import REGISTRY
 
+from commonos.accounting.pricing import Pricer, PriceResult, load_price_file, parse_price_file
+from commonos.accounting.usage import TokenUsage, from_anthropic_usage, from_codex_usage, from_openai_usage
 from commonos.billing.budgets import (
     BudgetTracker,
     SpendKey,
@@ -32,7 +34,6 @@ from commonos.billing.config import (
     parse_billing_config,
 )
 from commonos.billing.metrics import OTHER, BillingMetrics, LabelCap
-from commonos.billing.pricing import Pricer, PriceResult, load_price_file, parse_price_file
 from commonos.billing.projection import (
     BillingFault,
     BillingProjection,
@@ -53,7 +54,6 @@ from commonos.billing.report import (
     parse_when,
     render_report,
 )
-from commonos.billing.usage import TokenUsage, from_anthropic_usage, from_codex_usage, from_openai_usage
 from commonos.proto.events import ModelCallCompleted
 from commonos.proto.ids import new_id
 

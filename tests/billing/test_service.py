@@ -20,23 +20,21 @@ import nats
 import pytest
 from prometheus_client import REGISTRY
 
+from commonos.accounting.pricing import Pricer, load_price_file
 from commonos.billing.budgets import BudgetAlert
 from commonos.billing.config import BillingConfig, Budget, Period
-from commonos.billing.pricing import Pricer, load_price_file
 from commonos.billing.report import GroupBy, cost_report
 from commonos.billing.reprice import reprice
 from commonos.billing.service import (
-    ALERTS_STREAM,
     NatsAlertSink,
-    alerts_stream_config,
     apply_billing_schemas,
     billing_schemas,
 )
 from commonos.journal_writer.schema import SCHEMA as CORE_SCHEMA
 from commonos.proto import events as ev
 from commonos.proto.ids import new_id
-from commonos.proto.subjects import ALERTS_BUDGET, DLQ_STREAM, subject_for
-from commonos.runtime.nats import ensure_stream
+from commonos.proto.subjects import ALERTS_BUDGET, ALERTS_STREAM, DLQ_STREAM, subject_for
+from commonos.runtime.nats import alerts_stream_config, ensure_stream
 from commonos.runtime.postgres import apply_schemas, connect
 from tests.billing.support import (
     POSITIONS,

@@ -20,13 +20,13 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from commonos.billing.service import CONSUMER_NAME as BILLING_CONSUMER
-from commonos.journal_writer.service import consumer_options, partition_suffix, writer_projections
+from commonos.journal_writer.service import consumer_options, writer_projections
 from commonos.loop.service import ChatReply, ChatRequest
 from commonos.loop.subjects import chat_subject
 from commonos.proto import events as ev
 from commonos.proto.messages import AssistantMessage, UserMessage
 from commonos.proto.subjects import EVENTS_ALL, EVENTS_PREFIX, EVENTS_STREAM, MODEL_CALLS_FILTER
-from commonos.runtime.consumer import Projection
+from commonos.runtime.consumer import Projection, partition_suffix
 from commonos.runtime.publisher import EventPublisher
 from commonos.runtime.settings import Settings
 from tests.deploy.conftest import SecuredNats, nats_password

@@ -11,11 +11,10 @@ from nats.aio.client import Client
 from nats.js.api import StreamConfig
 
 from commonos.billing.service import CONSUMER_NAME as BILLING_CONSUMER
-from commonos.billing.service import alerts_stream_config
 from commonos.journal_writer.service import consumer_options, writer_projections
 from commonos.runtime.consumer import BatchConsumer
 from commonos.runtime.http import Health
-from commonos.runtime.nats import dlq_stream_config, ensure_stream, events_stream_config
+from commonos.runtime.nats import alerts_stream_config, dlq_stream_config, ensure_stream, events_stream_config
 from commonos.runtime.settings import Settings
 from tests.deploy.conftest import DEPLOY
 

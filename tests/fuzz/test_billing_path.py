@@ -19,10 +19,10 @@ import msgspec
 from hypothesis import event, given
 from hypothesis import strategies as st
 
+from commonos.accounting.pricing import MAX_PRICE_MTOK, CostStatus, Pricer, parse_price_file
 from commonos.billing.budgets import BudgetAlert, BudgetStep, BudgetTracker, alert_msg_id, spend_deltas
 from commonos.billing.config import Budget, MetricsConfig, Period
 from commonos.billing.metrics import TOKEN_TYPES, BillingMetrics
-from commonos.billing.pricing import MAX_PRICE_MTOK, CostStatus, Pricer, parse_price_file
 from commonos.billing.projection import (
     MAX_COST_USD,
     BillingProjection,

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from commonos.accounting.pricing import PriceFileError, Pricer, load_price_file, parse_price_file
+from commonos.accounting.usage import TokenUsage
 from commonos.billing.config import BillingConfigError, load_billing_config, parse_billing_config
-from commonos.billing.pricing import PriceFileError, Pricer, load_price_file, parse_price_file
-from commonos.billing.usage import TokenUsage
 from commonos.loop.profiles import ProfileError, load_profiles
 from tests.fuzz import strategies as fz
 

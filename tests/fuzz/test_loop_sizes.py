@@ -35,7 +35,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from nats.aio.client import Client
 
-from commonos.billing.usage import TokenUsage
+from commonos.accounting.usage import TokenUsage
 from commonos.loop.approvals import NatsApprover
 from commonos.loop.locks import NatsSessionLocks
 from commonos.loop.loop import Loop

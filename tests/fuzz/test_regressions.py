@@ -19,9 +19,9 @@ import nats
 import pytest
 from nats.aio.msg import Msg
 
+from commonos.accounting.pricing import PriceFileError, Pricer, parse_price_file
+from commonos.accounting.usage import TokenUsage
 from commonos.billing.config import BillingConfigError, parse_billing_config
-from commonos.billing.pricing import PriceFileError, Pricer, parse_price_file
-from commonos.billing.usage import TokenUsage
 from commonos.cli.main import main
 from commonos.importer.claude import read_claude_file
 from commonos.importer.codex import read_codex_file

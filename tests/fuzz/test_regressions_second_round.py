@@ -13,8 +13,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from commonos.accounting.pricing import PriceFileError, parse_price_file
 from commonos.billing.config import BillingConfigError, parse_billing_config
-from commonos.billing.pricing import PriceFileError, parse_price_file
 from commonos.cli.main import main
 from commonos.importer.claude import read_claude_file
 from commonos.importer.codex import read_codex_file

@@ -12,10 +12,10 @@ from typing import Any
 import msgspec
 import pytest
 
-from commonos.cli.args import CliError, Parser
 from commonos.importer.claude import read_claude
 from commonos.importer.cli import register
 from commonos.importer.codex import read_codex
+from commonos.runtime.args import CliError, Parser
 from tests.importer.transcripts import CORPUS, needs_corpus, small_claude_home
 
 TOKEN_KINDS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "cache_write_1h_tokens")
@@ -129,7 +129,7 @@ def test_corpus_totals_agree_with_ccusage(capsys: pytest.CaptureFixture[str]) ->
 
 async def test_reading_in_processes_gives_what_reading_in_one_does(tmp_path: Path) -> None:
     """`--jobs`: the summary, the errors and the events published, in order, do not depend on it."""
-    from commonos.billing.pricing import Pricer
+    from commonos.accounting.pricing import Pricer
     from commonos.importer.cli import SOURCES, import_files
     from commonos.importer.publish import PublishCounts
     from commonos.proto.events import Event

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from commonos.billing.pricing import Pricer
+from commonos.accounting.pricing import Pricer
 from commonos.importer.cli import SOURCES, Watcher, nats_publisher
 from commonos.importer.lines import MAX_LINE_BYTES, iter_lines
 from commonos.runtime.settings import Settings

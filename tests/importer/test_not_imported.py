@@ -15,7 +15,7 @@ from pathlib import Path
 
 import nats
 
-from commonos.billing.pricing import Pricer
+from commonos.accounting.pricing import Pricer
 from commonos.importer.cli import SOURCES, import_files
 from commonos.importer.publish import EVENT_SOURCE, PublishCounts, publish_events
 from commonos.proto.events import Event

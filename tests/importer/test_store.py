@@ -13,7 +13,7 @@ import msgspec
 import nats
 from nats.js import JetStreamContext
 
-from commonos.billing.pricing import Pricer
+from commonos.accounting.pricing import Pricer
 from commonos.importer.cli import SOURCES, ImportRun, Watcher, import_files, nats_publisher
 from commonos.importer.publish import has_usage
 from commonos.journal_writer.graph_projection import GraphProjection

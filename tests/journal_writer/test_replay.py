@@ -8,7 +8,7 @@ from pathlib import Path
 
 import nats
 
-from commonos.billing.pricing import Pricer
+from commonos.accounting.pricing import Pricer
 from commonos.importer.cli import SOURCES, import_files, nats_publisher
 from commonos.journal_writer.graph_schema import GRAPH_TABLES
 from commonos.journal_writer.replay import replay

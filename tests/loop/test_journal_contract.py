@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from nats.js import JetStreamContext
 
-from commonos.billing.usage import TokenUsage
+from commonos.accounting.usage import TokenUsage
 from commonos.loop.event_journal import EventJournal
 from commonos.loop.journal import (
     ApprovalDecision,

@@ -14,7 +14,7 @@ import pytest
 from nats.js import JetStreamContext
 
 from commonos.loop.nats_journal import NatsJournal
-from commonos.loop.profile_status import delete_profile
+from commonos.loop.profile_admin import delete_profile
 from commonos.proto.events import ProfileDeleted, ProfileUpserted, SessionCreated
 from commonos.proto.identity import NewSession
 from commonos.proto.subjects import EVENTS_ALL

@@ -24,7 +24,7 @@ from commonos.loop.locks import MemorySessionLocks, NatsSessionLocks
 from commonos.loop.loop import BadRequest, Loop, TurnRequest
 from commonos.loop.memory import MemoryJournal
 from commonos.loop.nats_journal import NatsJournal
-from commonos.loop.profile_status import DeleteReply, DeleteRequest, ProfileAdminError, delete_profile
+from commonos.loop.profile_admin import DeleteReply, DeleteRequest, ProfileAdminError, delete_profile
 from commonos.loop.profiles import Profile, load_profiles
 from commonos.loop.providers import ModelRequest, ModelResponse, build_provider
 from commonos.loop.providers.base import Provider

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from commonos.cli.args import Parser
-from commonos.cli.main import COMMAND_MODULES, build_parser, main
-from commonos.cli.main import COMMANDS as COMMAND_TO_MODULE
+from commonos.cli.main import build_parser, command_modules, commands, main
+from commonos.runtime.args import Parser
 
 COMMANDS = (
     "up",
@@ -49,12 +48,12 @@ def test_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
 def test_each_command_is_found_in_the_module_that_registers_it() -> None:
     """`cos <command>` loads one module; the map it uses must say what the modules really register."""
     registered = {}
-    for name in COMMAND_MODULES:
+    for name in command_modules():
         parser = Parser(prog="cos")
         sub = parser.add_subparsers(dest="command", parser_class=Parser)
         importlib.import_module(name).register(sub)
         registered.update(dict.fromkeys(sub.choices, name))
-    assert registered == COMMAND_TO_MODULE
+    assert registered == commands()
     for command in COMMANDS:
         only = next(a for a in build_parser(command)._actions if isinstance(a, argparse._SubParsersAction))
         assert command in only.choices

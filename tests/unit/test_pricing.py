@@ -14,7 +14,7 @@ import pytest
 from genai_prices import Usage, calc_price
 from genai_prices.data_snapshot import get_snapshot
 
-from commonos.billing.pricing import (
+from commonos.accounting.pricing import (
     CostStatus,
     PriceFile,
     PriceFileError,
@@ -22,7 +22,7 @@ from commonos.billing.pricing import (
     PriceResult,
     load_price_file,
 )
-from commonos.billing.usage import (
+from commonos.accounting.usage import (
     TokenUsage,
     UsageError,
     from_anthropic_usage,

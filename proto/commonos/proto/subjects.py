@@ -14,6 +14,8 @@ EVENTS_ALL: Final = "cos.events.>"
 DLQ_STREAM: Final = "COS_DLQ"
 DLQ_PREFIX: Final = "cos.dlq"
 DLQ_ALL: Final = "cos.dlq.>"
+ALERTS_STREAM: Final = "COS_ALERTS"
+ALERTS_ALL: Final = "cos.alerts.>"
 ALERTS_BUDGET: Final = "cos.alerts.budget"
 MODEL_CALLS_FILTER: Final = "cos.events.*.*.model_call_completed"
 #: Every session's creation: plugin projections learn from it which profile owns a session.

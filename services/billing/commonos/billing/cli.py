@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import asyncpg
 
-from commonos.billing.pricing import PriceFile, PriceFileError, load_price_file
+from commonos.accounting.pricing import PriceFile, PriceFileError, load_price_file
 from commonos.billing.report import (
     FORMATS,
     GroupBy,
@@ -31,10 +31,10 @@ from commonos.billing.report import (
     render_report,
 )
 from commonos.billing.reprice import RepriceError, render_reprice, reprice
-from commonos.cli.args import CliError
-from commonos.cli.system import endpoints
+from commonos.runtime.args import CliError
 from commonos.runtime.postgres import connect
 from commonos.runtime.settings import Settings
+from commonos.runtime.system import endpoints
 
 T = TypeVar("T")
 

@@ -7,7 +7,7 @@ budget step for the rows that were really new. Metrics and the budgets' in-memor
 recorded once the consumer has committed (:meth:`BillingProjection.committed`), so a batch that is rolled
 back and retried is not counted twice.
 
-Token convention (Anthropic, OpenAI and Codex usage alike, see :mod:`commonos.billing.usage`): the event's
+Token convention (Anthropic, OpenAI and Codex usage alike, see :mod:`commonos.accounting.usage`): the event's
 ``input_tokens`` excludes cache reads and writes and its ``output_tokens`` includes ``reasoning_tokens``; the
 row keeps the same buckets unchanged.
 
@@ -39,9 +39,9 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
-from commonos.billing.pricing import Pricer
+from commonos.accounting.pricing import Pricer
+from commonos.accounting.usage import TokenUsage
 from commonos.billing.schema import DELETIONS_TABLE
-from commonos.billing.usage import TokenUsage
 from commonos.proto.events import Event, ModelCallCompleted, SessionCreated
 from commonos.proto.text import escape_nul
 from commonos.runtime.owners import SessionOwners

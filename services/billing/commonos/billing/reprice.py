@@ -24,11 +24,11 @@ from typing import Any, Final
 
 import asyncpg
 
+from commonos.accounting.pricing import PriceFile, Pricer, PriceResult
+from commonos.accounting.usage import TokenUsage
 from commonos.billing.budgets import BUDGET_LOCK_KEY
-from commonos.billing.pricing import PriceFile, Pricer, PriceResult
 from commonos.billing.projection import MAX_COST_USD
 from commonos.billing.report import columns
-from commonos.billing.usage import TokenUsage
 from commonos.runtime.postgres import Conn
 
 __all__ = ["RepriceChange", "RepriceError", "RepriceResult", "render_reprice", "reprice", "reprice_row"]

@@ -1,7 +1,7 @@
 """CommonBill's plugin tables, applied after the core schema on every start, `IF NOT EXISTS`.
 
 `model_calls` holds one row per successful model call (one per `model_call_completed` event, keyed by
-its event id). Token columns follow the convention of :mod:`commonos.billing.usage`: the four input
+its event id). Token columns follow the convention of :mod:`commonos.accounting.usage`: the four input
 buckets are disjoint (`input_tokens` excludes cache reads and writes) and `output_tokens` includes
 `reasoning_tokens`. `created_at` is the call's own time (the event's `occurred_at`), not the insert
 time, which is `recorded_at`. `cost_usd` is exact (numeric, 1e-10 USD) and NULL only when `unpriced`.

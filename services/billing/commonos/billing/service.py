@@ -20,25 +20,24 @@ from typing import Final
 import asyncpg
 import msgspec
 from nats.js import JetStreamContext
-from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 
+from commonos.accounting.pricing import PriceFileError, Pricer, load_price_file
 from commonos.billing.budgets import BudgetAlert, BudgetTracker
 from commonos.billing.config import BillingConfig, BillingConfigError, load_billing_config
 from commonos.billing.metrics import BillingMetrics
-from commonos.billing.pricing import PriceFileError, Pricer, load_price_file
 from commonos.billing.projection import BillingProjection
 from commonos.billing.schema import SCHEMA
-from commonos.journal_writer.service import partition_suffix
 from commonos.proto.cloudevents import CONTENT_TYPE, MSG_ID, SPECVERSION
 from commonos.proto.subjects import (
     ALERTS_BUDGET,
+    ALERTS_STREAM,
     MODEL_CALLS_FILTER,
     PROFILES_DELETED_FILTER,
     PROFILES_UPSERTED_FILTER,
     SESSIONS_CREATED_FILTER,
 )
 from commonos.runtime import nats as cos_nats
-from commonos.runtime.consumer import BatchConsumer, ConsumerOptions
+from commonos.runtime.consumer import BatchConsumer, ConsumerOptions, partition_suffix
 from commonos.runtime.http import Health
 from commonos.runtime.lifecycle import run, setup_logging
 from commonos.runtime.limits import check_fits, server_max_payload, with_stream_header
@@ -50,11 +49,7 @@ log = logging.getLogger("commonos.billing")
 
 DEFAULT_HTTP_PORT: Final = 9463
 CONSUMER_NAME: Final = "billing"
-ALERTS_STREAM: Final = "COS_ALERTS"
-ALERTS_ALL: Final = "cos.alerts.>"
 ALERT_SOURCE: Final = "urn:commonos:billing"
-#: Long enough that an alert republished after a crash and a slow restart is still recognised.
-ALERTS_DUPLICATE_WINDOW_S: Final = 24 * 3600.0
 
 _alert_encoder: Final = msgspec.json.Encoder(decimal_format="string")
 #: What billing reads: model calls, and who owns sessions and which profiles are deleted (or re-created).
@@ -96,18 +91,6 @@ async def apply_schemas_when_reachable(dsn: str, health: Health, stop: asyncio.E
                 await asyncio.wait_for(stop.wait(), backoff)
             backoff = min(backoff * 2, 5.0)
     return False
-
-
-def alerts_stream_config(replicas: int = 1) -> StreamConfig:
-    return StreamConfig(
-        name=ALERTS_STREAM,
-        subjects=[ALERTS_ALL],
-        storage=StorageType.FILE,
-        retention=RetentionPolicy.LIMITS,
-        discard=DiscardPolicy.OLD,
-        num_replicas=replicas,
-        duplicate_window=ALERTS_DUPLICATE_WINDOW_S,
-    )
 
 
 def alert_message(alert: BudgetAlert, msg_id: str, source: str = ALERT_SOURCE) -> tuple[bytes, dict[str, str]]:
@@ -187,7 +170,7 @@ async def serve(
     config = config if config is not None else load_billing_config(settings.billing_config)
     pricer = pricer if pricer is not None else load_pricer(settings)
     async with service_context(settings, name, stop) as ctx:
-        await cos_nats.ensure_stream(ctx.js, alerts_stream_config(settings.stream_replicas))
+        await cos_nats.ensure_stream(ctx.js, cos_nats.alerts_stream_config(settings.stream_replicas))
         if not await apply_schemas_when_reachable(database_url, ctx.health, ctx.stop):
             return 0
         pool = await create_pool(database_url, min_size=1, max_size=3)

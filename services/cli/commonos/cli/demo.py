@@ -23,12 +23,12 @@ import nats.js.errors
 from rich.console import Console
 from rich.table import Table
 
-from commonos.cli.args import CliError
-from commonos.cli.system import Endpoints, clear_state
 from commonos.cli.up import NATS_IDENTITY, start_system
 from commonos.proto.subjects import EVENTS_STREAM
+from commonos.runtime.args import CliError
 from commonos.runtime.postgres import connect
 from commonos.runtime.settings import Settings
+from commonos.runtime.system import Endpoints, clear_state
 
 MESSAGE = "Do I need an umbrella in Charleston today?"
 

@@ -1,7 +1,10 @@
-"""Entry point of `cos`. Each service contributes its own sub-commands.
+"""Entry point of `cos`. Each service contributes its own sub-commands, through a registry.
 
-`cos <command> ...` imports only the module that registers `<command>` (so `cos import` does not load
-NATS, asyncpg or the loop); `cos`, `cos --help` and an unknown command load them all.
+The registry is the `commonos.commands` entry-point group (pyproject.toml): each entry names a top-level
+command and the module whose `register(subparsers)` adds it. `cos` imports no service by name: a service
+that is not installed simply has no commands, and a new one adds its commands in its own entry points.
+`cos <command> ...` imports only the module that registers `<command>` (so `cos import` does not load NATS,
+asyncpg or the loop); `cos`, `cos --help` and an unknown command load them all.
 """
 
 from __future__ import annotations
@@ -10,43 +13,25 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from functools import cache
+from importlib.metadata import entry_points
 
-from commonos.cli.args import CliError, Parser
+from commonos.runtime.args import CliError, Parser
 from commonos.runtime.settings import ConfigError
 
-#: Modules with a `register(subparsers)` function, in the order `cos --help` lists them.
-COMMAND_MODULES = (
-    "commonos.cli.up",
-    "commonos.cli.demo",
-    "commonos.loop.cli",
-    "commonos.loop.profile_cli",
-    "commonos.journal_writer.cli",
-    "commonos.billing.cli",
-    "commonos.importer.cli",
-    "commonos.cli.schema",
-    "commonos.cli.streams",
-    "commonos.cli.security",
-)
+#: The entry-point group of `cos`'s commands: `<command> = "<module with register(subparsers)>"`.
+COMMANDS_GROUP = "commonos.commands"
 
-#: The top-level commands each module registers (tests/unit/test_cli.py checks this against `register`).
-COMMANDS = {
-    "up": "commonos.cli.up",
-    "demo": "commonos.cli.demo",
-    "chat": "commonos.loop.cli",
-    "loop": "commonos.loop.cli",
-    "approve": "commonos.loop.cli",
-    "deny": "commonos.loop.cli",
-    "profile": "commonos.loop.profile_cli",
-    "journal-writer": "commonos.journal_writer.cli",
-    "replay": "commonos.journal_writer.cli",
-    "dlq": "commonos.journal_writer.cli",
-    "billing": "commonos.billing.cli",
-    "report": "commonos.billing.cli",
-    "import": "commonos.importer.cli",
-    "schema": "commonos.cli.schema",
-    "streams": "commonos.cli.streams",
-    "security": "commonos.cli.security",
-}
+
+@cache
+def commands() -> dict[str, str]:
+    """Every registered command and its module, in the order `cos --help` lists them."""
+    return {ep.name: ep.value for ep in entry_points(group=COMMANDS_GROUP)}
+
+
+def command_modules() -> list[str]:
+    """The modules that register commands, each once, in the order of their first command."""
+    return list(dict.fromkeys(commands().values()))
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -58,7 +43,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "COS_DATA_DIR, ...); with no URLs, commands use the embedded system that `cos up` started.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
-    for name in (COMMANDS[command],) if command in COMMANDS else COMMAND_MODULES:
+    known = commands()
+    for name in (known[command],) if command in known else command_modules():
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from commonos.cli.args import CliError
+from commonos.runtime.args import CliError
 from commonos.runtime.settings import Settings
 
 #: The identities of deploy/nats/auth.conf and the environment variables holding their passwords.
@@ -153,7 +153,7 @@ def matrix_markdown(results: dict[str, dict[str, Verdict]]) -> str:
 
 def _identities(args: argparse.Namespace, settings: Settings) -> dict[str, str]:
     """--identity USER=PASSWORD; else auth.conf's password variables; else the secrets `cos up` keeps."""
-    from commonos.cli.system import secret_path
+    from commonos.runtime.system import secret_path
 
     chosen: dict[str, str] = {}
     for item in args.identity or []:
@@ -180,7 +180,7 @@ def _server(settings: Settings) -> str:
     """COS_NATS_URL, else the `cos up` system's, without any login in it (each identity logs in itself)."""
     from urllib.parse import urlsplit, urlunsplit
 
-    from commonos.cli.system import endpoints
+    from commonos.runtime.system import endpoints
 
     url = settings.nats_url or endpoints(settings).nats_url
     parts = [urlsplit(u.strip()) for u in url.split(",")]

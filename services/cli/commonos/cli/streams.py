@@ -13,14 +13,13 @@ from typing import Any
 
 from nats.js.api import StreamConfig
 
-from commonos.cli.args import CliError
+from commonos.runtime.args import CliError
 from commonos.runtime.settings import Settings
 
 
 def stream_configs(replicas: int) -> list[StreamConfig]:
     """Every stream of the system: the events, the dead letters, billing's budget alerts."""
-    from commonos.billing.service import alerts_stream_config
-    from commonos.runtime.nats import dlq_stream_config, events_stream_config
+    from commonos.runtime.nats import alerts_stream_config, dlq_stream_config, events_stream_config
 
     return [events_stream_config(replicas), dlq_stream_config(replicas), alerts_stream_config(replicas)]
 
@@ -45,7 +44,7 @@ async def ensure_all(settings: Settings, nats_url: str) -> list[tuple[str, int, 
 def _nats_url(settings: Settings) -> str:
     if settings.nats_url:
         return settings.nats_url
-    from commonos.cli.system import endpoints
+    from commonos.runtime.system import endpoints
 
     try:
         return endpoints(settings).nats_url

@@ -27,6 +27,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +35,12 @@ import asyncpg
 from rich.console import Console
 from rich.table import Table
 
-from commonos.cli.args import CliError
 from commonos.cli.streams import ensure_all
-from commonos.cli.system import (
+from commonos.runtime.args import CliError
+from commonos.runtime.embedded import NatsServer, PostgresCluster, ServerStartError, free_port
+from commonos.runtime.postgres import apply_schemas, connect
+from commonos.runtime.settings import Settings
+from commonos.runtime.system import (
     Endpoints,
     clear_state,
     ensure_secret,
@@ -46,9 +50,6 @@ from commonos.cli.system import (
     write_private,
     write_state,
 )
-from commonos.runtime.embedded import NatsServer, PostgresCluster, ServerStartError, free_port
-from commonos.runtime.postgres import apply_schemas, connect
-from commonos.runtime.settings import Settings
 
 #: Services `cos up` runs, each `python -m commonos.<module>`, if that module exists.
 SERVICES = ("journal_writer", "billing", "loop")
@@ -233,19 +234,10 @@ class System:
 
 
 def all_schemas() -> list[str]:
-    """Core schema first, then each plugin's, as the specification orders them."""
-    scripts: list[str] = []
-    for module_name in (
-        "commonos.journal_writer.schema",
-        "commonos.loop.memory_schema",
-        "commonos.billing.schema",
-        "commonos.journal_writer.graph_schema",
-    ):
-        if importlib.util.find_spec(module_name) is None:
-            continue
-        module = importlib.import_module(module_name)
-        scripts.append(module.SCHEMA)
-    return scripts
+    """Core schema first, then each plugin's, as the specification orders them: the `commonos.schemas`
+    entry points (pyproject.toml), in the order of their names."""
+    found = sorted(entry_points(group="commonos.schemas"), key=lambda ep: ep.name)
+    return [str(ep.load()) for ep in found]
 
 
 def _redact(url: str) -> str:

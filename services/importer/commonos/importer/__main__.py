@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from commonos.cli.args import CliError, Parser
 from commonos.importer.cli import register
+from commonos.runtime.args import CliError, Parser
 from commonos.runtime.settings import ConfigError
 
 

@@ -49,8 +49,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from commonos.billing.pricing import Pricer
-from commonos.cli.args import CliError, positive_int
+from commonos.accounting.pricing import Pricer
 from commonos.importer.claude import read_claude_file
 from commonos.importer.codex import read_codex_file
 from commonos.importer.discover import (
@@ -78,6 +77,7 @@ from commonos.importer.publish import (
 from commonos.importer.report import ImportSummary, SessionSummary, summarize_import, summarize_tree, summary_json
 from commonos.proto.events import Event
 from commonos.proto.graph import GraphInvalid, validate
+from commonos.runtime.args import CliError, positive_int
 from commonos.runtime.limits import DEFAULT_MAX_PAYLOAD
 from commonos.runtime.settings import Settings
 
@@ -522,17 +522,23 @@ async def nats_publisher(
 
 async def _claim_profile(js: Any, publisher: Any, profile: str, vendor: str) -> None:
     """Refuse a deleted profile (its imports would be refused); publish the import's profile."""
-    from commonos.loop.nats_journal import NatsJournal
-    from commonos.loop.profile_status import describe_deletion
+    from commonos.proto.events import ProfileUpserted
+    from commonos.proto.profiles import describe_deletion, fold_profiles
+    from commonos.proto.subjects import profile_events_filter
+    from commonos.proto.tags import parse_tags
+    from commonos.runtime.reading import StreamReadError, read_stored
 
-    journal = NatsJournal(js, publisher)
-    deleted = (await journal.profile_status(profile)).deleted
-    if deleted is not None:
+    try:
+        stored = await read_stored(js, profile_events_filter(profile), last_per_subject=True)
+    except StreamReadError as exc:
+        raise CliError(f"cannot read profile {profile!r} from the event stream: {exc}") from exc
+    status = fold_profiles(stored).get(profile)
+    if status is not None and status.deleted is not None:
         raise CliError(
-            f"{describe_deletion(deleted)}: nothing is imported into it (re-create it first: "
+            f"{describe_deletion(status.deleted)}: nothing is imported into it (re-create it first: "
             f"cos profile recreate {profile})"
         )
-    await journal.publish_profile(profile, profile_tags(vendor))
+    await publisher.publish(ProfileUpserted(profile_id=profile, tags=tuple(parse_tags(profile_tags(vendor)))))
 
 
 # --- watching ------------------------------------------------------------------------------------
@@ -745,7 +751,7 @@ def emit(summary: ImportSummary, output_format: str) -> None:
 
 
 def _nats_settings() -> Settings:
-    from commonos.cli.system import endpoints
+    from commonos.runtime.system import endpoints
 
     settings = Settings.from_env()
     if settings.nats_url:

@@ -1,6 +1,6 @@
 """What an import found, per session tree and per model: tokens by kind, cost, tool calls, files.
 
-Pure: costs come from billing's offline :class:`~commonos.billing.pricing.Pricer` (genai-prices), with the
+Pure: costs come from billing's offline :class:`~commonos.accounting.pricing.Pricer` (genai-prices), with the
 provider, model, tokens and time the ``model_call_completed`` events carry, so the summary's cost is
 what billing will charge for the same calls. Usage rows that belong to no invocation (a report-only
 subagent's last call) are counted in the tokens but neither billed nor priced.
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import msgspec
 
-from commonos.billing.pricing import CostStatus, Pricer
-from commonos.billing.usage import TokenUsage as BilledUsage
+from commonos.accounting.pricing import CostStatus, Pricer
+from commonos.accounting.usage import TokenUsage as BilledUsage
 from commonos.importer.model import ImportedSession
 from commonos.importer.publish import VENDOR_PROVIDERS, PublishCounts, call_time, has_usage
 from commonos.proto.graph import Graph, ModelInvocation, TokenUsage

@@ -13,8 +13,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from commonos.cli.args import CliError, positive_int
-from commonos.cli.system import endpoints
+from commonos.runtime.args import CliError, positive_int
+from commonos.runtime.system import endpoints
 
 
 def _settings() -> Any:

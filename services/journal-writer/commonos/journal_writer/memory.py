@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from commonos.loop.memory_schema import memory_rows, profile_deleted_rows
+from commonos.memory.schema import memory_rows, profile_deleted_rows
 from commonos.proto.events import Event, MemoryChanged, MemoryOp, ProfileDeleted, SessionCreated
 from commonos.proto.subjects import PROFILES_DELETED_FILTER, PROFILES_UPSERTED_FILTER, SESSIONS_CREATED_FILTER
 from commonos.runtime.errors import EventRejected

@@ -11,7 +11,7 @@ import asyncpg
 
 from commonos.journal_writer.schema import SCHEMA
 from commonos.journal_writer.store import JournalProjection
-from commonos.runtime.consumer import BatchConsumer, ConsumerOptions, Projection
+from commonos.runtime.consumer import BatchConsumer, ConsumerOptions, Projection, partition_suffix
 from commonos.runtime.http import Health
 from commonos.runtime.lifecycle import run, setup_logging
 from commonos.runtime.postgres import apply_schemas, create_pool
@@ -27,16 +27,9 @@ def writer_schemas() -> list[str]:
     """The core schema, then the plugin schemas whose projections run in this process."""
     from commonos.journal_writer.graph_schema import SCHEMA as GRAPH_SCHEMA
     from commonos.journal_writer.memory import OWNERS_SCHEMA as MEMORY_OWNERS_SCHEMA
-    from commonos.loop.memory_schema import SCHEMA as MEMORY_SCHEMA
+    from commonos.memory.schema import SCHEMA as MEMORY_SCHEMA
 
     return [SCHEMA, MEMORY_SCHEMA, MEMORY_OWNERS_SCHEMA, GRAPH_SCHEMA]
-
-
-def partition_suffix(settings: Settings) -> str:
-    """Durable consumer names carry the partition, so each partition has its own cursor and position."""
-    if settings.partitions == 1:
-        return ""
-    return f"-p{settings.partition or 0}-of-{settings.partitions}"
 
 
 def writer_projections(suffix: str = "", unpartitioned: bool = True) -> list[Projection]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from commonos.cli.args import CliError, Parser
 from commonos.loop.cli import _serve, register
+from commonos.runtime.args import CliError, Parser
 from commonos.runtime.settings import ConfigError
 
 

@@ -23,7 +23,6 @@ import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from commonos.cli.args import CliError, Parser
 from commonos.loop.approvals import ApprovalRequest, send_decision
 from commonos.loop.service import ChatReply, ChatRequest
 from commonos.loop.subjects import approval_request_subject, chat_subject, check_approver
@@ -31,6 +30,7 @@ from commonos.proto.events import ApprovalStatus, EventDecodeError, ToolCallReco
 from commonos.proto.subjects import EVENTS_PREFIX
 from commonos.proto.tags import InvalidTag, parse_tag
 from commonos.runtime import nats as cos_nats
+from commonos.runtime.args import CliError, Parser
 from commonos.runtime.lifecycle import run
 from commonos.runtime.settings import Settings
 
@@ -69,7 +69,7 @@ def _settings(http_port: int = 0) -> Settings:
     settings = Settings.from_env(http_port=http_port)
     if settings.nats_url:
         return settings
-    from commonos.cli.system import endpoints
+    from commonos.runtime.system import endpoints
 
     found = endpoints(settings)
     return dataclasses.replace(settings, nats_url=found.nats_url, database_url=found.database_url)
@@ -207,9 +207,9 @@ class _Chat:
         from commonos.loop.locks import NatsSessionLocks, SessionBusy
         from commonos.loop.loop import BadRequest, Loop, TurnRequest, UnknownProfile
         from commonos.loop.nats_journal import NatsJournal
-        from commonos.loop.profile_status import describe_deletion
         from commonos.loop.profiles import ProfileError, load_profiles
         from commonos.loop.providers import build_provider
+        from commonos.proto.profiles import describe_deletion
 
         if self._local_loop is None:
             try:

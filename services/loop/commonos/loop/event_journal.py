@@ -26,7 +26,6 @@ from commonos.loop.journal import (
     SessionRecord,
     ToolCallRecord,
 )
-from commonos.loop.profile_status import ProfileStatus, StoredEvent, fold_profiles
 from commonos.loop.session_state import SessionState, fold_memory, fold_session
 from commonos.proto.cloudevents import event_headers
 from commonos.proto.events import (
@@ -49,6 +48,7 @@ from commonos.proto.events import (
 from commonos.proto.identity import NewSession, TurnInfo
 from commonos.proto.ids import new_id
 from commonos.proto.messages import Message
+from commonos.proto.profiles import ProfileStatus, StoredEvent, fold_profiles
 from commonos.proto.subjects import EVENTS_STREAM
 from commonos.proto.tags import check_profile_id, parse_tags
 from commonos.runtime.limits import message_bytes, with_stream_header

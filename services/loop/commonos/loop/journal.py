@@ -15,8 +15,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from commonos.billing.usage import TokenUsage
-from commonos.loop.profile_status import ProfileStatus
+from commonos.accounting.usage import TokenUsage
 from commonos.proto.events import (
     ApprovalStatus,
     MemoryOp,
@@ -29,6 +28,7 @@ from commonos.proto.events import (
 from commonos.proto.identity import NewSession, TurnInfo
 from commonos.proto.ids import new_id
 from commonos.proto.messages import Message
+from commonos.proto.profiles import ProfileStatus
 
 
 class JournalError(RuntimeError):

@@ -34,7 +34,7 @@ from commonos.loop.journal import (
     ToolCallRecord,
 )
 from commonos.loop.locks import SessionBusy, SessionLease, SessionLocks, default_owner
-from commonos.loop.profile_status import ProfileStatus, delete_profile, deleted_when_by, describe_deletion
+from commonos.loop.profile_admin import delete_profile
 from commonos.loop.profiles import Policy, Profile
 from commonos.loop.providers.base import ModelRequest, Provider, ProviderError
 from commonos.loop.registry import NoRegistry, TurnRegistry
@@ -44,6 +44,7 @@ from commonos.proto.events import ApprovalStatus, ProfileDeleted, Risk, TurnStat
 from commonos.proto.identity import REQUEST_SOURCES, SUBAGENT_SOURCE, NewSession, TurnInfo, title_from_text
 from commonos.proto.ids import new_id
 from commonos.proto.messages import AssistantMessage, Message, ToolCall, ToolResultMessage, UserMessage
+from commonos.proto.profiles import ProfileStatus, deleted_when_by, describe_deletion
 from commonos.proto.tags import check_profile_id, parse_tags, resolve_tags
 from commonos.proto.text import NUL
 

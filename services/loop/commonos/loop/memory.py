@@ -5,8 +5,8 @@ from __future__ import annotations
 import uuid
 
 from commonos.loop.event_journal import LOOP_SOURCE, EventJournal
-from commonos.loop.profile_status import StoredEvent
 from commonos.proto.events import Event, MemoryChanged, ProfileDeleted, ProfileUpserted, SessionCreated
+from commonos.proto.profiles import StoredEvent
 from commonos.runtime.settings import DEFAULT_MAX_MESSAGE_BYTES
 
 

@@ -21,9 +21,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from commonos.cli.args import CliError
 from commonos.loop.cli import _tag, _who
 from commonos.proto.tags import InvalidProfileId, check_profile_id
+from commonos.runtime.args import CliError
 from commonos.runtime.settings import Settings
 
 #: The states `cos profile list` shows.
@@ -36,7 +36,7 @@ def _settings() -> Settings:
     settings = Settings.from_env()
     if settings.nats_url:
         return settings
-    from commonos.cli.system import endpoints
+    from commonos.runtime.system import endpoints
 
     found = endpoints(settings)
     return dataclasses.replace(settings, nats_url=found.nats_url, database_url=found.database_url)
@@ -193,7 +193,8 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
 
 
 def _delete(args: argparse.Namespace) -> int:
-    from commonos.loop.profile_status import ProfileAdminError, check_deleted_by, delete_profile, describe_deletion
+    from commonos.loop.profile_admin import ProfileAdminError, check_deleted_by, delete_profile
+    from commonos.proto.profiles import describe_deletion
     from commonos.runtime.lifecycle import run
 
     profile_id: str = args.id
@@ -251,8 +252,8 @@ async def _confirmed(profile_id: str, settings: Settings) -> bool:
 
 def _recreate(args: argparse.Namespace) -> int:
     from commonos.loop.event_journal import LOOP_SOURCE
-    from commonos.loop.profile_status import deleted_when_by
     from commonos.loop.profiles import CONFIG_FILE, ProfileError, load_profile
+    from commonos.proto.profiles import deleted_when_by
     from commonos.runtime.lifecycle import run
 
     profile_id: str = args.id
@@ -286,7 +287,7 @@ def _recreate(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    from commonos.cli.args import Parser
+    from commonos.runtime.args import Parser
 
     profile = sub.add_parser(
         "profile",

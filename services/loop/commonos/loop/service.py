@@ -34,7 +34,7 @@ from commonos.loop.journal import JournalError, MessageTooLarge, SessionNotFound
 from commonos.loop.locks import LockUnavailable, NatsSessionLocks, SessionBusy, default_owner
 from commonos.loop.loop import BadRequest, Loop, TurnRequest, UnknownProfile
 from commonos.loop.nats_journal import NatsJournal
-from commonos.loop.profile_status import DeleteReply, DeleteRequest, ProfileAdminError, deleted_when_by
+from commonos.loop.profile_admin import DeleteReply, DeleteRequest, ProfileAdminError
 from commonos.loop.profiles import ProfileError, load_profiles
 from commonos.loop.providers import build_provider
 from commonos.loop.registry import NatsTurnRegistry
@@ -42,6 +42,7 @@ from commonos.loop.search import MessageSearch, NoSearch, PostgresMessageSearch
 from commonos.loop.subjects import CHAT_QUEUE_GROUP, DELETE_REQUESTS_ALL, chat_subject, check_approver
 from commonos.proto.events import TurnStatus
 from commonos.proto.identity import TurnInfo
+from commonos.proto.profiles import deleted_when_by
 from commonos.proto.tags import InvalidTag
 from commonos.runtime import nats as cos_nats
 from commonos.runtime.http import Health, HttpServer

@@ -5,7 +5,7 @@
 * `cos.approvals.decide.<profile>.<approval_id>.<approver>` — the decision (`ApprovalAnswer` → `ApprovalAck`), sent by
   `cos approve ID` / `cos deny ID`; the waiting loop answers whether it took it.
 * `cos.cmd.<profile>.delete.<requester>` — delete the profile (`DeleteRequest` → `DeleteReply`, in
-  `commonos.loop.profile_status`): a loop service publishes its `profile_deleted`, with `<requester>` as
+  `commonos.proto.profiles`): a loop service publishes its `profile_deleted`, with `<requester>` as
   `deleted_by`, so NATS permissions on the subject decide who may delete which profiles.
 """
 

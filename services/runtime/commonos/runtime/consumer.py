@@ -39,6 +39,7 @@ from commonos.runtime.fetcher import ConsumerGone, PullFetcher
 from commonos.runtime.http import Health
 from commonos.runtime.nats import ConnectionLost
 from commonos.runtime.postgres import Conn
+from commonos.runtime.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -223,6 +224,13 @@ def projection_of(consumer: str) -> str:
     """A consumer's name without its partition suffix: a replay for `journal-writer-p1-of-4` is for the
     journal-writer's projection, whichever instance (or `cos replay`) applies that session now."""
     return _PARTITION_SUFFIX.sub("", consumer)
+
+
+def partition_suffix(settings: Settings) -> str:
+    """Durable consumer names carry the partition, so each partition has its own cursor and position."""
+    if settings.partitions == 1:
+        return ""
+    return f"-p{settings.partition or 0}-of-{settings.partitions}"
 
 
 def partition_of(subject: str, partitions: int) -> int:

@@ -13,13 +13,15 @@ from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError, NotFoundError
 
-from commonos.proto.subjects import DLQ_ALL, DLQ_STREAM, EVENTS_ALL, EVENTS_STREAM
+from commonos.proto.subjects import ALERTS_ALL, ALERTS_STREAM, DLQ_ALL, DLQ_STREAM, EVENTS_ALL, EVENTS_STREAM
 from commonos.runtime.settings import Settings
 
 log = logging.getLogger(__name__)
 
 #: Republishing an event inside this window is dropped by JetStream (Nats-Msg-Id).
 DUPLICATE_WINDOW_S = 600.0
+#: Long enough that an alert republished after a crash and a slow restart is still recognised.
+ALERTS_DUPLICATE_WINDOW_S = 24 * 3600.0
 
 
 class ConnectionLost(RuntimeError):
@@ -49,6 +51,19 @@ def dlq_stream_config(replicas: int = 1) -> StreamConfig:
         retention=RetentionPolicy.LIMITS,
         num_replicas=replicas,
         duplicate_window=DUPLICATE_WINDOW_S,
+    )
+
+
+def alerts_stream_config(replicas: int = 1) -> StreamConfig:
+    """Billing's budget alerts (`cos.alerts.>`), kept apart from the events."""
+    return StreamConfig(
+        name=ALERTS_STREAM,
+        subjects=[ALERTS_ALL],
+        storage=StorageType.FILE,
+        retention=RetentionPolicy.LIMITS,
+        discard=DiscardPolicy.OLD,
+        num_replicas=replicas,
+        duplicate_window=ALERTS_DUPLICATE_WINDOW_S,
     )
 
 

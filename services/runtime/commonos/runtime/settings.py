@@ -9,13 +9,14 @@ from pathlib import Path
 from typing import Final
 from urllib.parse import urlparse
 
+from commonos.proto.errors import ConfigError
+
 PREFIX: Final = "COS_"
 #: Default of COS_MAX_MESSAGE_BYTES: a quarter of nats-server's default max_payload.
 DEFAULT_MAX_MESSAGE_BYTES: Final = 256 * 1024
 
 
-class ConfigError(ValueError):
-    """A configuration value that cannot be used; the message names the variable."""
+__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "PREFIX", "ConfigError", "Settings"]
 
 
 def _int(env: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:

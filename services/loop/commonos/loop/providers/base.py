@@ -6,7 +6,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from commonos.billing.usage import TokenUsage
+from commonos.accounting.usage import TokenUsage
 from commonos.proto.messages import AssistantMessage, Message
 
 
@@ -38,7 +38,7 @@ class ModelRequest(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ModelResponse(msgspec.Struct, frozen=True, kw_only=True):
-    """The assistant's answer and the call's facts, tokens in our convention (commonos.billing.usage)."""
+    """The assistant's answer and the call's facts, tokens in our convention (commonos.accounting.usage)."""
 
     message: AssistantMessage
     usage: TokenUsage

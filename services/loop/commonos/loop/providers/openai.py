@@ -6,7 +6,7 @@ import json
 import os
 from typing import Any
 
-from commonos.billing.usage import UsageError, from_openai_usage
+from commonos.accounting.usage import UsageError, from_openai_usage
 from commonos.loop.providers.base import ModelRequest, ModelResponse, ProviderError
 from commonos.loop.providers.http import JsonClient
 from commonos.proto.messages import AssistantMessage, Message, ToolCall, ToolResultMessage, UserMessage

@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-from commonos.billing.usage import TokenUsage
+from commonos.accounting.usage import TokenUsage
 from commonos.loop.providers.base import ModelRequest, ModelResponse
 from commonos.proto.messages import AssistantMessage, ToolCall, UserMessage, message_text
 

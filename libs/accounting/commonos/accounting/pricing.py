@@ -1,6 +1,6 @@
 """The pure pricing engine of CommonBill: token usage + model + call time -> an exact USD cost.
 
-Token convention: see :mod:`commonos.billing.usage`. Our ``input_tokens`` excludes cache reads and writes;
+Token convention: see :mod:`commonos.accounting.usage`. Our ``input_tokens`` excludes cache reads and writes;
 genai-prices' ``input_tokens`` is the total input and it prices each cache bucket as a part of that total.
 We never call ``genai_prices.calc_price`` on the hot path: we read its price data (``ModelPrice``) once per
 model, price tier and price period into per-token rates, then price a call with a handful of Decimal
@@ -71,7 +71,7 @@ import msgspec
 from genai_prices import data_snapshot
 from genai_prices.types import ModelInfo, ModelPrice, Provider, StartDateConstraint, TieredPrices
 
-from commonos.billing.usage import TokenUsage
+from commonos.accounting.usage import TokenUsage
 
 __all__ = [
     "CostStatus",

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from commonos.cli.args import CliError
+from commonos.runtime.args import CliError
 from commonos.runtime.settings import Settings
 
 STATE_FILE = "state.json"

@@ -1,0 +1,1 @@
+"""Token usage and pricing, shared by the loop, billing and the importer (no I/O)."""
