@@ -176,7 +176,7 @@ async def test_billing_dead_letters_a_model_call_near_the_limit_and_goes_on(
 
 def rotate_password(config: Path, user: str, password: str, server: NatsServer) -> None:
     config.write_text(f"authorization {{ users = [ {{user: {user}, password: {password}}} ] }}\n")
-    pid = server._pid()
+    pid = server.pid
     assert pid is not None
     os.kill(pid, signal.SIGHUP)  # reload: connections that no longer authorize are closed with an error
 

@@ -105,7 +105,7 @@ def write_users(config: Path, loop_password: str) -> None:
 
 def rotate_password(config: Path, server: NatsServer, loop_password: str) -> None:
     write_users(config, loop_password)
-    pid = server._pid()
+    pid = server.pid
     assert pid is not None
     os.kill(pid, signal.SIGHUP)  # reload: the connections that no longer authorize are closed with an error
 

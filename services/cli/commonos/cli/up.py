@@ -102,7 +102,7 @@ class System:
         if not nats_url:
             self.nats = self._start_nats(data / "nats", ports.get("nats"))
             nats_url = _with_login(self.nats.url, "admin", self.nats_passwords["admin"])
-            self.components.append(Component("nats-server (embedded)", self.nats.url, self.nats._pid(), "running"))
+            self.components.append(Component("nats-server (embedded)", self.nats.url, self.nats.pid, "running"))
         else:
             self.components.append(Component("nats", nats_url, None, "configured"))
         database_url = s.database_url

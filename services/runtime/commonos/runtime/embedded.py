@@ -213,7 +213,9 @@ class NatsServer:
     def running(self) -> bool:
         return self._proc is not None and self._proc.running
 
-    def _pid(self) -> int | None:
+    @property
+    def pid(self) -> int | None:
+        """The server's process id while it runs (None before start and after stop)."""
         return self._proc.proc.pid if self._proc is not None and self._proc.proc is not None else None
 
     def stop(self) -> None:
