@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Final
 from urllib.parse import unquote
 
+from commonos.proto.errors import DataError
 from commonos.proto.events import _Event, event_type
 
 SPECVERSION: Final = "1.0"
@@ -25,7 +26,7 @@ REQUIRED: Final = ("ce-specversion", "ce-id", "ce-source", "ce-type")
 EVENT_REQUIRED: Final = (*REQUIRED, "ce-subject", "ce-time")
 
 
-class HeaderError(ValueError):
+class HeaderError(DataError):
     """Headers that are not a valid CloudEvents binary-mode envelope."""
 
 
@@ -61,21 +62,35 @@ def _rfc3339(ts: datetime) -> str:
     return ts.isoformat().replace("+00:00", "Z")
 
 
-def event_headers(event: _Event, source: str = DEFAULT_SOURCE) -> dict[str, str]:
-    """Headers for publishing `event`; `Nats-Msg-Id` = event id lets JetStream drop a republish."""
-    event_id = str(event.event_id)
+def message_headers(
+    *, id: str, type: str, source: str, time: datetime, subject: str, msg_id: str | None = None
+) -> dict[str, str]:
+    """The CloudEvents headers of any message of ours (an event, a budget alert): the attributes
+    percent-encoded, `content-type` JSON, and `Nats-Msg-Id` (`msg_id`, else the id) so that JetStream
+    drops a republish. `time` is written as it is (RFC 3339, `Z` for UTC)."""
     raw = {
         "ce-specversion": SPECVERSION,
-        "ce-id": event_id,
+        "ce-id": id,
         "ce-source": source,
-        "ce-type": ce_type(event_type(event)),
-        "ce-time": _rfc3339(event.occurred_at),
-        "ce-subject": str(event.session_id),
+        "ce-type": type,
+        "ce-time": _rfc3339(time),
+        "ce-subject": subject,
     }
     headers = {k: percent_encode(v) for k, v in raw.items()}
     headers["content-type"] = CONTENT_TYPE
-    headers[MSG_ID] = event_id
+    headers[MSG_ID] = id if msg_id is None else msg_id
     return headers
+
+
+def event_headers(event: _Event, source: str = DEFAULT_SOURCE) -> dict[str, str]:
+    """Headers for publishing `event`; `Nats-Msg-Id` = event id lets JetStream drop a republish."""
+    return message_headers(
+        id=str(event.event_id),
+        type=ce_type(event_type(event)),
+        source=source,
+        time=event.occurred_at,
+        subject=str(event.session_id),
+    )
 
 
 def decode_headers(headers: dict[str, str] | None) -> dict[str, str]:

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Final
 
 import msgspec
 
+from commonos.proto.errors import DataError
 from commonos.proto.ids import new_id
 from commonos.proto.messages import Message
 from commonos.proto.tags import MAX_TAG_LENGTH, TAG_PATTERN
@@ -238,7 +239,7 @@ _decoder: Final = msgspec.json.Decoder(Event)
 _encoder: Final = msgspec.json.Encoder(decimal_format="string")
 
 
-class EventDecodeError(ValueError):
+class EventDecodeError(DataError):
     """A payload that is not a valid event; the message says why."""
 
 

@@ -6,6 +6,7 @@ import re
 import uuid
 from typing import Final, NamedTuple
 
+from commonos.proto.errors import DataError
 from commonos.proto.events import EVENT_TYPE_NAMES, NO_SESSION, _Event, event_type
 
 EVENTS_STREAM: Final = "COS_EVENTS"
@@ -27,7 +28,7 @@ PROFILES_UPSERTED_FILTER: Final = "cos.events.*.*.profile_upserted"
 _PROFILE_TOKEN = re.compile(r"[a-z0-9_-]{1,64}")
 
 
-class SubjectError(ValueError):
+class SubjectError(DataError):
     """A subject that is not `cos.events.<profile>.<session>.<type>`."""
 
 

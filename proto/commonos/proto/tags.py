@@ -14,6 +14,8 @@ import re
 from collections.abc import Iterable
 from typing import Final
 
+from commonos.proto.errors import DataError
+
 #: A whole tag. `(?!\n)` before `$`: Python's `$` also matches before a final newline; ECMA regexes
 #: (JSON Schema) agree.
 TAG_PATTERN: Final = r"^[a-z0-9_-]+:[A-Za-z0-9_.-]+(?!\n)$"
@@ -29,7 +31,7 @@ _VALUE = re.compile(r"[A-Za-z0-9_.-]+")
 _PROFILE_ID = re.compile(r"[a-z0-9_-]{1,64}")
 
 
-class InvalidTag(ValueError):
+class InvalidTag(DataError):
     """A tag that breaks one of the format rules; the message names the rule."""
 
     def __init__(self, tag: str, rule: str) -> None:
@@ -39,7 +41,7 @@ class InvalidTag(ValueError):
         self.rule = rule
 
 
-class InvalidProfileId(ValueError):
+class InvalidProfileId(DataError):
     def __init__(self, profile_id: str) -> None:
         super().__init__(f"invalid profile id {profile_id!r}: use 1 to 64 lower-case letters, digits, _ or -")
         self.profile_id = profile_id

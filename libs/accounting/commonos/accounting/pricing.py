@@ -72,6 +72,7 @@ from genai_prices import data_snapshot
 from genai_prices.types import ModelInfo, ModelPrice, Provider, StartDateConstraint, TieredPrices
 
 from commonos.accounting.usage import TokenUsage
+from commonos.proto.errors import ConfigError
 
 __all__ = [
     "CostStatus",
@@ -124,7 +125,7 @@ class PriceResult(msgspec.Struct, frozen=True, kw_only=True):
     detail: str = ""  # the price entry used, or why there was none
 
 
-class PriceFileError(ValueError):
+class PriceFileError(ConfigError):
     """An operator price file that cannot be used; one line naming the file, the entry and the problem."""
 
 

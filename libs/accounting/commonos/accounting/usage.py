@@ -29,10 +29,12 @@ from typing import Any
 
 import msgspec
 
+from commonos.proto.errors import DataError
+
 __all__ = ["TokenUsage", "UsageError", "from_anthropic_usage", "from_codex_usage", "from_openai_usage"]
 
 
-class UsageError(ValueError):
+class UsageError(DataError):
     """A usage record that cannot be put in our convention (negative counts, parts larger than wholes)."""
 
 

@@ -22,6 +22,7 @@ from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import Any, Final
 
+from commonos.proto.errors import DataError
 from commonos.runtime.postgres import Conn
 
 __all__ = [
@@ -66,7 +67,7 @@ _AGGREGATES: Final = """
 _RANGE: Final = "created_at >= $1 AND ($2::timestamptz IS NULL OR created_at < $2)"
 
 
-class ReportError(ValueError):
+class ReportError(DataError):
     """A report argument that cannot be used; the message is one line."""
 
 

@@ -29,6 +29,7 @@ from commonos.accounting.usage import TokenUsage
 from commonos.billing.budgets import BUDGET_LOCK_KEY
 from commonos.billing.projection import MAX_COST_USD
 from commonos.billing.report import columns
+from commonos.proto.errors import DataError
 from commonos.runtime.postgres import Conn
 
 __all__ = ["RepriceChange", "RepriceError", "RepriceResult", "render_reprice", "reprice", "reprice_row"]
@@ -78,7 +79,7 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 """
 
 
-class RepriceError(ValueError):
+class RepriceError(DataError):
     """A reprice that cannot be done (the whole run is rolled back); the message is one line."""
 
 

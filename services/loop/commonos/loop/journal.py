@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import msgspec
 
 from commonos.accounting.usage import TokenUsage
+from commonos.proto.errors import DataError, OperationalError
 from commonos.proto.events import (
     ApprovalStatus,
     MemoryOp,
@@ -31,7 +32,7 @@ from commonos.proto.messages import Message
 from commonos.proto.profiles import ProfileStatus
 
 
-class JournalError(RuntimeError):
+class JournalError(OperationalError):
     """The journal could not store or read events before its deadline (e.g. NATS unreachable).
 
     The operation may or may not have been stored; retrying it is safe for a publish because a retry
@@ -39,7 +40,7 @@ class JournalError(RuntimeError):
     """
 
 
-class SessionNotFound(LookupError):
+class SessionNotFound(DataError, LookupError):
     """No `session_created` event exists for this session id (from this profile, when one is named)."""
 
     def __init__(self, session_id: uuid.UUID, profile_id: str | None = None) -> None:
@@ -48,11 +49,11 @@ class SessionNotFound(LookupError):
         self.profile_id = profile_id
 
 
-class UnknownMessage(ValueError):
+class UnknownMessage(DataError):
     """A message sequence number that the session does not have."""
 
 
-class MessageTooLarge(ValueError):
+class MessageTooLarge(DataError):
     """A message whose `message_appended` event would be over the journal's limit for one message
     (`Journal.message_limit`); nothing of it was stored."""
 

@@ -40,6 +40,7 @@ from commonos.loop.providers.base import ModelRequest, Provider, ProviderError
 from commonos.loop.registry import NoRegistry, TurnRegistry
 from commonos.loop.search import MessageSearch, NoSearch
 from commonos.loop.tools import Tool, ToolContext, ToolFailed, ToolOutput, builtin_tools, fit_result, tool_specs
+from commonos.proto.errors import DataError
 from commonos.proto.events import ApprovalStatus, ProfileDeleted, Risk, TurnStatus, utcnow
 from commonos.proto.identity import REQUEST_SOURCES, SUBAGENT_SOURCE, NewSession, TurnInfo, title_from_text
 from commonos.proto.ids import new_id
@@ -54,13 +55,13 @@ DEFAULT_MAX_TOKENS: Final = 4096
 INTERRUPTED_RESULT: Final = "no result: the turn ended before this call ran"
 
 
-class UnknownProfile(LookupError):
+class UnknownProfile(DataError, LookupError):
     def __init__(self, profile_id: str) -> None:
         super().__init__(f"no profile {profile_id!r} is loaded")
         self.profile_id = profile_id
 
 
-class BadRequest(ValueError):
+class BadRequest(DataError):
     """A turn request refused before anything of it is recorded; the message says why, in one line."""
 
 
@@ -120,7 +121,7 @@ def close_open_tool_calls(messages: Sequence[Message]) -> list[Message]:
     return out
 
 
-class _TurnFailed(Exception):
+class _TurnFailed(DataError):
     """Ends a turn as failed with this message."""
 
 

@@ -31,6 +31,7 @@ from typing import Any, Final
 
 import msgspec
 
+from commonos.proto.errors import ConfigError
 from commonos.proto.tags import InvalidProfileId, InvalidTag, check_profile_id, parse_tag
 
 CONFIG_FILE: Final = "config.toml"
@@ -39,7 +40,7 @@ PROVIDERS: Final = ("scripted", "anthropic", "openai")
 BUILTIN_TOOLS: Final = ("read_file", "list_dir", "write_file", "shell", "session_search", "delegate", "memory")
 
 
-class ProfileError(ValueError):
+class ProfileError(ConfigError):
     """A profile that cannot be used; the message starts with the file at fault."""
 
     def __init__(self, path: Path, problem: str) -> None:

@@ -21,6 +21,7 @@ from commonos.loop.journal import Journal, MemoryChange
 from commonos.loop.profiles import BUILTIN_TOOLS, Profile
 from commonos.loop.providers.base import ToolSpec
 from commonos.loop.search import MessageSearch, SearchUnavailable
+from commonos.proto.errors import DataError
 from commonos.proto.events import MemoryOp, MemoryTarget, Risk
 from commonos.proto.identity import TurnInfo
 
@@ -32,7 +33,7 @@ SHELL_TIMEOUT_S: Final = 30.0
 SHELL_MAX_TIMEOUT_S: Final = 300.0
 
 
-class ToolFailed(Exception):
+class ToolFailed(DataError):
     """A tool call that could not do its job; the message goes back to the model as an error result."""
 
 

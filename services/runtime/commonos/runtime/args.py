@@ -6,8 +6,10 @@ import argparse
 import sys
 from typing import NoReturn
 
+from commonos.proto.errors import DataError
 
-class CliError(Exception):
+
+class CliError(DataError):
     """An error to print as one line and exit with status 2."""
 
 

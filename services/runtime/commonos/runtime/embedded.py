@@ -23,10 +23,12 @@ from pathlib import Path
 from typing import IO, Any, Final
 from urllib.parse import quote
 
+from commonos.proto.errors import OperationalError
+
 START_TIMEOUT_S: Final = 30.0
 
 
-class ServerStartError(RuntimeError):
+class ServerStartError(OperationalError):
     """A server did not become ready; the message carries its own output."""
 
 

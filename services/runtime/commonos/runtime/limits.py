@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final, Protocol
 
+from commonos.proto.errors import DataError
+
 #: nats-server's default (and recommended) max_payload.
 DEFAULT_MAX_PAYLOAD: Final = 1024 * 1024
 #: The most nats-server accepts as max_payload.
@@ -23,7 +25,7 @@ EXPECTED_STREAM: Final = "Nats-Expected-Stream"
 _NEWLINES: Final = str.maketrans({"\r": " ", "\n": " "})
 
 
-class MessageTooLarge(ValueError):
+class MessageTooLarge(DataError):
     """A message that would exceed the server's max_payload; the message says what, how big, and what to change."""
 
     def __init__(self, what: str, size: int, limit: int, hint: str = "") -> None:

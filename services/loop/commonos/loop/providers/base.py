@@ -7,10 +7,11 @@ from typing import Any, Protocol
 import msgspec
 
 from commonos.accounting.usage import TokenUsage
+from commonos.proto.errors import OperationalError
 from commonos.proto.messages import AssistantMessage, Message
 
 
-class ProviderError(RuntimeError):
+class ProviderError(OperationalError):
     """A model call that failed for good (after retries where retrying made sense)."""
 
     def __init__(self, provider: str, message: str, *, status: int | None = None, retryable: bool = False) -> None:

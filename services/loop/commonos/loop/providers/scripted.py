@@ -23,12 +23,13 @@ import msgspec
 
 from commonos.accounting.usage import TokenUsage
 from commonos.loop.providers.base import ModelRequest, ModelResponse
+from commonos.proto.errors import ConfigError
 from commonos.proto.messages import AssistantMessage, ToolCall, UserMessage, message_text
 
 NAME = "scripted"
 
 
-class ScriptError(ValueError):
+class ScriptError(ConfigError):
     """A script file that cannot be used; the message names the file."""
 
 
