@@ -23,6 +23,7 @@ from typing import Any, Final
 
 import msgspec
 
+from commonos.proto.errors import DataError
 from commonos.proto.graph import SUBAGENT_DETAIL_KEY, Hunk
 
 #: The word every cut carries, so a cut value can be found (`WHERE output ? 'cos_import_cut'`).
@@ -62,7 +63,7 @@ SINGULAR: Final = {
 _encoder: Final = msgspec.json.Encoder()
 
 
-class RowTooLarge(ValueError):
+class RowTooLarge(DataError):
     """A row that does not fit a part even with every field that may be cut cut; the message says which."""
 
 

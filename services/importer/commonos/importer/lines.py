@@ -24,6 +24,7 @@ from typing import Any, BinaryIO, Final
 import msgspec
 
 from commonos.importer.model import TranscriptError
+from commonos.proto.errors import DataError
 
 #: The longest transcript line the importer reads (64 MiB); a longer one is skipped with a warning.
 MAX_LINE_BYTES: Final = 64 * 1024 * 1024
@@ -41,11 +42,14 @@ def log_warning(message: str) -> None:
     log.warning("%s", message)
 
 
-class NotRegularFile(OSError):
-    """A transcript path that is not a regular file (a FIFO, a device, a socket); it is never read."""
+class NotRegularFile(DataError):
+    """A transcript path that is not a regular file (a FIFO, a device, a socket); it is never read.
+
+    Not an OSError: nothing opens such a file, and every caller of `open_regular` catches this by name.
+    """
 
     def __init__(self, path: Path, kind: str) -> None:
-        super().__init__(errno.EINVAL, f"not a regular file ({kind})", str(path))
+        super().__init__(f"{path}: not a regular file ({kind})")
         self.path = path
         self.kind = kind
 

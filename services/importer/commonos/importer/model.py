@@ -8,6 +8,7 @@ from pathlib import Path
 
 import msgspec
 
+from commonos.proto.errors import DataError
 from commonos.proto.graph import Graph
 
 VENDOR_CLAUDE_CODE = "claude-code"
@@ -32,7 +33,7 @@ class ImportedSession(msgspec.Struct, frozen=True, kw_only=True):
     profile_id: str | None = None
 
 
-class TranscriptError(ValueError):
+class TranscriptError(DataError):
     """A transcript whose content cannot be mapped (a field of an unexpected shape); names the file."""
 
     def __init__(self, path: Path, reason: str) -> None:

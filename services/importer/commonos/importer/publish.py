@@ -42,6 +42,7 @@ import msgspec
 from commonos.importer.cut import RowTooLarge, cut_row, row_size
 from commonos.importer.model import VENDOR_CLAUDE_CODE, VENDOR_CODEX, ImportedSession
 from commonos.proto.cloudevents import event_headers
+from commonos.proto.errors import DataError
 from commonos.proto.events import Event, ModelCallCompleted, TranscriptImported, encode_event
 from commonos.proto.graph import (
     GRAPH_LISTS,
@@ -79,7 +80,7 @@ _LISTS: Final = GRAPH_LISTS
 _row_encoder: Final = msgspec.json.Encoder()
 
 
-class GraphTooLarge(ValueError):
+class GraphTooLarge(DataError):
     """A graph that cannot be published in parts that each fit one message; the message says why."""
 
 
