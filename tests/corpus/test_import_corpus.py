@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 
+from commonos.accounting.pricing import Pricer
 from commonos.importer.claude import read_claude, read_claude_file
 from commonos.importer.codex import parse_patch, read_codex, read_codex_file
 from commonos.importer.model import ImportedSession
-from commonos.importer.summary import summarize, summary_json
+from commonos.importer.report import summarize_import, summarize_tree, summary_json
 from commonos.proto.graph import (
     SUBAGENT_DETAIL_KEY,
     Graph,
@@ -311,8 +312,11 @@ def test_fixture_split_response_and_resumed_rewrite(tmp_path: Path) -> None:
     (touch,) = graph.file_touches
     assert touch.path == "/w/x.py" and touch.hunks is not None and touch.hunks[0].new_lines == 2
     assert graph.sessions[0].outcome == Outcome.INTERRUPTED
-    assert summarize(graph).models[0].output_tokens == 40
-    assert json.loads(summary_json(graph))["models"][0]["model"] == "claude-test"
+    # The summary `cos import` prints counts the response once, from its final line.
+    summary = summarize_import(imported.vendor, tmp_path, [summarize_tree(Pricer(), imported)], dry_run=True)
+    (model,) = summary.models
+    assert (model.model, model.invocations, model.output_tokens) == ("claude-test", 1, 40)
+    assert json.loads(summary_json(summary))["models"][0]["model"] == "claude-test"
 
 
 def test_fixture_progress_and_subagent_file_counted_once(tmp_path: Path) -> None:
