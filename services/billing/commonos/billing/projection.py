@@ -12,7 +12,7 @@ Token convention (Anthropic, OpenAI and Codex usage alike, see :mod:`commonos.ac
 row keeps the same buckets unchanged.
 
 A call billing cannot handle is a dead letter, never a stopped service. The consumer dead-letters what
-``check`` raises as a ``ValueError``, so :meth:`BillingProjection.check` runs the whole per-event path that
+``check`` raises as a ``DataError``, so :meth:`BillingProjection.check` runs the whole per-event path that
 needs no I/O (:meth:`BillingProjection.bill`: the call's own checks, pricing, the row, the budget step's
 periods) and keeps the row for ``apply``. What counts as the call's data error, and so as its dead letter:
 
@@ -23,8 +23,8 @@ periods) and keeps the row for ``apply``. What counts as the call's data error, 
   cost does not fit ``model_calls.cost_usd``; the reason names the step (``pricing: ...``, ``budgets: ...``).
 
 Anything else raised on the way is billing's own bug and must stop the service, as it always did: a
-``ValueError`` among them is re-raised as :class:`BillingFault` so that the consumer does not take it for the
-call's fault. Rows PostgreSQL refuses (a NUL in a text, ...) are isolated and dead-lettered by the consumer.
+``ValueError`` among them is re-raised as :class:`BillingFault` (a ``BugError``), which says so. Rows
+PostgreSQL refuses (a NUL in a text, ...) are isolated and dead-lettered by the consumer.
 Metrics are counted only from rows that passed all of this, with integer and ``Decimal`` additions that
 cannot fail on them (tests/fuzz/test_billing_path.py drives every step with arbitrary valid calls).
 """
@@ -43,8 +43,16 @@ from commonos.accounting.pricing import Pricer
 from commonos.accounting.usage import TokenUsage
 from commonos.billing.schema import DELETIONS_TABLE
 from commonos.proto.events import Event, ModelCallCompleted, SessionCreated
+from commonos.proto.subjects import (
+    MODEL_CALLS_FILTER,
+    PROFILES_DELETED_FILTER,
+    PROFILES_UPSERTED_FILTER,
+    SESSIONS_CREATED_FILTER,
+)
 from commonos.proto.text import escape_nul
+from commonos.runtime.errors import BugError, DataError
 from commonos.runtime.owners import SessionOwners
+from commonos.runtime.projection import Projection
 from commonos.runtime.tombstones import ProfileTombstones, check_profile_event
 
 if TYPE_CHECKING:
@@ -82,7 +90,7 @@ _LAST_INSTANT: Final = datetime.max.replace(tzinfo=UTC)
 DATA_ERRORS: Final = (OverflowError, decimal.DecimalException)
 
 
-class InvalidModelCall(ValueError):
+class InvalidModelCall(DataError):
     """A model_call_completed event that is well-formed but cannot be billed (it is dead-lettered)."""
 
 
@@ -97,10 +105,10 @@ class UnbillableModelCall(InvalidModelCall):
         return cls(f"{step}: {type(exc).__name__}: {exc}")
 
 
-class BillingFault(RuntimeError):
+class BillingFault(BugError):
     """A ValueError that billing itself raised on a call that passed its checks: a bug, which stops the service.
 
-    Not a ValueError, so the consumer does not dead-letter every call the bug touches.
+    Not a ValueError, so that nothing takes it for the call's fault and dead-letters every call the bug touches.
     """
 
 
@@ -275,10 +283,19 @@ class _Staged:
     budgets: list[BudgetStep] = field(default_factory=list)
 
 
-class BillingProjection:
+class BillingProjection(Projection):
     """The ``model_calls`` projection; one per process (it holds the cached :class:`Pricer`)."""
 
     position_table = "billing_positions"
+    #: Model calls, and who owns sessions and which profiles are deleted (or re-created).
+    filter_subjects = (
+        MODEL_CALLS_FILTER,
+        SESSIONS_CREATED_FILTER,
+        PROFILES_DELETED_FILTER,
+        PROFILES_UPSERTED_FILTER,
+    )
+    #: billing_reprices is written by ``cos billing reprice``, not by the projection.
+    tables = ("model_calls", "budget_spend", "budget_alerts", "billing_session_owners", DELETIONS_TABLE)
 
     def __init__(
         self,
@@ -302,7 +319,7 @@ class BillingProjection:
     def bill(self, event: ModelCallCompleted) -> ModelCallRow:
         """Everything billing does with one call before I/O: check, price, build the row, the budget periods.
 
-        Raises :class:`InvalidModelCall` (a ``ValueError``: the consumer dead-letters the call) for the call's
+        Raises :class:`InvalidModelCall` (a ``DataError``: the consumer dead-letters the call) for the call's
         data errors, :class:`BillingFault` for a ``ValueError`` that is a bug; anything else propagates.
         """
         check_model_call(event)

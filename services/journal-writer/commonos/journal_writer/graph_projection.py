@@ -44,7 +44,9 @@ from commonos.proto.events import Event, ProfileDeleted, TranscriptImported
 from commonos.proto.graph import Graph, GraphInvalid, decode_graph, validate
 from commonos.proto.subjects import PROFILES_DELETED_FILTER, PROFILES_UPSERTED_FILTER
 from commonos.proto.text import escape_nul, escape_nul_in_json
+from commonos.runtime.errors import DataError
 from commonos.runtime.owners import mismatch
+from commonos.runtime.projection import Projection
 from commonos.runtime.tombstones import ProfileTombstones, check_profile_event
 
 if TYPE_CHECKING:
@@ -159,7 +161,7 @@ _hunks_encoder: Final = msgspec.json.Encoder()
 _MAX_CACHED_PLANS: Final = 16
 
 
-class GraphEventInvalid(ValueError):
+class GraphEventInvalid(DataError):
     """A ``transcript_imported`` event whose graph cannot be stored; the message says why."""
 
 
@@ -368,7 +370,7 @@ def plan_event(event: TranscriptImported) -> Rows:
         raise GraphEventInvalid(f"bad id in the graph: {exc}") from exc
 
 
-class GraphProjection:
+class GraphProjection(Projection):
     """Projects ``transcript_imported`` events into the ``graph`` schema; other events pass by.
 
     A profile's deletion deletes the sessions of its imports at its place in the stream and is remembered in

@@ -20,6 +20,7 @@ from commonos.proto.subjects import PROFILES_DELETED_FILTER, PROFILES_UPSERTED_F
 from commonos.runtime.errors import EventRejected
 from commonos.runtime.owners import SessionOwners, owners_schema
 from commonos.runtime.postgres import Conn
+from commonos.runtime.projection import Projection
 from commonos.runtime.tombstones import ProfileTombstones, check_profile_event, tombstones_schema
 
 DELETIONS_TABLE: Final = "memory_profile_deletions"
@@ -30,7 +31,7 @@ OWNERS_SCHEMA: Final = owners_schema("memory_session_owners") + tombstones_schem
 _APPLIED: Final = "SELECT true FROM memory_changes_applied WHERE event_id = $1"
 
 
-class MemoryProjection:
+class MemoryProjection(Projection):
     position_table = "projection_positions"
     filter_subjects = (
         "cos.events.*.*.memory_changed",

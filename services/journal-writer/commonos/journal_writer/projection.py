@@ -22,7 +22,8 @@ from commonos.proto import events as ev
 from commonos.proto.identity import stored_title, title_from_text
 from commonos.proto.messages import UserMessage
 from commonos.proto.text import escape_nul, escape_nul_in_json
-from commonos.runtime.tombstones import check_profile_event
+from commonos.runtime.errors import DataError
+from commonos.runtime.tombstones import ProfileEventInvalid, check_profile_event
 
 _content_encoder: Final = msgspec.json.Encoder()
 
@@ -180,7 +181,7 @@ SESSION_EVENTS: Final = (
 )
 
 
-class InvariantViolation(ValueError):
+class InvariantViolation(DataError):
     """An event that is well-formed but cannot be true (it goes to the dead-letter stream)."""
 
 
@@ -267,7 +268,7 @@ def check_event(event: ev.Event) -> None:
         case ev.ProfileDeleted():
             try:
                 check_profile_event(event)
-            except ValueError as exc:
+            except ProfileEventInvalid as exc:
                 raise InvariantViolation(str(exc)) from None
         case _:
             pass

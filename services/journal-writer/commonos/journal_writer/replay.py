@@ -48,15 +48,11 @@ class ReplayResult:
         return (self.applied + self.skipped) / self.seconds if self.seconds > 0 else 0.0
 
 
-def _tables(projection: Projection) -> tuple[str, ...]:
-    return tuple(getattr(projection, "tables", ()))
-
-
 async def _prepare(dsn: str, projections: Sequence[Projection], truncate: bool) -> None:
     conn = await connect(dsn)
     try:
         await apply_schemas(conn, writer_schemas())
-        tables = [t for p in projections for t in _tables(p)]
+        tables = [t for p in projections for t in p.tables]
         counts = {t: await conn.fetchval(f"SELECT count(*) FROM {t}") for t in tables}
         if any(counts.values()):
             if not truncate:
@@ -101,8 +97,9 @@ async def replay(
                 ConsumerOptions(
                     batch_size=batch_size,
                     dead_letters=False,
-                    filter_subjects=tuple(getattr(p, "filter_subjects", ("cos.events.>",))),
+                    filter_subjects=p.filter_subjects,
                 ),
+                nc=nc,
             )
             for p in chosen
         ]

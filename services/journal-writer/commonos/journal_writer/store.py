@@ -25,13 +25,14 @@ from commonos.journal_writer.schema import CORE_TABLES, DELETIONS_TABLE
 from commonos.proto.events import Event, ProfileDeleted, SessionCreated, event_type
 from commonos.runtime.errors import EventRejected
 from commonos.runtime.postgres import Conn
+from commonos.runtime.projection import Projection
 from commonos.runtime.tombstones import ProfileTombstones
 
 #: Session owners remembered between batches (the rest are looked up in `sessions`).
 _MAX_OWNERS: Final = 200_000
 
 
-class JournalProjection:
+class JournalProjection(Projection):
     """The core projection: events -> profiles, sessions, turns, messages, tool_calls, approvals.
 
     A profile's deletion deletes its row (and by cascade everything of it) at its place in the stream and

@@ -4,10 +4,12 @@
   sequence of its last event); deliveries at or below the position are acknowledged unapplied,
   so redelivery after a crash changes nothing.
 * Messages are acknowledged only after the commit.
-* An event that cannot be decoded, whose subject disagrees with its body, or that PostgreSQL
-  rejects as data (a constraint, a bad value) goes to the dead-letter stream with its reason; the
-  batch is retried without it. A database that cannot be reached is not poison: the consumer
-  reports not-ready, retries with backoff and acknowledges nothing meanwhile.
+* An event that cannot be decoded, whose subject disagrees with its body, that the projection's
+  `check` finds wrong (a `DataError`), or that PostgreSQL rejects as data (a constraint, a bad value)
+  goes to the dead-letter stream with its reason; the batch is retried without it. Any other
+  exception from a projection is a bug and stops the consumer: no good event is thrown away.
+* A database that cannot be reached is not poison: the consumer reports not-ready, retries with
+  backoff and acknowledges nothing meanwhile.
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ import time
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Final, Protocol
+from typing import Final
 
 import asyncpg
 import nats.errors
 import nats.js.errors
+from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, ReplayPolicy
@@ -34,12 +37,26 @@ from commonos.proto.cloudevents import HeaderError, check_event_headers
 from commonos.proto.events import Event, EventDecodeError, decode_event, event_type
 from commonos.proto.subjects import EVENTS_STREAM, SubjectError, parse_subject
 from commonos.runtime.dlq import REPLAY_FOR, dead_letter
-from commonos.runtime.errors import EventRejected
+from commonos.runtime.errors import DataError, EventRejected
 from commonos.runtime.fetcher import ConsumerGone, PullFetcher
 from commonos.runtime.http import Health
 from commonos.runtime.nats import ConnectionLost
 from commonos.runtime.postgres import Conn
+from commonos.runtime.projection import Projection, refuse_misspelt_members
 from commonos.runtime.settings import Settings
+
+__all__ = [
+    "BatchConsumer",
+    "ConsumerOptions",
+    "Delivery",
+    "Projection",
+    "config_drift",
+    "decode_delivery",
+    "is_poison",
+    "partition_of",
+    "partition_suffix",
+    "projection_of",
+]
 
 log = logging.getLogger(__name__)
 
@@ -102,33 +119,6 @@ class Delivery:
     #: Another partition's event, or one replayed for another consumer: acknowledged and counted in the
     #: position, not applied.
     foreign: bool = False
-
-
-class Projection(Protocol):
-    """What a consumer applies: a projection of events into tables."""
-
-    #: Names the durable consumer and its row in the position table.
-    name: str
-    #: Table holding `(consumer text primary key, stream_seq bigint, updated_at)`.
-    position_table: str
-
-    def check(self, event: Event) -> None:
-        """Raise ValueError if the event breaks an invariant (it is then dead-lettered).
-
-        A projection may also define
-        * `async after_commit(conn, events)`, run on its own connection after a batch committed, with
-          the events that were applied, for idempotent fix-ups that must not hold locks for the whole
-          batch (best effort: a failure is logged);
-        * `committed()` and `rolled_back()`, called after a batch commits and before each attempt,
-          for state kept outside the database (metrics) that must follow only committed batches.
-        """
-
-    async def apply(self, conn: Conn, events: Sequence[Event]) -> None:
-        """Write the rows of `events`, in order, inside the caller's transaction.
-
-        Raises `EventRejected` when an event cannot be applied to what is stored (say an update that
-        matches no row): the consumer then applies the batch one event at a time to find which.
-        """
 
 
 def decode_delivery(msg: Msg, stream_seq: int) -> Delivery:
@@ -262,10 +252,23 @@ class BatchConsumer:
     last_delivery: int = 0
     #: Set when deliveries were lost in flight: the cursor must restart from the committed position.
     gap: bool = False
+    #: The NATS connection `js` came from (the fetcher pulls on it, and its state says whether it is lost).
+    nc: Client | None = field(default=None, kw_only=True)
+
+    def __post_init__(self) -> None:
+        # A projection's own attributes (set in __init__) cannot misspell a member either.
+        refuse_misspelt_members(type(self.projection).__name__, vars(self.projection))
 
     @property
     def name(self) -> str:
         return self.projection.name
+
+    @property
+    def client(self) -> Client:
+        """The NATS connection: `nc` when given, else the one `js` was made from."""
+        if self.nc is None:
+            self.nc = _client_of(self.js)
+        return self.nc
 
     def consumer_config(self) -> ConsumerConfig:
         subjects = list(self.options.filter_subjects)
@@ -340,7 +343,7 @@ class BatchConsumer:
         await self._bind_until_bound(stop)
         if stop.is_set():
             return
-        fetcher = await PullFetcher(self.js._nc, EVENTS_STREAM, self.name, batch=self.options.batch_size).start()
+        fetcher = await PullFetcher(self.client, EVENTS_STREAM, self.name, batch=self.options.batch_size).start()
         self.health.set_ready("starting", True)
         lag = asyncio.create_task(self._watch_lag(stop), name=f"{self.name}-lag")
         backoff = 0.1
@@ -376,7 +379,7 @@ class BatchConsumer:
 
     def _check_connection(self) -> None:
         """Raise ConnectionLost once nats-py has closed the connection for good (it will not reconnect)."""
-        nc = self.js._nc
+        nc = self.client
         if nc.is_closed:
             raise ConnectionLost(f"{self.name}: NATS connection closed: {nc.last_error or 'by the server'}")
 
@@ -476,7 +479,7 @@ class BatchConsumer:
             if d.event is not None:
                 try:
                     self.projection.check(d.event)
-                except ValueError as exc:
+                except DataError as exc:  # anything else is the projection's bug: it stops the consumer
                     d.error = f"invariant: {exc}"
             deliveries.append(d)
         if msgs:
@@ -536,9 +539,7 @@ class BatchConsumer:
 
     async def _commit(self, deliveries: list[Delivery]) -> None:
         good = [d for d in deliveries if d.event is not None and d.error is None and not d.foreign]
-        rolled_back = getattr(self.projection, "rolled_back", None)
-        if rolled_back is not None:
-            rolled_back()  # whatever an earlier, failed attempt at this batch staged is void
+        self.projection.rolled_back()  # whatever an earlier, failed attempt at this batch staged is void
         async with self.pool.acquire() as conn:
             try:
                 async with conn.transaction():
@@ -548,17 +549,14 @@ class BatchConsumer:
                 if not isinstance(exc, EventRejected) and not is_poison(exc):
                     raise
                 # Some event of the batch is rejected: apply them one by one to find which.
-                if rolled_back is not None:
-                    rolled_back()
+                self.projection.rolled_back()
                 async with conn.transaction():
                     await self._isolate(conn, good)
                     await self._finish(conn, deliveries)
         self.position = deliveries[-1].stream_seq
         POSITION.labels(self.name).set(self.position)
         await self._after_commit([d.event for d in good if d.event is not None and d.error is None])
-        committed = getattr(self.projection, "committed", None)
-        if committed is not None:
-            committed()
+        self.projection.committed()
         for d in deliveries:
             if d.foreign:
                 continue
@@ -572,13 +570,12 @@ class BatchConsumer:
         self.rejected += sum(1 for d in deliveries if d.error is not None)
 
     async def _after_commit(self, events: list[Event]) -> None:
-        """The projection's optional `after_commit`: best effort, never undoing or repeating the batch."""
-        after = getattr(self.projection, "after_commit", None)
-        if after is None or not events:
+        """The projection's `after_commit`: best effort, never undoing or repeating the batch."""
+        if not events:
             return
         try:
             async with self.pool.acquire() as conn:
-                await after(conn, events)
+                await self.projection.after_commit(conn, events)
         except _DATABASE_DOWN as exc:
             log.warning("%s: after-commit step skipped (%s)", self.name, exc)
 
@@ -610,6 +607,17 @@ class BatchConsumer:
                 if not is_poison(exc):
                     raise
                 d.error = f"rejected by PostgreSQL: {type(exc).__name__}: {exc}"
+
+
+def _client_of(js: JetStreamContext) -> Client:
+    """The connection a JetStreamContext was made from, for callers that construct a consumer without `nc`.
+
+    nats-py keeps it in a private attribute and offers no public accessor: pass `nc` to `BatchConsumer`.
+    """
+    client = vars(js).get("_nc")
+    if not isinstance(client, Client):
+        raise TypeError("BatchConsumer needs its NATS connection: pass nc=")
+    return client
 
 
 async def _quietly(awaitable: object) -> None:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Final
 
 from commonos.proto.events import NO_SESSION, Event, ProfileDeleted, ProfileUpserted, event_type
 from commonos.proto.text import escape_nul
-from commonos.runtime.errors import EventRejected
+from commonos.runtime.errors import DataError, EventRejected
 
 if TYPE_CHECKING:
     from commonos.runtime.postgres import Conn
@@ -50,10 +50,14 @@ CREATE TABLE IF NOT EXISTS {table} (
 """
 
 
+class ProfileEventInvalid(DataError):
+    """A `profile_deleted` that cannot be true (an `invariant` dead letter)."""
+
+
 def check_profile_event(event: Event) -> None:
-    """Raise ValueError (an `invariant` dead letter) for a `profile_deleted` about a session."""
+    """Raise `ProfileEventInvalid` for a `profile_deleted` about a session."""
     if isinstance(event, ProfileDeleted) and event.session_id != NO_SESSION:
-        raise ValueError(f"profile_deleted belongs to no session: its session id must be {NO_SESSION}")
+        raise ProfileEventInvalid(f"profile_deleted belongs to no session: its session id must be {NO_SESSION}")
 
 
 @dataclass(frozen=True)
