@@ -21,8 +21,9 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from commonos.importer.cut import CUT_KEY, is_cut
+from commonos.importer.events import TreeState, part_events, tree_events
 from commonos.importer.model import ImportedSession
-from commonos.importer.publish import GraphRows, TreeState, part_budget, part_events, tree_events
+from commonos.importer.parts import GraphRows, part_budget
 from commonos.proto import graph as g
 from tests.fuzz.conftest import PURE_DEADLINE
 from tests.importer.parts import LISTS, check_parts, row_key

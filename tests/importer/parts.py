@@ -11,7 +11,8 @@ from typing import Any
 import msgspec
 
 from commonos.importer.cut import CUTTABLE, is_cut
-from commonos.importer.publish import message_size, part_budget
+from commonos.importer.events import message_size
+from commonos.importer.parts import part_budget
 from commonos.journal_writer.graph_projection import GraphProjection, graph_of
 from commonos.proto.events import TranscriptImported
 from commonos.proto.graph import GRAPH_LISTS, Graph, validate

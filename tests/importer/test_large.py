@@ -17,7 +17,8 @@ import pytest
 
 from commonos.importer.claude import read_claude_file
 from commonos.importer.cut import text_marker
-from commonos.importer.publish import message_size, part_budget, tree_events
+from commonos.importer.events import message_size, tree_events
+from commonos.importer.parts import part_budget
 from commonos.runtime.embedded import NatsServer
 from commonos.runtime.limits import DEFAULT_MAX_PAYLOAD
 from tests.importer.pipeline import graph_counts, import_and_compare, table_counts

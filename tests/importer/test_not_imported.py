@@ -17,7 +17,8 @@ import nats
 
 from commonos.accounting.pricing import Pricer
 from commonos.importer.cli import SOURCES, import_files
-from commonos.importer.publish import EVENT_SOURCE, PublishCounts, publish_events
+from commonos.importer.events import EVENT_SOURCE
+from commonos.importer.publish import PublishCounts, publish_events
 from commonos.proto.events import Event
 from commonos.runtime.embedded import NatsServer
 from commonos.runtime.nats import ensure_streams

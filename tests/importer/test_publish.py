@@ -12,19 +12,19 @@ import pytest
 
 from commonos.importer.claude import read_claude, read_claude_file
 from commonos.importer.codex import read_codex
-from commonos.importer.model import ImportedSession
-from commonos.importer.publish import (
+from commonos.importer.events import (
     TreeState,
     events_for,
     has_usage,
     import_tags,
     model_call_event_id,
-    part_budget,
     profile_id_for,
     settled_invocations,
     tag_value,
     tree_events,
 )
+from commonos.importer.model import ImportedSession
+from commonos.importer.parts import part_budget
 from commonos.journal_writer.graph_projection import GraphEventInvalid, GraphProjection, graph_of, graph_rows
 from commonos.proto.events import ModelCallCompleted, TranscriptImported, decode_event, encode_event
 from commonos.proto.graph import GRAPH_LISTS, Graph, GraphInvalid, ModelInvocation, decode_graph, encode_graph, validate

@@ -15,7 +15,7 @@ from nats.js import JetStreamContext
 
 from commonos.accounting.pricing import Pricer
 from commonos.importer.cli import SOURCES, ImportRun, Watcher, import_files, nats_publisher
-from commonos.importer.publish import has_usage
+from commonos.importer.events import has_usage
 from commonos.journal_writer.graph_projection import GraphProjection
 from commonos.journal_writer.graph_schema import GRAPH_TABLES
 from commonos.journal_writer.service import serve, writer_schemas

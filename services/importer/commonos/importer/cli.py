@@ -62,18 +62,11 @@ from commonos.importer.discover import (
     readable,
     skipped_files,
 )
+from commonos.importer.events import EVENT_SOURCE, TreeState, profile_id_for, profile_tags, tree_events
 from commonos.importer.lines import Warn, skipped_warning
 from commonos.importer.model import VENDOR_CLAUDE_CODE, VENDOR_CODEX, ImportedSession, TranscriptError
-from commonos.importer.publish import (
-    EVENT_SOURCE,
-    GraphTooLarge,
-    PublishCounts,
-    TreeState,
-    profile_id_for,
-    profile_tags,
-    publish_events,
-    tree_events,
-)
+from commonos.importer.parts import GraphTooLarge
+from commonos.importer.publish import PublishCounts, publish_events
 from commonos.importer.report import ImportSummary, SessionSummary, summarize_import, summarize_tree, summary_json
 from commonos.proto.events import Event
 from commonos.proto.graph import GraphInvalid, validate

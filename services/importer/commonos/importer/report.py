@@ -20,8 +20,9 @@ import msgspec
 
 from commonos.accounting.pricing import CostStatus, Pricer
 from commonos.accounting.usage import TokenUsage as BilledUsage
+from commonos.importer.events import VENDOR_PROVIDERS, call_time, has_usage
 from commonos.importer.model import ImportedSession
-from commonos.importer.publish import VENDOR_PROVIDERS, PublishCounts, call_time, has_usage
+from commonos.importer.publish import PublishCounts
 from commonos.proto.graph import Graph, ModelInvocation, TokenUsage
 
 UNKNOWN_MODEL = "unknown"
