@@ -386,18 +386,19 @@ def test_billing_config_example() -> None:
     ("text", "message"),
     [
         ("[[budget]\n", "billing.toml: invalid TOML"),
-        ("[[budget]]\nperiod = 'day'\nlimit_usd = 1\n", "'tag' is required"),
+        ("[[budget]]\nperiod = 'day'\nlimit_usd = 1\n", "budget[0].tag: required key missing"),
         ("[[budget]]\ntag = 'Client:acme'\nlimit_usd = 1\n", "upper case in the key"),
-        ("[[budget]]\ntag = 'client:acme'\nperiod = 'week'\nlimit_usd = 1\n", "'period' must be"),
-        ("[[budget]]\ntag = 'client:acme'\nlimit_usd = 'lots'\n", "'limit_usd' must be a decimal number"),
-        ("[[budget]]\ntag = 'client:acme'\nlimit_usd = 0\n", "'limit_usd' must be a positive number"),
+        ("[[budget]]\ntag = 'client:acme'\nperiod = 'week'\nlimit_usd = 1\n", "budget[0].period: invalid enum value"),
+        ("[[budget]]\ntag = 'client:acme'\nlimit_usd = 'lots'\n", "budget[0].limit_usd: invalid decimal string"),
+        ("[[budget]]\ntag = 'client:acme'\nlimit_usd = 0\n", "budget[0].limit_usd: must be a positive number"),
         (
             "[[budget]]\ntag = 'client:acme'\nlimit_usd = 1\n[[budget]]\ntag = 'client:acme'\nlimit_usd = 2\n",
             "already has a month budget",
         ),
         ("[metrics]\ntag_label_keys = ['Client']\n", "tag key 'Client' is not valid"),
-        ("[metrics]\nmax_models = 0\n", "'max_models' must be a whole number"),
-        ("[budgets]\n", "unknown top-level key(s) 'budgets'"),
+        ("[metrics]\nmax_models = 0\n", "metrics.max_models: must be a whole number"),
+        ("[budgets]\n", "budgets: unknown key"),
+        ("[[budget]]\ntag = 'client:acme'\nlimit_usd = 1\nlimit = 2\n", "budget[0].limit: unknown key"),
     ],
 )
 def test_bad_billing_config(text: str, message: str) -> None:

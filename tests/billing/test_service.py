@@ -544,9 +544,9 @@ async def test_budget_spend_stays_exact_with_two_partitions_and_concurrent_repri
         (
             "COS_BILLING_CONFIG",
             "[[budget]]\ntag = 'client:acme'\nlimit_usd = 'x'\n",
-            "'limit_usd' must be a decimal number",
+            "budget[0].limit_usd: invalid decimal string",
         ),
-        ("COS_PRICE_FILE", "[[price]]\nmodel = 'm'\n", "'input_mtok' is required"),
+        ("COS_PRICE_FILE", "[[price]]\nmodel = 'm'\n", "price[0].input_mtok: required key missing"),
     ],
 )
 def test_a_bad_config_file_is_one_line_at_start(tmp_path: Path, variable: str, content: str, message: str) -> None:

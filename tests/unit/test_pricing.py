@@ -473,33 +473,33 @@ def test_price_file_tiny_costs_are_quantized_to_1e10(tmp_path: Path) -> None:
     ("text", "message"),
     [
         ("[[price]\n", "prices.toml: invalid TOML: "),
-        ("[prices]\n", "prices.toml: unknown top-level key(s) 'prices'; expected [[price]] tables"),
-        ("price = 3\n", "prices.toml: 'price' must be an array of tables ([[price]])"),
-        ("[[price]]\ninput_mtok = 1\noutput_mtok = 1\n", "prices.toml: [[price]] #1: 'model' is required"),
+        ("[prices]\n", "prices.toml: prices: unknown key"),
+        ("price = 3\n", "prices.toml: price: expected an array, got an integer"),
+        ("[[price]]\ninput_mtok = 1\noutput_mtok = 1\n", "prices.toml: price[0].model: required key missing"),
         (
             '[[price]]\nmodel = "a"\ninput_mtok = 1\noutput_mtok = 1\n[[price]]\nmodel = "b"\noutput_mtok = 1\n',
-            "prices.toml: [[price]] #2 (model 'b'): 'input_mtok' is required",
+            "prices.toml: price[1].input_mtok: required key missing",
         ),
         (
             '[[price]]\nmodel = "a"\ninput_mtok = "three"\noutput_mtok = 1\n',
-            "prices.toml: [[price]] #1 (model 'a'): 'input_mtok' must be a decimal number, got 'three'",
+            "prices.toml: price[0].input_mtok: invalid decimal string",
         ),
         (
             '[[price]]\nmodel = "a"\ninput_mtok = -1\noutput_mtok = 1\n',
-            "prices.toml: [[price]] #1 (model 'a'): 'input_mtok' must be a finite non-negative number, got -1",
+            "prices.toml: price[0].input_mtok: must be a finite non-negative number, got -1",
         ),
         (
             '[[price]]\nmodel = "a"\ninput_mtok = 1\noutput_mtok = 1\ninput_mtoks = 2\n',
-            "prices.toml: [[price]] #1 (model 'a'): unknown key(s) 'input_mtoks'",
+            "prices.toml: price[0].input_mtoks: unknown key",
         ),
         (
             '[[price]]\nmodel = "a"\ninput_mtok = 1\noutput_mtok = 1\neffective_from = "next week"\n',
-            "prices.toml: [[price]] #1 (model 'a'): 'effective_from' is not an ISO date or date-time: 'next week'",
+            "prices.toml: price[0].effective_from: not an ISO date or date-time: 'next week'",
         ),
         (
             '[[price]]\nmodel = "a"\ninput_mtok = 1\noutput_mtok = 1\n'
             '[[price]]\nmodel = "A"\ninput_mtok = 2\noutput_mtok = 2\n',
-            "prices.toml: [[price]] #2: same provider, model and effective_from as #1",
+            "prices.toml: price[1]: same provider, model and effective_from as price[0]",
         ),
     ],
 )

@@ -14,18 +14,23 @@ Example::
     max_models = 100             # distinct model names; later ones are counted as "other"
     max_providers = 20           # distinct provider names; later ones are counted as "other"
 
-Any problem is a :class:`BillingConfigError`, a ``ConfigError`` whose message is one line naming the file,
-the entry and the problem, so a service prints it and exits 2 instead of a traceback.
+The file is decoded into strict Structs: an unknown key is an error. Any problem is a
+:class:`BillingConfigError`, a ``ConfigError`` whose message is one line naming the file, the key
+(``budget[1].limit_usd``, positions from 0) and the problem, so a service prints it and exits 2 instead of a
+traceback.
 """
 
 from __future__ import annotations
 
-import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from enum import StrEnum
 from pathlib import Path
 
+import msgspec
+
+from commonos.proto.config_files import decode_toml, key_path
 from commonos.proto.tags import InvalidTag, parse_tag
 from commonos.runtime.settings import ConfigError
 
@@ -73,8 +78,25 @@ class BillingConfig:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
 
-_BUDGET_KEYS = frozenset({"name", "tag", "period", "limit_usd"})
-_METRICS_KEYS = frozenset({"tag_label_keys", "max_tag_values", "max_models", "max_providers"})
+class _BudgetTable(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One ``[[budget]]`` as written in the file."""
+
+    tag: str
+    limit_usd: Decimal  # a TOML number (read exactly) or a decimal string
+    period: Period = Period.MONTH
+    name: str | None = None
+
+
+class _MetricsTable(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    tag_label_keys: list[str] = []
+    max_tag_values: int = 50
+    max_models: int = 100
+    max_providers: int = 20
+
+
+class _BillingFile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    budget: list[_BudgetTable] = []
+    metrics: _MetricsTable = msgspec.field(default_factory=_MetricsTable)
 
 
 def load_billing_config(path: str | Path | None) -> BillingConfig:
@@ -90,105 +112,60 @@ def load_billing_config(path: str | Path | None) -> BillingConfig:
 
 
 def parse_billing_config(raw: bytes, *, name: str) -> BillingConfig:
-    try:
-        document = tomllib.loads(raw.decode("utf-8"), parse_float=Decimal)
-    except UnicodeDecodeError as exc:
-        raise BillingConfigError(f"{name}: not UTF-8: {exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise BillingConfigError(f"{name}: invalid TOML: {exc}") from None
-    except RecursionError:
-        raise BillingConfigError(f"{name}: invalid TOML: nested too deeply") from None
-    unknown = sorted(set(document) - {"budget", "metrics"})
-    if unknown:
-        raise BillingConfigError(
-            f"{name}: unknown top-level key(s) {', '.join(map(repr, unknown))}; expected [[budget]] and [metrics]"
-        )
-    tables = document.get("budget", [])
-    if not isinstance(tables, list):
-        raise BillingConfigError(f"{name}: 'budget' must be an array of tables ([[budget]])")
-    budgets = tuple(_parse_budget(table, index, name) for index, table in enumerate(tables, start=1))
+    """Validate the bytes of a billing config; ``name`` (the file) starts every message."""
+
+    def error(problem: str) -> BillingConfigError:
+        return BillingConfigError(f"{name}: {problem}")
+
+    document = decode_toml(raw, _BillingFile, error=error, decimals=True)
+    budgets = tuple(_budget(table, index, error) for index, table in enumerate(document.budget))
     seen_names: dict[str, int] = {}
     seen_keys: dict[tuple[str, Period], int] = {}
-    for index, budget in enumerate(budgets, start=1):
+    for index, budget in enumerate(budgets):
+        where = key_path("budget", index)
         if (budget.tag, budget.period) in seen_keys:
-            raise BillingConfigError(
-                f"{name}: [[budget]] #{index}: tag {budget.tag!r} already has a {budget.period} budget "
-                f"(#{seen_keys[budget.tag, budget.period]})"
-            )
+            first = key_path("budget", seen_keys[budget.tag, budget.period])
+            raise error(f"{where}: tag {budget.tag!r} already has a {budget.period} budget ({first})")
         if budget.name in seen_names:
-            raise BillingConfigError(
-                f"{name}: [[budget]] #{index}: name {budget.name!r} already used by #{seen_names[budget.name]}"
-            )
+            raise error(f"{where}.name: {budget.name!r} already used by {key_path('budget', seen_names[budget.name])}")
         seen_names[budget.name] = index
         seen_keys[budget.tag, budget.period] = index
-    return BillingConfig(budgets=budgets, metrics=_parse_metrics(document.get("metrics", {}), name))
+    return BillingConfig(budgets=budgets, metrics=_metrics(document.metrics, error))
 
 
-def _parse_budget(table: object, index: int, file_name: str) -> Budget:
-    where = f"{file_name}: [[budget]] #{index}"
-    if not isinstance(table, dict):
-        raise BillingConfigError(f"{where}: must be a table")
-    unknown = sorted(set(table) - _BUDGET_KEYS)
-    if unknown:
-        raise BillingConfigError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}")
-    tag = table.get("tag")
-    if not isinstance(tag, str):
-        raise BillingConfigError(f"{where}: 'tag' is required and must be a string such as \"client:acme\"")
+def _budget(table: _BudgetTable, index: int, error: Callable[[str], BillingConfigError]) -> Budget:
+    def where(key: str) -> str:
+        return key_path("budget", index, key)
+
     try:
-        parse_tag(tag)
+        parse_tag(table.tag)
     except InvalidTag as exc:
-        raise BillingConfigError(f"{where}: {exc}") from None
-    raw_period = table.get("period", "month")
-    try:
-        period = Period(raw_period)
-    except ValueError:
-        raise BillingConfigError(f'{where}: \'period\' must be "month" or "day", got {raw_period!r}') from None
-    raw_limit = table.get("limit_usd")
-    if raw_limit is None:
-        raise BillingConfigError(f"{where}: 'limit_usd' is required")
-    try:
-        if isinstance(raw_limit, bool) or not isinstance(raw_limit, int | str | Decimal):
-            raise InvalidOperation
-        limit = Decimal(raw_limit.strip() if isinstance(raw_limit, str) else raw_limit)
-    except InvalidOperation:
-        raise BillingConfigError(f"{where}: 'limit_usd' must be a decimal number, got {raw_limit!r}") from None
-    if not limit.is_finite() or limit <= 0:
-        raise BillingConfigError(f"{where}: 'limit_usd' must be a positive number, got {raw_limit!r}")
-    budget_name = table.get("name", f"{tag}/{period}")
-    if not isinstance(budget_name, str) or not budget_name.strip() or len(budget_name) > 200:
-        raise BillingConfigError(f"{where}: 'name' must be a non-empty string of at most 200 characters")
+        raise error(f"{where('tag')}: {exc}") from None
+    if not table.limit_usd.is_finite() or table.limit_usd <= 0:
+        raise error(f"{where('limit_usd')}: must be a positive number, got {table.limit_usd}")
+    budget_name = table.name if table.name is not None else f"{table.tag}/{table.period}"
+    if not budget_name.strip() or len(budget_name) > 200:
+        raise error(f"{where('name')}: must be a non-empty string of at most 200 characters")
     if any(ch.isspace() for ch in budget_name):
-        raise BillingConfigError(f"{where}: 'name' {budget_name!r} must not contain spaces")
-    return Budget(name=budget_name, tag=tag, period=period, limit_usd=limit)
+        raise error(f"{where('name')}: {budget_name!r} must not contain spaces")
+    return Budget(name=budget_name, tag=table.tag, period=table.period, limit_usd=table.limit_usd)
 
 
-def _parse_metrics(table: object, file_name: str) -> MetricsConfig:
-    where = f"{file_name}: [metrics]"
-    if not isinstance(table, dict):
-        raise BillingConfigError(f"{where}: must be a table")
-    unknown = sorted(set(table) - _METRICS_KEYS)
-    if unknown:
-        raise BillingConfigError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}")
-    keys = table.get("tag_label_keys", [])
-    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
-        raise BillingConfigError(f"{where}: 'tag_label_keys' must be a list of tag keys such as [\"client\"]")
-    for key in keys:
+def _metrics(table: _MetricsTable, error: Callable[[str], BillingConfigError]) -> MetricsConfig:
+    for key in table.tag_label_keys:
         try:
             parse_tag(f"{key}:x")
         except InvalidTag:
-            raise BillingConfigError(
-                f"{where}: tag key {key!r} is not valid (lower-case letters, digits, _ and -)"
+            raise error(
+                f"metrics.tag_label_keys: tag key {key!r} is not valid (lower-case letters, digits, _ and -)"
             ) from None
-
-    def limit(key: str, default: int) -> int:
-        value = table.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 10_000:
-            raise BillingConfigError(f"{where}: '{key}' must be a whole number from 1 to 10000, got {value!r}")
-        return value
-
+    for key in ("max_tag_values", "max_models", "max_providers"):
+        value = getattr(table, key)
+        if not 1 <= value <= 10_000:
+            raise error(f"metrics.{key}: must be a whole number from 1 to 10000, got {value}")
     return MetricsConfig(
-        tag_label_keys=tuple(dict.fromkeys(keys)),
-        max_tag_values=limit("max_tag_values", 50),
-        max_models=limit("max_models", 100),
-        max_providers=limit("max_providers", 20),
+        tag_label_keys=tuple(dict.fromkeys(table.tag_label_keys)),
+        max_tag_values=table.max_tag_values,
+        max_models=table.max_models,
+        max_providers=table.max_providers,
     )
