@@ -50,18 +50,15 @@ from rich.progress import (
 from rich.table import Table
 
 from commonos.accounting.pricing import Pricer
-from commonos.importer.claude import read_claude_file
-from commonos.importer.codex import read_codex_file
-from commonos.importer.discover import (
+from commonos.importer.claude import (
     claude_candidates,
     claude_owner_session_file,
     claude_session_files,
-    codex_candidates,
-    codex_rollout_files,
     is_claude_agent_file,
-    readable,
-    skipped_files,
+    read_claude_file,
 )
+from commonos.importer.codex import read_codex_file
+from commonos.importer.discover import codex_candidates, codex_rollout_files, readable, skipped_files
 from commonos.importer.events import EVENT_SOURCE, TreeState, profile_id_for, profile_tags, tree_events
 from commonos.importer.lines import Warn, skipped_warning
 from commonos.importer.model import VENDOR_CLAUDE_CODE, VENDOR_CODEX, ImportedSession, TranscriptError

@@ -1,0 +1,242 @@
+"""Building the graph of a whole session tree from a transcript, its subagents nested inside it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from commonos.importer.builder import (
+    GraphBuilder,
+    is_count,
+    short_title,
+)
+from commonos.importer.claude.files import (
+    claude_agent_files,
+    claude_owner_session_file,
+    claude_session_files,
+    is_claude_agent_file,
+)
+from commonos.importer.claude.format import (
+    VENDOR,
+)
+from commonos.importer.claude.records import (
+    decode_lines,
+)
+from commonos.importer.claude.rows import SessionReader
+from commonos.importer.claude.sessions import (
+    Stream,
+    last_value,
+    link_spawns,
+    split_streams,
+    stream_start,
+)
+from commonos.importer.lines import Warn, log_warning
+from commonos.importer.model import (
+    ImportedSession,
+    shape_errors_as_transcript_errors,
+)
+from commonos.proto.graph import (
+    EntityType,
+    InputOrigin,
+    Outcome,
+    Session,
+    SubagentDetail,
+    TokenBasis,
+    TokenUsage,
+    ToolResult,
+    ToolStatus,
+    ToolUse,
+    ToolVerb,
+    UsageScope,
+    mint_id,
+    with_subagent_detail,
+)
+
+
+def _spawn_description(builder: GraphBuilder, tool_use_id: str) -> str | None:
+    tool_input: Any = msgspec.json.decode(builder.tool_uses[tool_use_id].input)
+    if isinstance(tool_input, dict) and isinstance(tool_input.get("description"), str):
+        return short_title(tool_input["description"])
+    return None
+
+
+def _settle_spawn_metadata(builder: GraphBuilder, linked_tool_uses: set[str]) -> None:
+    """Say on every Task/Agent call what the tree holds of its subagent's work."""
+    for tool_use_id, tool_use in list(builder.tool_uses.items()):
+        if tool_use.verb != ToolVerb.SPAWN_SUBAGENT:
+            continue
+        result = builder.tool_results.get(tool_use_id)
+        if tool_use_id in linked_tool_uses:
+            detail = SubagentDetail.TRANSCRIPT
+        elif result is not None and result.status == ToolStatus.OK:
+            detail = SubagentDetail.REPORT
+            _report_usage(builder, tool_use, result)
+        else:
+            detail = SubagentDetail.NONE
+        builder.tool_uses[tool_use_id] = msgspec.structs.replace(
+            tool_use, metadata=msgspec.Raw(with_subagent_detail(tool_use.metadata, detail))
+        )
+
+
+def _report_usage(builder: GraphBuilder, tool_use: ToolUse, result: ToolResult) -> None:
+    """Keep the usage a report-only subagent states for its final API call; nothing else has it."""
+    if result.output is None:
+        return
+    output: Any = msgspec.json.decode(result.output)
+    usage = output.get("usage") if isinstance(output, dict) else None
+    if not isinstance(usage, dict):
+        return
+    counts = {
+        key: usage.get(key) if is_count(usage.get(key)) else None
+        for key in ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+    }
+    usage_id = mint_id("token_usage", VENDOR, tool_use.id, "subagent_report")
+    builder.token_usage[usage_id] = TokenUsage(
+        id=usage_id,
+        session_id=tool_use.session_id,
+        user_input_id=tool_use.user_input_id,
+        scope=UsageScope.INPUT,
+        input_tokens=counts["input_tokens"],
+        output_tokens=counts["output_tokens"],
+        cache_read_tokens=counts["cache_read_input_tokens"],
+        cache_write_tokens=counts["cache_creation_input_tokens"],
+        total_tokens=sum(v for v in counts.values() if v is not None),
+        api_call_count=1,
+        token_basis=TokenBasis.REPORTED,
+    )
+
+
+def _read_tree(
+    builder: GraphBuilder,
+    top_key: str,
+    root_stream: Stream,
+    root_session_id: str,
+    children: dict[str, list[tuple[str, str]]],
+    subagents: dict[str, Stream],
+    root_origin: InputOrigin,
+) -> None:
+    """Read a stream and, breadth first, every subagent it spawned, parents before children."""
+    queue: list[tuple[Stream, str, InputOrigin]] = [(root_stream, root_session_id, root_origin)]
+    while queue:
+        stream, session_id, origin = queue.pop(0)
+        reader = SessionReader(builder, top_key, session_id, stream.key, origin)
+        reader.read(stream.lines)
+        session = builder.sessions[session_id]
+        if session.title is None:
+            builder.sessions[session_id] = msgspec.structs.replace(session, title=reader.title())
+        for child_key, vendor_tool_id in children.get(stream.key, []):
+            child = subagents[child_key]
+            tool_use_id = mint_id("tool_use", VENDOR, top_key, vendor_tool_id)
+            if tool_use_id not in builder.tool_uses:
+                continue
+            child_id = mint_id("session", VENDOR, top_key, child_key)
+            builder.sessions[child_id] = Session(
+                id=child_id,
+                parent_session_id=session_id,
+                spawned_by_tool_use_id=tool_use_id,
+                started_at=stream_start(child),
+                title=_spawn_description(builder, tool_use_id),
+                working_dir=last_value(child, "cwd"),
+                git_branch=last_value(child, "gitBranch"),
+                outcome=Outcome.UNKNOWN,
+            )
+            builder.vendor_id(EntityType.SESSION, child_id, child_id, "agent_id", child.agent_id)
+            queue.append((child, child_id, InputOrigin.AGENT))
+
+
+def _read_claude_file(path: Path, warn: Warn) -> list[ImportedSession]:
+    """Read one session transcript with its subagents; an agent file reads its owner session.
+
+    Returns the session's graph first, then one graph per subagent transcript whose spawning
+    call could not be found. An agent file whose session transcript is missing yields nothing.
+    """
+    session_path: Path | None = path
+    if is_claude_agent_file(path):
+        session_path = claude_owner_session_file(path)
+    if session_path is None:
+        return []
+    agent_files = claude_agent_files(session_path)
+    main_lines = decode_lines(session_path, warn)
+    main, subagents = split_streams(main_lines, agent_files, warn)
+    vendor_session = next(
+        (str(x.record["sessionId"]) for x in main.lines if isinstance(x.record.get("sessionId"), str)),
+        session_path.stem,
+    )
+    links = link_spawns(main, subagents)
+    children: dict[str, list[tuple[str, str]]] = {}
+    for child_key, (parent_key, vendor_tool_id) in links.items():
+        children.setdefault(parent_key, []).append((child_key, vendor_tool_id))
+    source_bytes = sum(p.stat().st_size for p in [session_path, *agent_files] if p.is_file())
+    project = session_path.parent.name
+
+    builder = GraphBuilder(VENDOR)
+    session_id = mint_id("session", VENDOR, vendor_session)
+    builder.sessions[session_id] = Session(
+        id=session_id,
+        parent_session_id=None,
+        spawned_by_tool_use_id=None,
+        started_at=stream_start(main),
+        working_dir=last_value(main, "cwd"),
+        git_branch=last_value(main, "gitBranch"),
+        outcome=Outcome.UNKNOWN,
+    )
+    builder.vendor_id(EntityType.SESSION, session_id, session_id, "session_id", vendor_session)
+    _read_tree(builder, vendor_session, main, session_id, children, subagents, InputOrigin.HUMAN)
+    linked = {s.spawned_by_tool_use_id for s in builder.sessions.values() if s.spawned_by_tool_use_id}
+    _settle_spawn_metadata(builder, {t for t in linked if t is not None})
+    imported = [_imported(builder, project, session_path, source_bytes)]
+
+    nested_keys = {k for k in subagents if mint_id("session", VENDOR, vendor_session, k) in builder.sessions}
+    for key, stream in subagents.items():
+        if key in nested_keys or key in links:
+            continue
+        orphan = GraphBuilder(VENDOR)
+        orphan_id = mint_id("session", VENDOR, vendor_session, key)
+        orphan.sessions[orphan_id] = Session(
+            id=orphan_id,
+            parent_session_id=None,
+            spawned_by_tool_use_id=None,
+            started_at=stream_start(stream),
+            working_dir=last_value(stream, "cwd"),
+            git_branch=last_value(stream, "gitBranch"),
+            outcome=Outcome.UNKNOWN,
+        )
+        orphan.vendor_id(EntityType.SESSION, orphan_id, orphan_id, "agent_id", stream.agent_id or key)
+        orphan.attribute(orphan_id, "sessionId", vendor_session, stream_start(stream))
+        _read_tree(orphan, vendor_session, stream, orphan_id, children, subagents, InputOrigin.SYSTEM)
+        linked = {s.spawned_by_tool_use_id for s in orphan.sessions.values() if s.spawned_by_tool_use_id}
+        _settle_spawn_metadata(orphan, {t for t in linked if t is not None})
+        imported.append(_imported(orphan, project, session_path, source_bytes))
+    return imported
+
+
+def _imported(builder: GraphBuilder, project: str, source: Path, source_bytes: int) -> ImportedSession:
+    graph = builder.finish()
+    root = graph.root()
+    return ImportedSession(
+        graph=graph,
+        vendor=VENDOR,
+        project=project,
+        branch=root.git_branch if root is not None else None,
+        source_path=source,
+        source_bytes=source_bytes,
+    )
+
+
+def read_claude(root: Path) -> Iterator[ImportedSession]:
+    """Every session tree under a ``~/.claude``-style folder, one Graph per top-level session."""
+    for session_path in claude_session_files(root):
+        yield from read_claude_file(session_path)
+
+
+def read_claude_file(path: Path, warn: Warn | None = None) -> list[ImportedSession]:
+    """Read one transcript (see `_read_claude_file`); content of an unexpected shape is a `TranscriptError`.
+
+    `warn` hears of what was skipped (a line over `MAX_LINE_BYTES`, a file that is not a regular
+    file); without it, such warnings are logged.
+    """
+    with shape_errors_as_transcript_errors(path):
+        return _read_claude_file(path, warn or log_warning)
