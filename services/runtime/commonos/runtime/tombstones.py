@@ -15,7 +15,10 @@ the batch's transaction: a replay of the stream decides exactly as the live cons
   dead letters); events it only reads for bookkeeping (a plugin's `session_created`) are left out.
 * A `profile_upserted` after the deletion re-creates the profile, afresh: the deletion no longer holds
   (its record keeps `recreated_at`), events from then on are applied, and nothing from before the
-  deletion comes back unless it is published again.
+  deletion comes back unless it is published again. A `profile_upserted` that occurred before the
+  deletion (one delivered again, an old one sent again) re-creates nothing: while the deletion holds it
+  is left out, as the profile's other events are refused, so that applying a stretch of the stream
+  again changes nothing.
 """
 
 from __future__ import annotations
@@ -116,8 +119,9 @@ class ProfileTombstones:
 
         Raises a `profile_deleted` EventRejected for the first event of a `refuse` type whose profile's
         deletion holds (the consumer then applies the batch one event at a time to find each). Leaves out
-        the events of a `skip` type of such a profile, and every `profile_deleted` that changes nothing;
-        each `profile_deleted` kept is one the projection must apply (drop the profile's rows) at its place.
+        the events of a `skip` type of such a profile, its `profile_upserted` from before the deletion, and
+        every `profile_deleted` that changes nothing; each `profile_deleted` kept is one the projection must
+        apply (drop the profile's rows) at its place.
         """
         watched = (ProfileDeleted, ProfileUpserted, *refuse, *skip)
         profiles = sorted({e.profile_id for e in events if isinstance(e, watched)})
@@ -147,6 +151,8 @@ class ProfileTombstones:
                 )
             elif isinstance(event, ProfileUpserted):
                 if tombstone is not None and tombstone.holds:
+                    if event.occurred_at <= tombstone.deleted_at:
+                        continue  # from before the deletion: it re-creates nothing
                     state[profile] = changed[profile] = replace(tombstone, recreated_at=event.occurred_at)
             elif tombstone is not None and tombstone.holds:
                 if isinstance(event, refuse):
