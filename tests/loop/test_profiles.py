@@ -55,10 +55,23 @@ def test_defaults_and_a_prompt_file(tmp_path: Path) -> None:
         ("Bad", "", "invalid profile id 'Bad'"),
         ("ok", 'provider = "cohere"\n', "unknown provider 'cohere'"),
         ("ok", 'tools = ["shell", "rm"]\n', "unknown tool 'rm'"),
-        ("ok", '[approval]\ntools = { shell = "maybe" }\n', "Invalid enum value 'maybe'"),
-        ("ok", "max_steps = 0\n", "max_steps must be at least 1, got 0"),
-        ("ok", "colour = 1\n", "Object contains unknown field `colour`"),
-        ("ok", "max_steps = \n", "not valid TOML"),
+        ("ok", '[approval]\ntools = { shell = "maybe" }\n', "approval.tools[...]: invalid enum value 'maybe'"),
+        ("ok", "max_steps = 0\n", "max_steps: must be at least 1, got 0"),
+        ("ok", "colour = 1\n", "colour: unknown key"),
+        ("ok", "[approval]\ntimeout = 5\n", "approval.timeout: unknown key"),
+        ("ok", '[provider_options]\nscirpt = "s.toml"\n', "provider_options.scirpt: unknown key"),
+        (
+            "ok",
+            'provider = "anthropic"\n[provider_options]\nscript = "s.toml"\n',
+            "provider_options.script: unknown key",
+        ),
+        (
+            "ok",
+            "[provider_options]\nmax_tokens = []\n",
+            "provider_options.max_tokens: expected an integer, got an array",
+        ),
+        ("ok", "max_steps = '3'\n", "max_steps: expected an integer, got a string"),
+        ("ok", "max_steps = \n", "invalid TOML"),
         ("ok", 'tags = ["a:b", "a:b"]\n', "a tag is listed twice"),
     ],
 )
@@ -83,4 +96,7 @@ def test_a_bad_script_is_an_error_naming_the_profile(tmp_path: Path) -> None:
     (folder / "script.toml").write_text("[[conversations]]\n[[conversations.steps]]\nwords = 1\n")
     with pytest.raises(ProfileError) as failure:
         build_provider(load_profile(folder))
-    assert failure.value.path == folder / "config.toml" and "unknown field `words`" in failure.value.problem
+    assert (
+        failure.value.path == folder / "config.toml"
+        and "conversations[0].steps[0].words: unknown key" in failure.value.problem
+    )

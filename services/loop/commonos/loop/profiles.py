@@ -10,7 +10,7 @@ max_steps = 12                       # model calls per turn
 max_delegation_depth = 1             # how deep `delegate` may go (0: no delegation)
 workspace = "workspace"              # where the file and shell tools work, relative to the folder
 
-[provider_options]                   # script = "script.toml" | base_url, api_key_env, max_tokens, ...
+[provider_options]                   # the provider's own settings, below
 script = "script.toml"
 
 [approval]
@@ -18,7 +18,17 @@ timeout_s = 120                      # an unanswered approval is denied (timed_o
 tools = { shell = "ask", write_file = "ask" }   # auto | ask | deny; default: ask for high-risk tools
 ```
 
-Every profile is validated at start; a bad id, tag, tool or value is a `ProfileError` naming the file.
+`provider_options` by provider (any other key is an error):
+
+* every provider: `max_tokens` (the most output tokens of one model call; the loop's default otherwise);
+* `scripted`: `script` (the replies, relative to the folder; default `script.toml`);
+* `anthropic` and `openai`: `api_key_env` (the variable holding the key), `base_url`, `timeout_s`,
+  `max_retries`; `openai` also `max_tokens_param` (`max_completion_tokens` or `max_tokens`) and
+  `provider_name` (the provider name recorded for a compatible server).
+
+Every profile is validated at start: config.toml is decoded into strict Structs (`forbid_unknown_fields`), so
+a misspelt key is an error too. A problem is a `ProfileError`, one line naming the file and the key
+(`approval.timeout_s: must be positive, got 0`).
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ from typing import Any, Final
 
 import msgspec
 
+from commonos.proto.config_files import ConfigProblem, convert, one_line, toml_document
 from commonos.proto.errors import ConfigError
 from commonos.proto.tags import InvalidProfileId, InvalidTag, check_profile_id, parse_tag
 
@@ -41,10 +52,10 @@ BUILTIN_TOOLS: Final = ("read_file", "list_dir", "write_file", "shell", "session
 
 
 class ProfileError(ConfigError):
-    """A profile that cannot be used; the message starts with the file at fault."""
+    """A profile that cannot be used; the message, one line, starts with the file at fault."""
 
     def __init__(self, path: Path, problem: str) -> None:
-        super().__init__(f"{path}: {problem}")
+        super().__init__(one_line(f"{path}: {problem}"))
         self.path = path
         self.problem = problem
 
@@ -58,6 +69,35 @@ class Policy(StrEnum):
 class _ApprovalConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     timeout_s: float = 120.0
     tools: dict[str, Policy] = {}
+
+
+class _ProviderOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """`[provider_options]` of every provider; checked only: the profile keeps the table as written."""
+
+    max_tokens: int | None = None
+
+
+class _ScriptedOptions(_ProviderOptions, forbid_unknown_fields=True, kw_only=True):
+    script: str | None = None
+
+
+class _HttpOptions(_ProviderOptions, forbid_unknown_fields=True, kw_only=True):
+    api_key_env: str | None = None
+    base_url: str | None = None
+    timeout_s: float | None = None
+    max_retries: int | None = None
+
+
+class _OpenAIOptions(_HttpOptions, forbid_unknown_fields=True, kw_only=True):
+    max_tokens_param: str | None = None
+    provider_name: str | None = None
+
+
+_PROVIDER_OPTIONS: Final[dict[str, type[_ProviderOptions]]] = {
+    "scripted": _ScriptedOptions,
+    "anthropic": _HttpOptions,
+    "openai": _OpenAIOptions,
+}
 
 
 class _ProfileConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -116,47 +156,49 @@ def load_profile(folder: Path) -> Profile:
     except OSError as exc:
         raise ProfileError(path, f"cannot read: {exc.strerror}") from None
     try:
-        config = msgspec.toml.decode(raw, type=_ProfileConfig)
-    except msgspec.ValidationError as exc:
+        config = convert(toml_document(raw), _ProfileConfig)
+    except ConfigProblem as exc:
         raise ProfileError(path, str(exc)) from None
-    except msgspec.DecodeError as exc:
-        raise ProfileError(path, f"not valid TOML: {exc}") from None
-    except RecursionError:
-        raise ProfileError(path, "not valid TOML: nested too deeply") from None
 
     try:
         tags = tuple(parse_tag(t) for t in config.tags)
     except InvalidTag as exc:
-        raise ProfileError(path, str(exc)) from None
+        raise ProfileError(path, f"tags: {exc}") from None
     if len(set(tags)) != len(tags):
-        raise ProfileError(path, "a tag is listed twice")
+        raise ProfileError(path, "tags: a tag is listed twice")
     if config.provider not in PROVIDERS:
-        raise ProfileError(path, f"unknown provider {config.provider!r} (one of {', '.join(PROVIDERS)})")
+        raise ProfileError(path, f"provider: unknown provider {config.provider!r} (one of {', '.join(PROVIDERS)})")
     if not config.model:
-        raise ProfileError(path, "model must not be empty")
+        raise ProfileError(path, "model: must not be empty")
+    try:
+        # Lenient like the providers reading it (a timeout of "30" is 30.0), strict about unknown keys.
+        convert(config.provider_options, _PROVIDER_OPTIONS[config.provider], prefix="provider_options", strict=False)
+    except ConfigProblem as exc:
+        raise ProfileError(path, str(exc)) from None
     tools = tuple(config.tools) if config.tools is not None else BUILTIN_TOOLS
-    for name in (*tools, *config.approval.tools):
-        if name not in BUILTIN_TOOLS:
-            raise ProfileError(path, f"unknown tool {name!r} (one of {', '.join(BUILTIN_TOOLS)})")
+    for key, names in (("tools", tools), ("approval.tools", tuple(config.approval.tools))):
+        for name in names:
+            if name not in BUILTIN_TOOLS:
+                raise ProfileError(path, f"{key}: unknown tool {name!r} (one of {', '.join(BUILTIN_TOOLS)})")
     if config.max_steps < 1:
-        raise ProfileError(path, f"max_steps must be at least 1, got {config.max_steps}")
+        raise ProfileError(path, f"max_steps: must be at least 1, got {config.max_steps}")
     if config.max_delegation_depth < 0:
-        raise ProfileError(path, f"max_delegation_depth must be 0 or more, got {config.max_delegation_depth}")
+        raise ProfileError(path, f"max_delegation_depth: must be 0 or more, got {config.max_delegation_depth}")
     if not config.approval.timeout_s > 0:
-        raise ProfileError(path, f"approval.timeout_s must be positive, got {config.approval.timeout_s}")
+        raise ProfileError(path, f"approval.timeout_s: must be positive, got {config.approval.timeout_s}")
     if config.system_prompt is not None and config.system_prompt_file is not None:
-        raise ProfileError(path, "give system_prompt or system_prompt_file, not both")
+        raise ProfileError(path, "system_prompt_file: give system_prompt or system_prompt_file, not both")
     system_prompt = config.system_prompt or ""
     if config.system_prompt_file is not None:
         prompt_path = folder / config.system_prompt_file
         try:
             system_prompt = prompt_path.read_text(encoding="utf-8")
         except OSError as exc:
-            raise ProfileError(path, f"system_prompt_file {prompt_path}: {exc.strerror}") from None
+            raise ProfileError(path, f"system_prompt_file: {prompt_path}: {exc.strerror}") from None
         except UnicodeDecodeError:
-            raise ProfileError(path, f"system_prompt_file {prompt_path}: not UTF-8 text") from None
+            raise ProfileError(path, f"system_prompt_file: {prompt_path}: not UTF-8 text") from None
         except ValueError as exc:  # a NUL in the file name
-            raise ProfileError(path, f"system_prompt_file {config.system_prompt_file!r}: {exc}") from None
+            raise ProfileError(path, f"system_prompt_file: {config.system_prompt_file!r}: {exc}") from None
     workspace = Path(os.path.expanduser(config.workspace))
     return Profile(
         id=profile_id,

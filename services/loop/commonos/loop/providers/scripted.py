@@ -23,6 +23,7 @@ import msgspec
 
 from commonos.accounting.usage import TokenUsage
 from commonos.loop.providers.base import ModelRequest, ModelResponse
+from commonos.proto.config_files import ConfigProblem, convert, key_path, one_line, problem_of, toml_document
 from commonos.proto.errors import ConfigError
 from commonos.proto.messages import AssistantMessage, ToolCall, UserMessage, message_text
 
@@ -30,7 +31,7 @@ NAME = "scripted"
 
 
 class ScriptError(ConfigError):
-    """A script file that cannot be used; the message names the file."""
+    """A script file that cannot be used; one line naming the file and the key (unknown keys included)."""
 
 
 class _Call(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -70,15 +71,22 @@ def load_script(path: Path) -> Script:
     except OSError as exc:
         raise ScriptError(f"{path}: cannot read: {exc.strerror}") from None
     try:
-        script = (
-            msgspec.json.decode(raw, type=Script) if path.suffix == ".json" else msgspec.toml.decode(raw, type=Script)
-        )
-        for conversation in script.conversations:
-            for step in conversation.steps:
-                if step.usage is not None:
-                    _ = _usage(step.usage)
-    except (msgspec.DecodeError, ValueError) as exc:
-        raise ScriptError(f"{path}: {exc}") from None
+        if path.suffix == ".json":
+            script = msgspec.json.decode(raw, type=Script)
+        else:
+            script = convert(toml_document(raw), Script)
+    except msgspec.ValidationError as exc:
+        raise ScriptError(f"{path}: {problem_of(exc)}") from None
+    except (msgspec.DecodeError, ConfigProblem) as exc:
+        raise ScriptError(one_line(f"{path}: {exc}")) from None
+    for c, conversation in enumerate(script.conversations):
+        for s, step in enumerate(conversation.steps):
+            if step.usage is not None:
+                try:
+                    _usage(step.usage)
+                except ValueError as exc:
+                    where = key_path("conversations", c, "steps", s, "usage")
+                    raise ScriptError(one_line(f"{path}: {where}: {exc}")) from None
     return script
 
 
