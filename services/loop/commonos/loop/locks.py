@@ -8,7 +8,6 @@ with a revision check while the turn runs; the bucket's TTL frees the key of a p
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -21,6 +20,8 @@ import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.kv import KeyValue
+
+from commonos.runtime.retry import sleep_or_stop
 
 log = logging.getLogger(__name__)
 
@@ -110,9 +111,7 @@ class _NatsLease:
 
     async def _keep(self) -> None:
         while not self._released.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._released.wait(), self._refresh_s)
-            if self._released.is_set():
+            if await sleep_or_stop(self._released, self._refresh_s):
                 return
             try:
                 self._revision = await self._kv.update(self._key, self._value, last=self._revision)

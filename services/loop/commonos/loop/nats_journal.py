@@ -96,7 +96,7 @@ class NatsJournal(EventJournal):
         return message_bytes(payload, with_stream_header(headers, EVENTS_STREAM))
 
     async def _store(self, event: Event) -> None:
-        if self.js._nc.is_closed:
+        if self.publisher.closed:
             # nats-py never reopens a closed connection: waiting out the publisher's deadline is pointless.
             raise JournalError(f"event {event.event_id} not published: the NATS connection is closed")
         try:

@@ -48,6 +48,7 @@ from commonos.runtime import nats as cos_nats
 from commonos.runtime.http import Health, HttpServer
 from commonos.runtime.lifecycle import install_stop_signals, setup_logging
 from commonos.runtime.publisher import EventPublisher, PublishError
+from commonos.runtime.retry import sleep_or_stop
 from commonos.runtime.settings import ConfigError, Settings
 
 log = logging.getLogger(__name__)
@@ -191,8 +192,7 @@ class LoopService:
                     await self.registry.sweep(self.publisher)
                 except (nats.errors.Error, PublishError, TimeoutError) as exc:
                     log.warning("running turns not swept (%s); trying again", type(exc).__name__)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stop_event.wait(), interval)
+            await sleep_or_stop(self.stop_event, interval)
 
     async def shutdown(self) -> None:
         self._stopping = True
@@ -339,7 +339,7 @@ async def serve(settings: Settings, *, handle_signals: bool = True) -> int:
             js, default_owner(), stale_after_s=settings.turn_stale_s, replicas=settings.stream_replicas
         )
         loop = Loop(
-            NatsJournal(js, max_message_bytes=settings.max_message_bytes),
+            NatsJournal(js, EventPublisher(js, LOOP_SOURCE, nc=nc), max_message_bytes=settings.max_message_bytes),
             profiles,
             providers,
             locks=NatsSessionLocks(js, replicas=settings.stream_replicas),
@@ -359,7 +359,7 @@ async def serve(settings: Settings, *, handle_signals: bool = True) -> int:
                 grace_s=settings.drain_timeout_s / 2,
                 handle_signals=handle_signals,
                 registry=registry,
-                publisher=EventPublisher(js, "urn:commonos:loop"),
+                publisher=EventPublisher(js, "urn:commonos:loop", nc=nc),
                 heartbeat_s=settings.turn_heartbeat_s,
                 profiles_dir=settings.profiles_dir,
             )

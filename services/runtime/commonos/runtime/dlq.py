@@ -22,12 +22,14 @@ from typing import Final
 
 import nats.errors
 import nats.js.errors
+from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from commonos.proto.cloudevents import MSG_ID, percent_decode
 from commonos.proto.subjects import DLQ_STREAM, EVENTS_STREAM, dlq_subject
 from commonos.runtime.limits import EXPECTED_STREAM, check_fits, message_bytes, server_max_payload, with_stream_header
+from commonos.runtime.nats import client_of
 
 REASON: Final = "Cos-Dlq-Reason"
 CONSUMER: Final = "Cos-Dlq-Consumer"
@@ -130,10 +132,21 @@ def dead_letter_message(
 
 
 async def dead_letter(
-    js: JetStreamContext, msg: Msg, reason: str, consumer: str, stream_seq: int, timeout_s: float = 5.0
+    js: JetStreamContext,
+    msg: Msg,
+    reason: str,
+    consumer: str,
+    stream_seq: int,
+    timeout_s: float = 5.0,
+    *,
+    nc: Client | None = None,
 ) -> None:
-    """Store `msg` in the dead-letter stream; raises if JetStream did not acknowledge it."""
-    data, headers = dead_letter_message(msg, reason, consumer, stream_seq, server_max_payload(getattr(js, "_nc", None)))
+    """Store `msg` in the dead-letter stream; raises if JetStream did not acknowledge it.
+
+    `nc`, the connection `js` was made from, tells the server's max_payload (taken from `js` when not given).
+    """
+    limit = server_max_payload(nc if nc is not None else client_of(js))
+    data, headers = dead_letter_message(msg, reason, consumer, stream_seq, limit)
     await js.publish(dlq_subject(msg.subject), data, timeout=timeout_s, stream=DLQ_STREAM, headers=headers)
 
 
@@ -193,7 +206,9 @@ async def _original(js: JetStreamContext, stream_seq: int | None) -> tuple[bytes
     return raw.data or b"", stored
 
 
-async def replay_dead_letter(js: JetStreamContext, letter: DeadLetter, timeout_s: float = 5.0) -> int:
+async def replay_dead_letter(
+    js: JetStreamContext, letter: DeadLetter, timeout_s: float = 5.0, *, nc: Client | None = None
+) -> int:
     """Send a dead letter back to its original subject, then remove it; returns the new stream seq.
 
     The replay gets a fresh `Nats-Msg-Id`: the original id may still be inside the event stream's
@@ -214,7 +229,7 @@ async def replay_dead_letter(js: JetStreamContext, letter: DeadLetter, timeout_s
         f"the replay of dead letter {letter.dlq_seq}",
         letter.data,
         with_stream_header(headers, EVENTS_STREAM),
-        server_max_payload(getattr(js, "_nc", None)),
+        server_max_payload(nc if nc is not None else client_of(js)),
         "the server's max_payload is lower than when the event was stored; raise it to replay this event",
     )
     ack = await js.publish(letter.subject, letter.data, timeout=timeout_s, stream=EVENTS_STREAM, headers=headers)

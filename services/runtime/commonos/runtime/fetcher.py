@@ -72,8 +72,9 @@ class PullFetcher:
 
     async def stop(self) -> None:
         if self._sub is not None:
-            await self._sub.unsubscribe()  # type: ignore[attr-defined]
-            self._sub = None
+            sub, self._sub = self._sub, None
+            if not self.nc.is_closed:  # a closed connection has no subscription left (nats-py would raise)
+                await sub.unsubscribe()  # type: ignore[attr-defined]
 
     async def _on_msg(self, msg: Msg) -> None:
         headers = msg.headers

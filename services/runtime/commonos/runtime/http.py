@@ -87,11 +87,10 @@ class HttpServer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
-        server = site._server
-        assert server is not None
-        sockets = getattr(server, "sockets", None) or []
-        if sockets:
-            self.port = int(sockets[0].getsockname()[1])
+        # The port bound (the one asked for, or the free port the system chose for 0).
+        addresses = self._runner.addresses
+        if addresses:
+            self.port = int(addresses[0][1])
         return self.port
 
     async def stop(self) -> None:

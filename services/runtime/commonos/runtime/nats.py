@@ -67,6 +67,16 @@ def alerts_stream_config(replicas: int = 1) -> StreamConfig:
     )
 
 
+def client_of(js: JetStreamContext) -> Client | None:
+    """The connection a JetStreamContext was made from, for callers handed only the context.
+
+    nats-py keeps it private and offers no accessor, so this is the one place that reads it; code that
+    has the client passes it instead (`EventPublisher(..., nc=nc)`, `dead_letter(..., nc=nc)`).
+    """
+    client = getattr(js, "_nc", None)
+    return client if isinstance(client, Client) else None
+
+
 def inbox_prefix(user: str) -> str:
     """The private inbox of a NATS user: `_INBOX_<user>` (deploy/nats/auth.conf lets each user read only its own)."""
     return "_INBOX_" + re.sub(r"[^A-Za-z0-9_-]", "_", user)

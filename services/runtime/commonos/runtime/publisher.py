@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 import nats.errors
 import nats.js.errors
+from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
 
@@ -16,6 +17,8 @@ from commonos.proto.cloudevents import event_headers
 from commonos.proto.events import _Event, encode_event, event_type
 from commonos.proto.subjects import EVENTS_STREAM, subject_for
 from commonos.runtime.limits import MessageTooLarge, check_fits, server_max_payload, with_stream_header
+from commonos.runtime.nats import client_of
+from commonos.runtime.retry import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -64,29 +67,35 @@ DEFAULT_TOO_LARGE_HINT = "send less in one event, or raise the server's max_payl
 
 
 class EventPublisher:
+    """Publishes on `js`; `nc`, the connection `js` was made from, tells the server's max_payload and
+    whether the connection is closed (taken from `js` when not given)."""
+
     def __init__(
         self,
         js: JetStreamContext,
         source: str,
         *,
+        nc: Client | None = None,
         ack_timeout_s: float = 2.0,
         deadline_s: float = 30.0,
         too_large_hint: str = DEFAULT_TOO_LARGE_HINT,
     ) -> None:
         self.js = js
+        self.nc = nc if nc is not None else client_of(js)
         self.source = source
         self.ack_timeout_s = ack_timeout_s
         self.deadline_s = deadline_s
         self.too_large_hint = too_large_hint
 
-    def _closed(self) -> bool:
-        nc = getattr(self.js, "_nc", None)
-        return bool(getattr(nc, "is_closed", False))
+    @property
+    def closed(self) -> bool:
+        """The connection is closed for good: nats-py never reopens it, so nothing more can be published."""
+        return self.nc is not None and self.nc.is_closed
 
     @property
     def max_payload(self) -> int:
         """The connected server's limit for one message, headers included."""
-        return server_max_payload(getattr(self.js, "_nc", None))
+        return server_max_payload(self.nc)
 
     def prepare(self, event: _Event) -> tuple[str, bytes, dict[str, str]]:
         """Subject, body and headers of `event`; raises EventTooLarge if they cannot fit one message."""
@@ -112,7 +121,7 @@ class EventPublisher:
         """
         subject, payload, headers = self.prepare(event)
         deadline = time.monotonic() + self.deadline_s
-        delay = 0.05
+        backoff = Backoff(0.05, _MAX_RETRY_DELAY_S)
         timeout = self.ack_timeout_s
         attempt = 0
         while True:
@@ -124,12 +133,12 @@ class EventPublisher:
             except (*_RETRYABLE, nats.js.errors.APIError) as exc:
                 if isinstance(exc, nats.js.errors.APIError) and not _transient_api_error(exc):
                     raise PublishError(f"event {event.event_id} ({subject}) refused by JetStream: {exc}") from exc
-                if self._closed():
+                if self.closed:
                     # nats-py never reopens a closed connection: waiting out the deadline cannot help.
                     raise PublishError(
                         f"event {event.event_id} ({subject}) not published: the NATS connection is closed"
                     ) from exc
-                if time.monotonic() + delay >= deadline:
+                if time.monotonic() + backoff.current >= deadline:
                     raise PublishError(
                         f"event {event.event_id} ({subject}) not acknowledged within {self.deadline_s:.0f}s: "
                         f"{type(exc).__name__}"
@@ -142,8 +151,7 @@ class EventPublisher:
                     type(exc).__name__,
                     self.deadline_s,
                 )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, _MAX_RETRY_DELAY_S)
+                await asyncio.sleep(backoff.next())
                 timeout = min(self.ack_timeout_s, _RETRY_ACK_TIMEOUT_S)
 
     async def publish_many(self, events: Sequence[_Event], window: int = 1000) -> list[PubAck]:
