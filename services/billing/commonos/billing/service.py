@@ -12,13 +12,14 @@ labels, TOML), and the common ``COS_*`` settings.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+from collections.abc import Sequence
 from datetime import UTC
 from typing import Final
 
 import asyncpg
 import msgspec
+from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from commonos.accounting.pricing import PriceFileError, Pricer, load_price_file
@@ -27,22 +28,14 @@ from commonos.billing.config import BillingConfig, BillingConfigError, load_bill
 from commonos.billing.metrics import BillingMetrics
 from commonos.billing.projection import BillingProjection
 from commonos.billing.schema import SCHEMA
-from commonos.proto.cloudevents import CONTENT_TYPE, MSG_ID, SPECVERSION
-from commonos.proto.subjects import (
-    ALERTS_BUDGET,
-    ALERTS_STREAM,
-    MODEL_CALLS_FILTER,
-    PROFILES_DELETED_FILTER,
-    PROFILES_UPSERTED_FILTER,
-    SESSIONS_CREATED_FILTER,
-)
+from commonos.proto.cloudevents import ce_type, message_headers
+from commonos.proto.subjects import ALERTS_BUDGET, ALERTS_STREAM
 from commonos.runtime import nats as cos_nats
-from commonos.runtime.consumer import BatchConsumer, ConsumerOptions, partition_suffix
-from commonos.runtime.http import Health
+from commonos.runtime import service
+from commonos.runtime.consumer import Projection, partition_suffix
 from commonos.runtime.lifecycle import run, setup_logging
 from commonos.runtime.limits import check_fits, server_max_payload, with_stream_header
-from commonos.runtime.postgres import apply_schemas, create_pool
-from commonos.runtime.service import run_consumers, service_context
+from commonos.runtime.postgres import apply_schemas
 from commonos.runtime.settings import Settings
 
 log = logging.getLogger("commonos.billing")
@@ -50,15 +43,11 @@ log = logging.getLogger("commonos.billing")
 DEFAULT_HTTP_PORT: Final = 9463
 CONSUMER_NAME: Final = "billing"
 ALERT_SOURCE: Final = "urn:commonos:billing"
+ALERT_TYPE: Final = ce_type("budget_exceeded")
 
 _alert_encoder: Final = msgspec.json.Encoder(decimal_format="string")
 #: What billing reads: model calls, and who owns sessions and which profiles are deleted (or re-created).
-BILLING_FILTERS: Final = (
-    MODEL_CALLS_FILTER,
-    SESSIONS_CREATED_FILTER,
-    PROFILES_DELETED_FILTER,
-    PROFILES_UPSERTED_FILTER,
-)
+BILLING_FILTERS: Final = BillingProjection.filter_subjects
 
 
 def billing_schemas() -> list[str]:
@@ -72,47 +61,35 @@ async def apply_billing_schemas(conn: asyncpg.Connection) -> None:
     await apply_schemas(conn, billing_schemas())
 
 
-async def apply_schemas_when_reachable(dsn: str, health: Health, stop: asyncio.Event) -> bool:
-    """Apply the schemas, waiting out a PostgreSQL that cannot be reached yet; False if stopped first."""
-    backoff = 0.1
-    while not stop.is_set():
-        try:
-            conn = await asyncpg.connect(dsn, timeout=5)
-            try:
-                await apply_billing_schemas(conn)
-            finally:
-                await conn.close()
-            return True
-        except (OSError, asyncpg.CannotConnectNowError, asyncpg.InterfaceError, TimeoutError) as exc:
-            health.set_ready("database", False, f"PostgreSQL unreachable: {type(exc).__name__}")
-            health.beat()  # waiting for the database is this service working as designed, not a hang
-            log.warning("PostgreSQL unreachable (%s); retrying", exc)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), backoff)
-            backoff = min(backoff * 2, 5.0)
-    return False
-
-
 def alert_message(alert: BudgetAlert, msg_id: str, source: str = ALERT_SOURCE) -> tuple[bytes, dict[str, str]]:
     """Body (JSON, amounts as exact decimal strings) and CloudEvents headers of a budget alert. Pure."""
-    headers = {
-        "ce-specversion": SPECVERSION,
-        "ce-id": str(alert.alert_id),
-        "ce-source": source,
-        "ce-type": "cos.budget_exceeded.v1",
-        "ce-time": alert.occurred_at.astimezone(UTC).isoformat().replace("+00:00", "Z"),
-        "ce-subject": alert.budget,
-        "content-type": CONTENT_TYPE,
-        MSG_ID: msg_id,
-    }
+    headers = message_headers(
+        id=str(alert.alert_id),
+        type=ALERT_TYPE,
+        source=source,
+        time=alert.occurred_at.astimezone(UTC),
+        subject=alert.budget,
+        msg_id=msg_id,
+    )
     return _alert_encoder.encode(alert), headers
 
 
 class NatsAlertSink:
-    """Publishes budget alerts to JetStream and waits for the PubAck; errors propagate (the batch retries)."""
+    """Publishes budget alerts to JetStream and waits for the PubAck; errors propagate (the batch retries).
 
-    def __init__(self, js: JetStreamContext, source: str = ALERT_SOURCE, ack_timeout_s: float = 5.0) -> None:
+    `nc` (the connection `js` was made from) tells the server's max_payload; it is taken from `js` when not given.
+    """
+
+    def __init__(
+        self,
+        js: JetStreamContext,
+        source: str = ALERT_SOURCE,
+        ack_timeout_s: float = 5.0,
+        *,
+        nc: Client | None = None,
+    ) -> None:
         self.js = js
+        self.nc = nc if nc is not None else cos_nats.client_of(js)
         self.source = source
         self.ack_timeout_s = ack_timeout_s
 
@@ -122,7 +99,7 @@ class NatsAlertSink:
             f"the budget alert of {alert.budget}",
             body,
             with_stream_header(headers, ALERTS_STREAM),
-            server_max_payload(getattr(self.js, "_nc", None)),
+            server_max_payload(self.nc),
             "shorten the budget's tag in COS_BILLING_CONFIG",
         )
         ack = await self.js.publish(
@@ -165,34 +142,28 @@ async def serve(
     With ``COS_PARTITIONS``/``COS_PARTITION`` each instance bills the sessions of its partition under its own
     durable consumer (``billing-p<i>-of-<n>``); budgets stay exact across instances.
     """
-    _, database_url = settings.require_urls()
+    settings.require_urls()
     name = name or CONSUMER_NAME + partition_suffix(settings)
     config = config if config is not None else load_billing_config(settings.billing_config)
     pricer = pricer if pricer is not None else load_pricer(settings)
-    async with service_context(settings, name, stop) as ctx:
-        await cos_nats.ensure_stream(ctx.js, cos_nats.alerts_stream_config(settings.stream_replicas))
-        if not await apply_schemas_when_reachable(database_url, ctx.health, ctx.stop):
-            return 0
-        pool = await create_pool(database_url, min_size=1, max_size=3)
-        try:
-            budgets = BudgetTracker(config.budgets, NatsAlertSink(ctx.js)) if config.budgets else None
-            if budgets is not None:
-                async with pool.acquire() as conn:
-                    await budgets.load(conn)
-            projection = BillingProjection(pricer, BillingMetrics(config.metrics), budgets, name=name)
-            options = ConsumerOptions(
-                batch_size=settings.batch_size,
-                batch_timeout_s=settings.batch_timeout_s,
-                filter_subjects=BILLING_FILTERS,
-                partitions=settings.partitions,
-                partition=settings.partition or 0,
-            )
-            consumer = BatchConsumer(ctx.js, pool, projection, ctx.health, options)
-            applied = await run_consumers(ctx, [consumer], settings.drain_timeout_s)
-        finally:
-            await pool.close()
-    log.info("%s: stopped after applying %d events", name, applied)
-    return 1 if ctx.lost else 0
+
+    async def projections(ctx: service.ServiceContext, pool: asyncpg.Pool) -> Sequence[Projection]:
+        """The billing projection, its budgets loaded and its alerts published on this connection."""
+        budgets = BudgetTracker(config.budgets, NatsAlertSink(ctx.js, nc=ctx.nc)) if config.budgets else None
+        if budgets is not None:
+            async with pool.acquire() as conn:
+                await budgets.load(conn)
+        return [BillingProjection(pricer, BillingMetrics(config.metrics), budgets, name=name)]
+
+    return await service.serve(
+        settings,
+        name,
+        billing_schemas(),
+        projections,
+        stop=stop,
+        streams=[cos_nats.alerts_stream_config(settings.stream_replicas)],
+        logger=log,
+    )
 
 
 def main() -> int:

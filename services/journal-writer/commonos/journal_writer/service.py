@@ -3,24 +3,22 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Sequence
 
-import asyncpg
-
 from commonos.journal_writer.schema import SCHEMA
 from commonos.journal_writer.store import JournalProjection
-from commonos.runtime.consumer import BatchConsumer, ConsumerOptions, Projection, partition_suffix
-from commonos.runtime.http import Health
+from commonos.runtime import service
+from commonos.runtime.consumer import Projection, partition_suffix
 from commonos.runtime.lifecycle import run, setup_logging
-from commonos.runtime.postgres import apply_schemas, create_pool
-from commonos.runtime.service import run_consumers, service_context
+from commonos.runtime.service import consumer_options
 from commonos.runtime.settings import Settings
 
 log = logging.getLogger("commonos.journal_writer")
 
 DEFAULT_HTTP_PORT = 9462
+
+__all__ = ["DEFAULT_HTTP_PORT", "consumer_options", "main", "serve", "writer_projections", "writer_schemas"]
 
 
 def writer_schemas() -> list[str]:
@@ -46,64 +44,15 @@ def writer_projections(suffix: str = "", unpartitioned: bool = True) -> list[Pro
     return projections
 
 
-async def apply_schemas_when_reachable(dsn: str, schemas: Sequence[str], health: Health, stop: asyncio.Event) -> bool:
-    backoff = 0.1
-    while not stop.is_set():
-        try:
-            conn = await asyncpg.connect(dsn, timeout=5)
-            try:
-                await apply_schemas(conn, schemas)
-            finally:
-                await conn.close()
-            return True
-        except (OSError, asyncpg.CannotConnectNowError, asyncpg.InterfaceError, TimeoutError) as exc:
-            health.set_ready("database", False, f"PostgreSQL unreachable: {type(exc).__name__}")
-            health.beat()  # waiting for the database is this service working as designed, not a hang
-            log.warning("PostgreSQL unreachable (%s); retrying", exc)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), backoff)
-            backoff = min(backoff * 2, 5.0)
-    return False
-
-
-def consumer_options(
-    settings: Settings, projection: Projection, filter_subjects: tuple[str, ...] = ("cos.events.>",)
-) -> ConsumerOptions:
-    """A projection may narrow the subjects it reads (`filter_subjects`) and opt out of partitioning."""
-    partitioned = getattr(projection, "partitioned", True)
-    return ConsumerOptions(
-        batch_size=settings.batch_size,
-        batch_timeout_s=settings.batch_timeout_s,
-        filter_subjects=getattr(projection, "filter_subjects", filter_subjects),
-        partitions=settings.partitions if partitioned else 1,
-        partition=(settings.partition or 0) if partitioned else 0,
-    )
-
-
 async def serve(
     settings: Settings,
     projections: Sequence[Projection],
     schemas: Sequence[str],
     name: str,
     stop: asyncio.Event | None = None,
-    filter_subjects: tuple[str, ...] = ("cos.events.>",),
 ) -> int:
     """Run consumers for `projections` until `stop` is set (SIGTERM/SIGINT when not given)."""
-    _, database_url = settings.require_urls()
-    async with service_context(settings, name, stop) as ctx:
-        if not await apply_schemas_when_reachable(database_url, schemas, ctx.health, ctx.stop):
-            return 0
-        pool = await create_pool(database_url, min_size=1, max_size=2 + len(projections))
-        try:
-            consumers = [
-                BatchConsumer(ctx.js, pool, p, ctx.health, consumer_options(settings, p, filter_subjects))
-                for p in projections
-            ]
-            applied = await run_consumers(ctx, consumers, settings.drain_timeout_s)
-        finally:
-            await pool.close()
-    log.info("%s: stopped after applying %d events", name, applied)
-    return 1 if ctx.lost else 0
+    return await service.serve(settings, name, schemas, projections, stop=stop, logger=log)
 
 
 def main() -> int:

@@ -1,23 +1,32 @@
-"""What every consuming service does around its consumers: signals, health port, NATS, draining."""
+"""What every consuming service does around its consumers: signals, health port, NATS, the streams, its
+schemas, its consumers, draining.
+
+`serve` is the whole life of a consuming service (the journal-writer, billing); a service gives it its
+name, its schemas and its projections (or a function making them once NATS and PostgreSQL are there).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+import asyncpg
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
+from nats.js.api import StreamConfig
 
 from commonos.runtime import nats as cos_nats
-from commonos.runtime.consumer import BatchConsumer
+from commonos.runtime.consumer import BatchConsumer, ConsumerOptions, Projection
 from commonos.runtime.http import Health, HttpServer
 from commonos.runtime.lifecycle import install_stop_signals
 from commonos.runtime.nats import ConnectionLost
+from commonos.runtime.postgres import apply_schemas, create_pool
+from commonos.runtime.retry import Backoff, sleep_or_stop
 from commonos.runtime.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -33,11 +42,20 @@ class ServiceContext:
     lost: str | None = None
 
 
+#: Makes a service's projections once NATS, the streams, the schemas and the pool are there (billing
+#: loads its budgets and publishes its alerts through them).
+ProjectionFactory = Callable[[ServiceContext, asyncpg.Pool], Awaitable[Sequence[Projection]]]
+
+
 @contextlib.asynccontextmanager
 async def service_context(
-    settings: Settings, name: str, stop: asyncio.Event | None = None
+    settings: Settings,
+    name: str,
+    stop: asyncio.Event | None = None,
+    streams: Sequence[StreamConfig] = (),
 ) -> AsyncIterator[ServiceContext]:
-    """Stop event (SIGTERM/SIGINT unless one is given), `/metrics` `/healthz` `/readyz`, NATS, the streams."""
+    """Stop event (SIGTERM/SIGINT unless one is given), `/metrics` `/healthz` `/readyz`, NATS, the streams
+    (the events', the dead letters' and `streams`)."""
     if stop is None:
         stop = asyncio.Event()
         install_stop_signals(stop)
@@ -60,7 +78,7 @@ async def service_context(
         nc = await cos_nats.connect(settings, name, closed_cb=on_closed)
         try:
             js = nc.jetstream()
-            await _streams_when_there(js, settings.stream_replicas, health, stop)
+            await _streams_when_there(js, settings.stream_replicas, streams, health, stop)
             holder.append(ServiceContext(nc, js, health, stop))
             yield holder[0]
         finally:
@@ -69,12 +87,16 @@ async def service_context(
         await http.stop()
 
 
-async def _streams_when_there(js: JetStreamContext, replicas: int, health: Health, stop: asyncio.Event) -> None:
+async def _streams_when_there(
+    js: JetStreamContext, replicas: int, extra: Sequence[StreamConfig], health: Health, stop: asyncio.Event
+) -> None:
     """The streams, created if this user may; else waited for (an admin creates them: `cos streams ensure`)."""
-    backoff = 0.5
+    backoff = Backoff(0.5, 10.0)
     while not stop.is_set():
         try:
             await cos_nats.ensure_streams(js, replicas)
+            for config in extra:
+                await cos_nats.ensure_stream(js, config)
             health.set_ready("streams", True)
             return
         except (
@@ -88,9 +110,81 @@ async def _streams_when_there(js: JetStreamContext, replicas: int, health: Healt
             health.set_ready("streams", False, reason)
             health.beat()  # waiting is not a hang
             log.warning("%s; waiting", reason)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), backoff)
-            backoff = min(backoff * 2, 10.0)
+            await sleep_or_stop(stop, backoff.next())
+
+
+async def apply_schemas_when_reachable(
+    dsn: str, schemas: Sequence[str], health: Health, stop: asyncio.Event, logger: logging.Logger = log
+) -> bool:
+    """Apply `schemas` under the schema advisory lock, waiting out a PostgreSQL that cannot be reached
+    yet; False if stopped first."""
+    backoff = Backoff(0.1, 5.0)
+    while not stop.is_set():
+        try:
+            conn = await asyncpg.connect(dsn, timeout=5)
+            try:
+                await apply_schemas(conn, schemas)
+            finally:
+                await conn.close()
+            return True
+        except (OSError, asyncpg.CannotConnectNowError, asyncpg.InterfaceError, TimeoutError) as exc:
+            health.set_ready("database", False, f"PostgreSQL unreachable: {type(exc).__name__}")
+            health.beat()  # waiting for the database is this service working as designed, not a hang
+            logger.warning("PostgreSQL unreachable (%s); retrying", exc)
+            await sleep_or_stop(stop, backoff.next())
+    return False
+
+
+def consumer_options(settings: Settings, projection: Projection) -> ConsumerOptions:
+    """The one way a service's consumer is configured: the COS_BATCH_* settings, the subjects the
+    projection reads, and this instance's partition unless the projection is not partitioned."""
+    partitioned = projection.partitioned
+    return ConsumerOptions(
+        batch_size=settings.batch_size,
+        batch_timeout_s=settings.batch_timeout_s,
+        filter_subjects=projection.filter_subjects,
+        partitions=settings.partitions if partitioned else 1,
+        partition=(settings.partition or 0) if partitioned else 0,
+    )
+
+
+async def serve(
+    settings: Settings,
+    name: str,
+    schemas: Sequence[str],
+    projections: Sequence[Projection] | ProjectionFactory,
+    *,
+    stop: asyncio.Event | None = None,
+    streams: Sequence[StreamConfig] = (),
+    pool_size: int | None = None,
+    logger: logging.Logger = log,
+) -> int:
+    """Run a consuming service until `stop` is set (SIGTERM/SIGINT when not given); its exit code.
+
+    Serves `/metrics` `/healthz` `/readyz`, connects to NATS, waits for the streams (`streams` besides
+    the events' and the dead letters'), applies `schemas` under the schema advisory lock (waiting for
+    PostgreSQL), then runs one consumer per projection until stopped and lets their batches drain.
+    `projections` is a list, or a function making them from the context and the pool. The pool holds
+    `pool_size` connections: by default two more than the projections (a factory counts as one).
+    Returns 1 when the NATS connection was lost for good (the service must be restarted), else 0.
+    """
+    _, database_url = settings.require_urls()
+    async with service_context(settings, name, stop, streams) as ctx:
+        if not await apply_schemas_when_reachable(database_url, schemas, ctx.health, ctx.stop, logger):
+            return 1 if ctx.lost else 0
+        if pool_size is None:
+            pool_size = 2 + (len(projections) if isinstance(projections, Sequence) else 1)
+        pool = await create_pool(database_url, min_size=1, max_size=pool_size)
+        try:
+            chosen = projections if isinstance(projections, Sequence) else await projections(ctx, pool)
+            consumers = [
+                BatchConsumer(ctx.js, pool, p, ctx.health, consumer_options(settings, p), nc=ctx.nc) for p in chosen
+            ]
+            applied = await run_consumers(ctx, consumers, settings.drain_timeout_s)
+        finally:
+            await pool.close()
+    logger.info("%s: stopped after applying %d events", name, applied)
+    return 1 if ctx.lost else 0
 
 
 async def run_consumers(ctx: ServiceContext, consumers: Sequence[BatchConsumer], drain_timeout_s: float) -> int:
