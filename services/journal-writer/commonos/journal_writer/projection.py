@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import msgspec
 
@@ -27,8 +27,117 @@ from commonos.runtime.tombstones import ProfileEventInvalid, check_profile_event
 
 _content_encoder: Final = msgspec.json.Encoder()
 
-#: Statements in the order they run; every one is idempotent (natural keys, ON CONFLICT).
-STATEMENTS: Final[dict[str, str]] = {
+
+@dataclass(frozen=True)
+class Param:
+    """A statement's parameter: its name in the SQL templates and the PostgreSQL type of its value.
+
+    `jsonb` travels as JSON text, `text[]` as a list (one row) or an array literal (bulk: arrays of arrays must
+    be rectangular, tags are not).
+    """
+
+    name: str
+    type: str
+
+    def one(self, index: int) -> str:
+        """The parameter in the single-row form."""
+        return f"${index}::text" if self.type == "jsonb" else f"${index}::{self.type}"
+
+    def column(self, index: int) -> str:
+        """The parameter's array in the bulk form's `unnest`."""
+        return f"${index}::text[]" if self.type in ("jsonb", "text[]") else f"${index}::{self.type}[]"
+
+    def bulk(self) -> str:
+        """The parameter's value in a row of the bulk form."""
+        return f"r.{self.name}::text[]" if self.type == "text[]" else f"r.{self.name}"
+
+
+def _params(spec: str) -> tuple[Param, ...]:
+    """`"id uuid, tags text[], ..."` -> the Params."""
+    return tuple(Param(*item.split()) for item in spec.split(","))
+
+
+@dataclass(frozen=True)
+class Insert:
+    """`INSERT INTO table (columns) <one row of params> ON CONFLICT ...`, written once.
+
+    `values` are expressions over the params, one per column, `{name}` standing for a param (a jsonb value is
+    written `{name}::jsonb`).
+    """
+
+    table: str
+    params: tuple[Param, ...]
+    columns: dict[str, str]
+    conflict: str
+
+    def _values(self, refs: dict[str, str]) -> str:
+        return ", ".join(value.format_map(refs) for value in self.columns.values())
+
+    def one(self) -> str:
+        refs = {p.name: p.one(i) for i, p in enumerate(self.params, 1)}
+        return f"INSERT INTO {self.table} ({', '.join(self.columns)}) VALUES ({self._values(refs)}) {self.conflict}"
+
+    def bulk(self) -> str:
+        refs = {p.name: p.bulk() for p in self.params}
+        arrays = ", ".join(p.column(i) for i, p in enumerate(self.params, 1))
+        names = ", ".join(p.name for p in self.params)
+        return (
+            f"INSERT INTO {self.table} ({', '.join(self.columns)}) SELECT {self._values(refs)} "
+            f"FROM unnest({arrays}) AS r({names}) {self.conflict}"
+        )
+
+
+@dataclass(frozen=True)
+class Update:
+    """`UPDATE table t SET ... WHERE ...` of the rows `key` names, written once (`{name}` stands for a param).
+
+    The bulk form applies each key's first row only, as the single-row form run row after row does: each
+    update is guarded by its own condition (`finished_at IS NULL`, ...), so the first of a key wins.
+    """
+
+    table: str
+    params: tuple[Param, ...]
+    set: str
+    where: str
+    #: The param holding the row's key, and the table's key column.
+    key: str = "id"
+    key_column: str = "id"
+
+    def one(self) -> str:
+        refs = {p.name: p.one(i) for i, p in enumerate(self.params, 1)}
+        return f"UPDATE {self.table} t SET {self.set.format_map(refs)} WHERE {self.where.format_map(refs)}"
+
+    def _source(self) -> str:
+        arrays = ", ".join(p.column(i) for i, p in enumerate(self.params, 1))
+        names = ", ".join(p.name for p in self.params)
+        return f"unnest({arrays}) WITH ORDINALITY AS r({names}, n)"
+
+    def _update_from(self, rows: str) -> str:
+        refs = {p.name: f"r.{p.name}" for p in self.params}
+        return (
+            f"UPDATE {self.table} t SET {self.set.format_map(refs)} "
+            f"FROM (SELECT DISTINCT ON ({self.key}) * FROM {rows} ORDER BY {self.key}, n) r "
+            f"WHERE {self.where.format_map(refs)}"
+        )
+
+    def bulk(self) -> str:
+        return self._update_from(self._source())
+
+    def checked(self) -> str:
+        """The bulk form returning the keys it found no row for (see `CHECKED`)."""
+        return (
+            f"WITH r AS (SELECT * FROM {self._source()}), "
+            f"done AS ({self._update_from('r')} RETURNING t.{self.key_column}) "
+            f"SELECT r.{self.key} FROM r WHERE NOT EXISTS "
+            f"(SELECT 1 FROM {self.table} t WHERE t.{self.key_column} = r.{self.key})"
+        )
+
+
+_DO_NOTHING: Final = "ON CONFLICT (id) DO NOTHING"
+
+#: Statements in the order they run; every one is idempotent (natural keys, ON CONFLICT). Each is written
+#: once: `STATEMENTS` holds their single-row forms, `BULK` the bulk forms of those that have one.
+_SPECS: Final[dict[str, str | Insert | Update]] = {
     # created_at is the earliest mention of the profile, updated_at the latest profile_upserted and
     # tags come from that one: min and max commute, so partitioned writers agree on the row.
     "profile_upsert": """
@@ -43,114 +152,148 @@ STATEMENTS: Final[dict[str, str]] = {
     "profile_exists": """
         INSERT INTO profiles (id, tags, created_at, updated_at) VALUES ($1, '{}', $2, NULL)
         ON CONFLICT (id) DO NOTHING""",
-    "session_insert": """
-        INSERT INTO sessions (id, profile_id, source, title, tags, parent_session_id, created_at, updated_at)
-        VALUES ($1, $2, $3, $4, $5, $6, $7, $7)
-        ON CONFLICT (id) DO NOTHING""",
-    "turn_insert": """
-        INSERT INTO turns (id, session_id, profile_id, parent_turn_id, tags, depth, started_at)
-        VALUES ($1, $2, $3, $4, $5, $6, $7)
-        ON CONFLICT (id) DO NOTHING""",
-    "session_snapshot": """
-        UPDATE sessions SET context_snapshot = $2::text::jsonb, updated_at = greatest(updated_at, $3)
-        WHERE id = $1 AND context_snapshot IS NULL""",
-    "message_insert": """
-        INSERT INTO messages (id, session_id, turn_id, profile_id, seq, role, content, created_at)
-        VALUES ($1, $2, $3, $4, $5, $6, $7::text::jsonb, $8)
-        ON CONFLICT (id) DO NOTHING""",
-    "session_title": """
-        UPDATE sessions SET title = $2 WHERE id = $1 AND title IS NULL""",
-    "message_deactivate": """
-        UPDATE messages SET active = false WHERE id = ANY($1::uuid[]) AND session_id = $2 AND active""",
-    "tool_call_insert": """
-        INSERT INTO tool_calls (id, turn_id, session_id, profile_id, call_id, name, args, result, is_error,
-                                risk, approval, started_at, finished_at)
-        VALUES ($1, $2, $3, $4, $5, $6, $7::text::jsonb, $8, $9, $10, $11, $12, $13)
-        ON CONFLICT (id) DO NOTHING""",
-    "approval_insert": """
-        INSERT INTO approvals (id, tool_call_id, turn_id, profile_id, status, decided_by, decided_at)
-        VALUES ($1, $2, $3, $4, $5, $6, $7)
-        ON CONFLICT (tool_call_id) DO NOTHING""",
-    "turn_finish": """
-        UPDATE turns SET status = $2, error = $3, finished_at = $4
-        WHERE id = $1 AND finished_at IS NULL""",
+    "session_insert": Insert(
+        "sessions",
+        _params("id uuid, profile_id text, source text, title text, tags text[], parent uuid, at timestamptz"),
+        {
+            "id": "{id}",
+            "profile_id": "{profile_id}",
+            "source": "{source}",
+            "title": "{title}",
+            "tags": "{tags}",
+            "parent_session_id": "{parent}",
+            "created_at": "{at}",
+            "updated_at": "{at}",
+        },
+        _DO_NOTHING,
+    ),
+    "turn_insert": Insert(
+        "turns",
+        _params("id uuid, session_id uuid, profile_id text, parent uuid, tags text[], depth int, at timestamptz"),
+        {
+            "id": "{id}",
+            "session_id": "{session_id}",
+            "profile_id": "{profile_id}",
+            "parent_turn_id": "{parent}",
+            "tags": "{tags}",
+            "depth": "{depth}",
+            "started_at": "{at}",
+        },
+        _DO_NOTHING,
+    ),
+    "session_snapshot": Update(
+        "sessions",
+        _params("id uuid, snap jsonb, at timestamptz"),
+        set="context_snapshot = {snap}::jsonb, updated_at = greatest(t.updated_at, {at})",
+        where="t.id = {id} AND t.context_snapshot IS NULL",
+    ),
+    "message_insert": Insert(
+        "messages",
+        _params(
+            "id uuid, session_id uuid, turn_id uuid, profile_id text, seq int, role text, content jsonb, at timestamptz"
+        ),
+        {
+            "id": "{id}",
+            "session_id": "{session_id}",
+            "turn_id": "{turn_id}",
+            "profile_id": "{profile_id}",
+            "seq": "{seq}",
+            "role": "{role}",
+            "content": "{content}::jsonb",
+            "created_at": "{at}",
+        },
+        _DO_NOTHING,
+    ),
+    "session_title": Update(
+        "sessions", _params("id uuid, title text"), set="title = {title}", where="t.id = {id} AND t.title IS NULL"
+    ),
+    # One row names several messages (an array per row): no bulk form.
+    "message_deactivate": Update(
+        "messages",
+        _params("ids uuid[], session_id uuid"),
+        set="active = false",
+        where="t.id = ANY({ids}) AND t.session_id = {session_id} AND t.active",
+    ),
+    "tool_call_insert": Insert(
+        "tool_calls",
+        _params(
+            "id uuid, turn_id uuid, session_id uuid, profile_id text, call_id text, name text, args jsonb, "
+            "result text, is_error bool, risk text, approval text, started timestamptz, finished timestamptz"
+        ),
+        {
+            "id": "{id}",
+            "turn_id": "{turn_id}",
+            "session_id": "{session_id}",
+            "profile_id": "{profile_id}",
+            "call_id": "{call_id}",
+            "name": "{name}",
+            "args": "{args}::jsonb",
+            "result": "{result}",
+            "is_error": "{is_error}",
+            "risk": "{risk}",
+            "approval": "{approval}",
+            "started_at": "{started}",
+            "finished_at": "{finished}",
+        },
+        _DO_NOTHING,
+    ),
+    "approval_insert": Insert(
+        "approvals",
+        _params(
+            "id uuid, tool_call_id uuid, turn_id uuid, profile_id text, status text, decided_by text, "
+            "decided_at timestamptz"
+        ),
+        {
+            "id": "{id}",
+            "tool_call_id": "{tool_call_id}",
+            "turn_id": "{turn_id}",
+            "profile_id": "{profile_id}",
+            "status": "{status}",
+            "decided_by": "{decided_by}",
+            "decided_at": "{decided_at}",
+        },
+        "ON CONFLICT (tool_call_id) DO NOTHING",
+    ),
+    "turn_finish": Update(
+        "turns",
+        _params("id uuid, status text, error text, at timestamptz"),
+        set="status = {status}, error = {error}, finished_at = {at}",
+        where="t.id = {id} AND t.finished_at IS NULL",
+    ),
     # Last: a plan ends at a profile's deletion (`plan_segments`), so the rows of the events before it are
     # written first. ON DELETE CASCADE takes its sessions, turns, messages, tool calls and approvals along.
     "profile_delete": """
         DELETE FROM profiles WHERE id = $1""",
 }
+#: Statements with one array per row (no bulk form: arrays of arrays must be rectangular).
+_NO_BULK: Final = frozenset({"message_deactivate"})
 
-
-#: The same statements in bulk form: one round trip for all of a batch's rows, the arguments being
-#: one array per column (`unnest`). Array-valued columns (tags) travel as array literals.
-BULK: Final[dict[str, str]] = {
-    "session_insert": """
-        INSERT INTO sessions (id, profile_id, source, title, tags, parent_session_id, created_at, updated_at)
-        SELECT id, profile_id, source, title, tags::text[], parent, at, at
-        FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::uuid[], $7::timestamptz[])
-             AS r(id, profile_id, source, title, tags, parent, at)
-        ON CONFLICT (id) DO NOTHING""",
-    "turn_insert": """
-        INSERT INTO turns (id, session_id, profile_id, parent_turn_id, tags, depth, started_at)
-        SELECT id, session_id, profile_id, parent, tags::text[], depth, at
-        FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::uuid[], $5::text[], $6::int[], $7::timestamptz[])
-             AS r(id, session_id, profile_id, parent, tags, depth, at)
-        ON CONFLICT (id) DO NOTHING""",
-    "session_snapshot": """
-        UPDATE sessions s SET context_snapshot = r.snap::jsonb, updated_at = greatest(s.updated_at, r.at)
-        FROM unnest($1::uuid[], $2::text[], $3::timestamptz[]) AS r(id, snap, at)
-        WHERE s.id = r.id AND s.context_snapshot IS NULL""",
-    "message_insert": """
-        INSERT INTO messages (id, session_id, turn_id, profile_id, seq, role, content, created_at)
-        SELECT id, session_id, turn_id, profile_id, seq, role, content::jsonb, at
-        FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::int[], $6::text[], $7::text[],
-                    $8::timestamptz[]) AS r(id, session_id, turn_id, profile_id, seq, role, content, at)
-        ON CONFLICT (id) DO NOTHING""",
-    "session_title": """
-        UPDATE sessions s SET title = r.title
-        FROM unnest($1::uuid[], $2::text[]) AS r(id, title)
-        WHERE s.id = r.id AND s.title IS NULL""",
-    "tool_call_insert": """
-        INSERT INTO tool_calls (id, turn_id, session_id, profile_id, call_id, name, args, result, is_error,
-                                risk, approval, started_at, finished_at)
-        SELECT id, turn_id, session_id, profile_id, call_id, name, args::jsonb, result, is_error, risk, approval,
-               started, finished
-        FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::text[], $7::text[],
-                    $8::text[], $9::bool[], $10::text[], $11::text[], $12::timestamptz[], $13::timestamptz[])
-             AS r(id, turn_id, session_id, profile_id, call_id, name, args, result, is_error, risk, approval,
-                  started, finished)
-        ON CONFLICT (id) DO NOTHING""",
-    "approval_insert": """
-        INSERT INTO approvals (id, tool_call_id, turn_id, profile_id, status, decided_by, decided_at)
-        SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::text[],
-                             $7::timestamptz[])
-        ON CONFLICT (tool_call_id) DO NOTHING""",
-    "turn_finish": """
-        UPDATE turns t SET status = r.status, error = r.error, finished_at = r.at
-        FROM unnest($1::uuid[], $2::text[], $3::text[], $4::timestamptz[]) AS r(id, status, error, at)
-        WHERE t.id = r.id AND t.finished_at IS NULL""",
-}
+#: The single-row form of each statement, in the order they run (for `executemany`).
+STATEMENTS: Final[dict[str, str]] = {k: v if isinstance(v, str) else v.one() for k, v in _SPECS.items()}
+#: The bulk form: one round trip for all of a batch's rows, the arguments being one array per column
+#: (`unnest`). Array-valued columns (tags) travel as array literals.
+BULK: Final[dict[str, str]] = {k: v.bulk() for k, v in _SPECS.items() if not isinstance(v, str) and k not in _NO_BULK}
 #: Updates of rows an earlier event must have created. Each returns the keys it found no row for: an
 #: event updating what does not exist (a turn finished before it started, messages of another session)
 #: is rejected and dead-lettered, so a replay after the fix completes the picture, where a silent
 #: UPDATE of 0 rows would leave it incomplete forever. A row that exists but was already updated (the
 #: turn already finished) is not an error: the first finish wins.
 CHECKED: Final[dict[str, str]] = {
-    "turn_finish": """
-        WITH r AS (SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::timestamptz[])
-                                 AS r(id, status, error, at)),
-             done AS (UPDATE turns t SET status = r.status, error = r.error, finished_at = r.at
-                      FROM r WHERE t.id = r.id AND t.finished_at IS NULL RETURNING t.id)
-        SELECT r.id FROM r WHERE NOT EXISTS (SELECT 1 FROM turns t WHERE t.id = r.id)""",
-    "message_deactivate": """
-        WITH done AS (UPDATE messages SET active = false WHERE id = ANY($1::uuid[]) AND session_id = $2 AND active
-                      RETURNING id)
+    "turn_finish": cast(Update, _SPECS["turn_finish"]).checked(),
+    "message_deactivate": f"""
+        WITH done AS ({STATEMENTS["message_deactivate"]} RETURNING t.id)
         SELECT m FROM unnest($1::uuid[]) AS m
         WHERE NOT EXISTS (SELECT 1 FROM messages WHERE id = m AND session_id = $2)""",
 }
 
 #: Columns holding a list (tags), sent to the bulk form as a Postgres array literal.
-ARRAY_COLUMNS: Final[dict[str, int]] = {"session_insert": 4, "turn_insert": 4}
+ARRAY_COLUMNS: Final[dict[str, int]] = {
+    k: i
+    for k, v in _SPECS.items()
+    if isinstance(v, Insert | Update) and k in BULK
+    for i, p in enumerate(v.params)
+    if p.type == "text[]"
+}
 #: Below this many rows a plain executemany is as cheap as building the arrays.
 BULK_MIN_ROWS: Final = 4
 
