@@ -252,7 +252,8 @@ class BatchConsumer:
     last_delivery: int = 0
     #: Set when deliveries were lost in flight: the cursor must restart from the committed position.
     gap: bool = False
-    #: The NATS connection `js` came from (the fetcher pulls on it, and its state says whether it is lost).
+    #: The NATS connection `js` came from (the fetcher pulls on it, and its state says whether it is lost);
+    #: optional for a consumer that is only configured or fed batches (`process`), required by `run`.
     nc: Client | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
@@ -265,9 +266,9 @@ class BatchConsumer:
 
     @property
     def client(self) -> Client:
-        """The NATS connection: `nc` when given, else the one `js` was made from."""
+        """The NATS connection `js` came from: `run` needs it (nats-py offers no public way to get it from `js`)."""
         if self.nc is None:
-            self.nc = _client_of(self.js)
+            raise TypeError(f"{self.name}: BatchConsumer needs its NATS connection to run: pass nc=")
         return self.nc
 
     def consumer_config(self) -> ConsumerConfig:
@@ -379,8 +380,8 @@ class BatchConsumer:
 
     def _check_connection(self) -> None:
         """Raise ConnectionLost once nats-py has closed the connection for good (it will not reconnect)."""
-        nc = self.client
-        if nc.is_closed:
+        nc = self.nc
+        if nc is not None and nc.is_closed:
             raise ConnectionLost(f"{self.name}: NATS connection closed: {nc.last_error or 'by the server'}")
 
     async def _watch_lag(self, stop: asyncio.Event) -> None:
@@ -607,17 +608,6 @@ class BatchConsumer:
                 if not is_poison(exc):
                     raise
                 d.error = f"rejected by PostgreSQL: {type(exc).__name__}: {exc}"
-
-
-def _client_of(js: JetStreamContext) -> Client:
-    """The connection a JetStreamContext was made from, for callers that construct a consumer without `nc`.
-
-    nats-py keeps it in a private attribute and offers no public accessor: pass `nc` to `BatchConsumer`.
-    """
-    client = vars(js).get("_nc")
-    if not isinstance(client, Client):
-        raise TypeError("BatchConsumer needs its NATS connection: pass nc=")
-    return client
 
 
 async def _quietly(awaitable: object) -> None:
