@@ -32,9 +32,9 @@ from commonos.billing.report import (
 )
 from commonos.billing.reprice import RepriceError, render_reprice, reprice
 from commonos.runtime.args import CliError
+from commonos.runtime.cli_support import cli_settings
 from commonos.runtime.postgres import connect
 from commonos.runtime.settings import Settings
-from commonos.runtime.system import endpoints
 
 T = TypeVar("T")
 
@@ -55,7 +55,9 @@ def _group_by(text: str) -> GroupBy:
 
 def database_url(settings: Settings) -> str:
     """Only PostgreSQL is needed here: COS_DATABASE_URL alone is enough."""
-    return settings.database_url or endpoints(settings).database_url
+    url = cli_settings(settings, nats=False).database_url
+    assert url is not None  # cli_settings raises CliError when there is none
+    return url
 
 
 async def _with_database(dsn: str, work: Callable[[Any], Awaitable[T]]) -> T:

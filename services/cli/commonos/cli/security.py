@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from commonos.runtime.args import CliError
+from commonos.runtime.cli_support import cli_settings
 from commonos.runtime.settings import Settings
 
 #: The identities of deploy/nats/auth.conf and the environment variables holding their passwords.
@@ -180,9 +181,7 @@ def _server(settings: Settings) -> str:
     """COS_NATS_URL, else the `cos up` system's, without any login in it (each identity logs in itself)."""
     from urllib.parse import urlsplit, urlunsplit
 
-    from commonos.runtime.system import endpoints
-
-    url = settings.nats_url or endpoints(settings).nats_url
+    url = cli_settings(settings, database=False).nats_url or ""
     parts = [urlsplit(u.strip()) for u in url.split(",")]
     return ",".join(urlunsplit(p._replace(netloc=p.netloc.rpartition("@")[2])) for p in parts)
 

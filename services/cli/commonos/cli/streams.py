@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 from typing import Any
 
 from nats.js.api import StreamConfig
 
 from commonos.runtime.args import CliError
+from commonos.runtime.cli_support import cli_settings
 from commonos.runtime.settings import Settings
 
 
@@ -28,7 +30,7 @@ async def ensure_all(settings: Settings, nats_url: str) -> list[tuple[str, int, 
     """Create or update every stream; (name, replicas, messages) of each afterwards."""
     from commonos.runtime import nats as cos_nats
 
-    nc = await cos_nats.connect(Settings(**{**settings.__dict__, "nats_url": nats_url}), "cos-streams")
+    nc = await cos_nats.connect(dataclasses.replace(settings, nats_url=nats_url), "cos-streams")
     try:
         js = nc.jetstream()
         out = []
@@ -42,14 +44,12 @@ async def ensure_all(settings: Settings, nats_url: str) -> list[tuple[str, int, 
 
 
 def _nats_url(settings: Settings) -> str:
-    if settings.nats_url:
-        return settings.nats_url
-    from commonos.runtime.system import endpoints
-
     try:
-        return endpoints(settings).nats_url
+        url = cli_settings(settings, database=False).nats_url
     except CliError:
         raise CliError("no NATS server to talk to: set COS_NATS_URL (or start one with `cos up`)") from None
+    assert url is not None  # cli_settings raises CliError when there is none
+    return url
 
 
 def _ensure(args: argparse.Namespace) -> int:

@@ -14,15 +14,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from commonos.runtime.args import CliError, positive_int
-from commonos.runtime.system import endpoints
-
-
-def _settings() -> Any:
-    from commonos.runtime.settings import Settings
-
-    settings = Settings.from_env()
-    found = endpoints(settings)
-    return Settings(**{**settings.__dict__, "nats_url": found.nats_url, "database_url": found.database_url})
+from commonos.runtime.cli_support import cli_jetstream, cli_settings
+from commonos.runtime.settings import Settings
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -34,7 +27,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _replay(args: argparse.Namespace) -> int:
     from commonos.journal_writer.replay import ReplayError, replay
 
-    settings = _settings()
+    settings = cli_settings()
     console = Console(stderr=True)
     with Progress(
         TextColumn("replaying"),
@@ -64,21 +57,15 @@ def _replay(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _dlq_list(settings: Any, limit: int | None) -> list[Any]:
-    from commonos.runtime import nats as cos_nats
+async def _dlq_list(settings: Settings, limit: int | None) -> list[Any]:
     from commonos.runtime.dlq import list_dead_letters
 
-    nc = await cos_nats.connect(settings, "cos-dlq")
-    try:
-        js = nc.jetstream()
-        await cos_nats.ensure_streams(js, settings.stream_replicas)
+    async with cli_jetstream(settings, "cos-dlq") as (_, js):
         return await list_dead_letters(js, limit)
-    finally:
-        await nc.close()
 
 
 def _dlq_list_cmd(args: argparse.Namespace) -> int:
-    letters = asyncio.run(_dlq_list(_settings(), args.limit))
+    letters = asyncio.run(_dlq_list(cli_settings(), args.limit))
     if args.format == "json":
         json.dump(
             [
@@ -120,14 +107,11 @@ def _dlq_list_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _dlq_replay(settings: Any, seqs: list[int], replay_all: bool) -> tuple[int, list[int]]:
-    from commonos.runtime import nats as cos_nats
+async def _dlq_replay(settings: Settings, seqs: list[int], replay_all: bool) -> tuple[int, list[int]]:
     from commonos.runtime.dlq import DeadLetterError, list_dead_letters, replay_dead_letter
     from commonos.runtime.limits import MessageTooLarge
 
-    nc = await cos_nats.connect(settings, "cos-dlq")
-    try:
-        js = nc.jetstream()
+    async with cli_jetstream(settings, "cos-dlq", ensure_streams=False) as (nc, js):
         letters = await list_dead_letters(js)
         by_seq = {d.dlq_seq: d for d in letters}
         missing = [s for s in seqs if s not in by_seq]
@@ -135,19 +119,17 @@ async def _dlq_replay(settings: Any, seqs: list[int], replay_all: bool) -> tuple
         sent = 0
         for letter in chosen:
             try:
-                await replay_dead_letter(js, letter)
+                await replay_dead_letter(js, letter, nc=nc)
             except (DeadLetterError, MessageTooLarge) as exc:
                 raise CliError(f"{exc} ({sent} dead letters sent back before this one)") from None
             sent += 1
         return sent, missing
-    finally:
-        await nc.close()
 
 
 def _dlq_replay_cmd(args: argparse.Namespace) -> int:
     if not args.all and not args.seq:
         raise CliError("name dead letters by their seq (see `cos dlq list`) or pass --all")
-    sent, missing = asyncio.run(_dlq_replay(_settings(), args.seq, args.all))
+    sent, missing = asyncio.run(_dlq_replay(cli_settings(), args.seq, args.all))
     print(f"sent {sent} dead letters back to the event stream")
     if missing:
         raise CliError(f"no dead letter with seq {', '.join(map(str, missing))}")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
 import getpass
 import os
 import sys
@@ -31,6 +30,7 @@ from commonos.proto.subjects import EVENTS_PREFIX
 from commonos.proto.tags import InvalidTag, parse_tag
 from commonos.runtime import nats as cos_nats
 from commonos.runtime.args import CliError, Parser
+from commonos.runtime.cli_support import cli_connect, cli_settings
 from commonos.runtime.lifecycle import run
 from commonos.runtime.settings import Settings
 
@@ -56,37 +56,18 @@ def _who() -> str:
         return "cli:unknown"
 
 
-async def _connect(settings: Settings, name: str, **overrides: Any) -> Client:
-    async def quiet() -> None:
-        # Closing the connection at the end of a command is not news.
-        return None
-
-    return await cos_nats.connect(settings, name, disconnected_cb=quiet, **overrides)
-
-
-def _settings(http_port: int = 0) -> Settings:
-    """Settings with the URLs of the running system (COS_* variables, or the one `cos up` started)."""
-    settings = Settings.from_env(http_port=http_port)
-    if settings.nats_url:
-        return settings
-    from commonos.runtime.system import endpoints
-
-    found = endpoints(settings)
-    return dataclasses.replace(settings, nats_url=found.nats_url, database_url=found.database_url)
-
-
 # -- cos approve / cos deny -----------------------------------------------------------------------
 
 
 def _decide(args: argparse.Namespace, status: ApprovalStatus) -> int:
-    settings = _settings()
+    settings = cli_settings(database=False)
 
     async def main() -> int:
         try:
             approver = check_approver(args.by or _who())
         except ValueError as exc:
             raise CliError(f"--by: {exc}") from None
-        nc = await _connect(settings, "cos-approve", max_reconnect_attempts=3)
+        nc = await cli_connect(settings, "cos-approve", max_reconnect_attempts=3)
         try:
             ack = await send_decision(nc, args.profile, args.id, status, approver)
         finally:
@@ -113,7 +94,7 @@ def _deny(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from commonos.loop.service import DEFAULT_HTTP_PORT, serve
 
-    settings = _settings(http_port=DEFAULT_HTTP_PORT)
+    settings = cli_settings(database=False, http_port=DEFAULT_HTTP_PORT)
     return run(lambda: serve(settings))
 
 
@@ -203,6 +184,7 @@ class _Chat:
 
     async def _run_here(self, request: ChatRequest) -> ChatReply:
         from commonos.loop.approvals import NatsApprover
+        from commonos.loop.event_journal import LOOP_SOURCE
         from commonos.loop.journal import MessageTooLarge, SessionNotFound
         from commonos.loop.locks import NatsSessionLocks, SessionBusy
         from commonos.loop.loop import BadRequest, Loop, TurnRequest, UnknownProfile
@@ -210,6 +192,7 @@ class _Chat:
         from commonos.loop.profiles import ProfileError, load_profiles
         from commonos.loop.providers import build_provider
         from commonos.proto.profiles import describe_deletion
+        from commonos.runtime.publisher import EventPublisher
 
         if self._local_loop is None:
             try:
@@ -222,7 +205,8 @@ class _Chat:
                 raise CliError(str(exc)) from None
             js = self.nc.jetstream()
             await cos_nats.ensure_streams(js, self.settings.stream_replicas)
-            journal = NatsJournal(js, max_message_bytes=self.settings.max_message_bytes)
+            publisher = EventPublisher(js, LOOP_SOURCE, nc=self.nc)
+            journal = NatsJournal(js, publisher, max_message_bytes=self.settings.max_message_bytes)
             deleted = (await journal.profile_status(profile.id)).deleted
             if deleted is not None:  # it stays deleted: publishing it would re-create it
                 raise CliError(f"{describe_deletion(deleted)}: it takes no chats")
@@ -267,11 +251,11 @@ def _chat(args: argparse.Namespace) -> int:
             "--tag is for a new session: a session's tags are fixed when it starts "
             f"(leave out --tag to continue session {args.session})"
         )
-    settings = _settings()
+    settings = cli_settings(database=False)
     text = " ".join(args.text).strip()
 
     async def main() -> int:
-        nc = await _connect(settings, "cos-chat")
+        nc = await cli_connect(settings, "cos-chat")
         chat = _Chat(nc, settings, args)
         sub = await nc.subscribe(approval_request_subject(args.profile), cb=chat.on_approval_request)
         try:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -24,22 +23,12 @@ from typing import Any
 from commonos.loop.cli import _tag, _who
 from commonos.proto.tags import InvalidProfileId, check_profile_id
 from commonos.runtime.args import CliError
+from commonos.runtime.cli_support import cli_connect, cli_settings
 from commonos.runtime.settings import Settings
 
 #: The states `cos profile list` shows.
 CONFIGURED, FOLDER_MISSING, IMPORTED, DELETED = "configured", "folder missing", "imported", "deleted"
 CLI_SOURCE = "urn:commonos:cli"
-
-
-def _settings() -> Settings:
-    """Settings with the URLs of the running system (COS_* variables, or the one `cos up` started)."""
-    settings = Settings.from_env()
-    if settings.nats_url:
-        return settings
-    from commonos.runtime.system import endpoints
-
-    found = endpoints(settings)
-    return dataclasses.replace(settings, nats_url=found.nats_url, database_url=found.database_url)
 
 
 def _profile_id(raw: str) -> str:
@@ -89,28 +78,15 @@ async def _session_counts(dsn: str | None) -> tuple[dict[str, tuple[int, int]] |
 
 
 async def _journal(settings: Settings, source: str | None = None) -> tuple[Any, Any]:
-    import nats.errors
-
+    from commonos.loop.nats_journal import SOURCE as JOURNAL_SOURCE
     from commonos.loop.nats_journal import NatsJournal
     from commonos.runtime import nats as cos_nats
     from commonos.runtime.publisher import EventPublisher
 
-    async def quiet() -> None:
-        return None
-
-    async def quiet_error(exc: Exception) -> None:
-        return None
-
-    try:
-        nc = await cos_nats.connect(
-            settings, "cos-profile", disconnected_cb=quiet, error_cb=quiet_error, max_reconnect_attempts=3
-        )
-    except (nats.errors.Error, OSError, TimeoutError) as exc:
-        # The URL is not repeated: the one `cos up` writes carries a password.
-        raise CliError(f"cannot reach NATS (COS_NATS_URL): {exc}") from None
+    nc = await cli_connect(settings, "cos-profile", quiet=True, max_reconnect_attempts=3)
     js = nc.jetstream()
     await cos_nats.ensure_streams(js, settings.stream_replicas)
-    publisher = EventPublisher(js, source) if source is not None else None
+    publisher = EventPublisher(js, JOURNAL_SOURCE if source is None else source, nc=nc)
     return nc, NatsJournal(js, publisher)
 
 
@@ -121,7 +97,7 @@ def _list(args: argparse.Namespace) -> int:
     from commonos.loop.event_journal import LOOP_SOURCE
     from commonos.runtime.lifecycle import run
 
-    settings = _settings()
+    settings = cli_settings(database=False)
     root = settings.profiles_dir
 
     async def main() -> int:
@@ -203,7 +179,7 @@ def _delete(args: argparse.Namespace) -> int:
         check_deleted_by(by)
     except ProfileAdminError as exc:
         raise CliError(f"--by: {exc}") from None
-    settings = _settings()
+    settings = cli_settings(database=False)
 
     async def main() -> int:
         nc, journal = await _journal(settings, CLI_SOURCE)
@@ -257,7 +233,7 @@ def _recreate(args: argparse.Namespace) -> int:
     from commonos.runtime.lifecycle import run
 
     profile_id: str = args.id
-    settings = _settings()
+    settings = cli_settings(database=False)
     folder = settings.profiles_dir / profile_id
     tags: tuple[str, ...] = tuple(args.tag)
     source = CLI_SOURCE

@@ -1,0 +1,87 @@
+"""What every `cos` command that talks to the system does first: find it, and connect to its NATS.
+
+The URLs come from COS_NATS_URL / COS_DATABASE_URL, else from the `cos up` running in COS_DATA_DIR
+(`commonos.runtime.system.endpoints`); a command that cannot reach NATS fails with one line, never a
+traceback, and without repeating the URL (the one `cos up` writes carries a password).
+
+Importing this module loads neither nats-py nor asyncpg: a command that does not talk to NATS stays quick.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from commonos.runtime.args import CliError
+from commonos.runtime.settings import Settings
+from commonos.runtime.system import endpoints
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client
+    from nats.js import JetStreamContext
+
+__all__ = ["cli_connect", "cli_jetstream", "cli_settings"]
+
+
+def cli_settings(
+    settings: Settings | None = None, *, nats: bool = True, database: bool = True, http_port: int = 0
+) -> Settings:
+    """`settings` (default: from COS_*) with the URLs of the system to talk to.
+
+    The URLs the command needs (`nats`, `database`) come from COS_NATS_URL / COS_DATABASE_URL, else from
+    the `cos up` running in COS_DATA_DIR: a `CliError` when neither has one. Once the running system is
+    looked up, a URL the command does not need is filled in from it too.
+    """
+    if settings is None:
+        settings = Settings.from_env(http_port=http_port)
+    if (not nats or settings.nats_url) and (not database or settings.database_url):
+        return settings
+    found = endpoints(settings)
+    return dataclasses.replace(
+        settings,
+        nats_url=settings.nats_url or found.nats_url,
+        database_url=settings.database_url or found.database_url,
+    )
+
+
+async def _quiet(*args: Any) -> None:
+    return None
+
+
+async def cli_connect(settings: Settings, name: str, *, quiet: bool = False, **overrides: Any) -> Client:
+    """A command's NATS connection (`commonos.runtime.nats.connect`), silent about the disconnect its own
+    close causes; with `quiet`, silent about connection errors too (the command reports what fails).
+
+    Raises `CliError` when NATS cannot be reached.
+    """
+    import nats.errors
+
+    from commonos.runtime import nats as cos_nats
+
+    options: dict[str, Any] = {"disconnected_cb": _quiet}
+    if quiet:
+        options["error_cb"] = _quiet
+    options.update(overrides)
+    try:
+        return await cos_nats.connect(settings, name, **options)
+    except (nats.errors.Error, OSError, TimeoutError) as exc:
+        raise CliError(f"cannot reach NATS (COS_NATS_URL): {exc}") from None
+
+
+@contextlib.asynccontextmanager
+async def cli_jetstream(
+    settings: Settings, name: str, *, ensure_streams: bool = True, **overrides: Any
+) -> AsyncIterator[tuple[Client, JetStreamContext]]:
+    """`cli_connect`, its JetStream context with the streams ensured (unless told not to), closed after."""
+    from commonos.runtime import nats as cos_nats
+
+    nc = await cli_connect(settings, name, **overrides)
+    try:
+        js = nc.jetstream()
+        if ensure_streams:
+            await cos_nats.ensure_streams(js, settings.stream_replicas)
+        yield nc, js
+    finally:
+        await nc.close()
