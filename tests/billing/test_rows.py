@@ -54,6 +54,7 @@ from commonos.billing.report import (
     parse_when,
     render_report,
 )
+from commonos.proto.errors import DataError
 from commonos.proto.events import ModelCallCompleted
 from commonos.proto.ids import new_id
 
@@ -526,7 +527,7 @@ def test_a_call_billing_cannot_handle_is_a_data_error_of_that_call(
     projection = edge_projection()
     with pytest.raises(error) as raised:
         projection.check(event)
-    assert type(raised.value) is error and isinstance(raised.value, ValueError)  # what the consumer dead-letters
+    assert type(raised.value) is error and isinstance(raised.value, DataError)  # what the consumer dead-letters
     assert str(raised.value).startswith(reason)
 
 

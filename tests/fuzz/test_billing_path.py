@@ -4,7 +4,7 @@ Calls are valid by the event schema (they decode) and arbitrary within it: times
 with any offset, token counts up to 2^64 - 1, known, odd and glob-like providers and models, reported costs
 of every kind, tags of budgeted and unbudgeted keys. The contract (see commonos.billing.projection): every
 call either yields a row that every later step takes without an exception, or `check` raises
-InvalidModelCall, the ValueError the consumer dead-letters. Any other exception is a bug of billing's.
+InvalidModelCall, the DataError the consumer dead-letters. Any other exception is a bug of billing's.
 The same path on real servers is tests/billing/test_poison.py.
 """
 
@@ -32,6 +32,7 @@ from commonos.billing.projection import (
 )
 from commonos.billing.service import alert_message
 from commonos.proto import events as ev
+from commonos.proto.errors import DataError
 from tests.fuzz import strategies as fz
 
 _MAX_BIGINT: Final = 2**63 - 1
@@ -195,8 +196,8 @@ def test_every_call_is_a_row_all_of_billing_takes_or_a_clean_data_error(payload:
     try:
         projection.check(call)
     except InvalidModelCall as exc:
-        # The consumer's dead letter: a ValueError with a reason.
-        assert isinstance(exc, ValueError) and str(exc).strip()
+        # The consumer's dead letter: a DataError with a reason.
+        assert isinstance(exc, DataError) and str(exc).strip()
         what = str(exc).split(":", 1)[0] if isinstance(exc, UnbillableModelCall) else re.split(r"[\d(]", str(exc))[0]
         event(f"dead letter: {what.strip()}")
         return

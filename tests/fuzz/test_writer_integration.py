@@ -38,6 +38,7 @@ from commonos.proto.cloudevents import event_headers
 from commonos.proto.subjects import subject_for
 from commonos.runtime.consumer import decode_delivery
 from commonos.runtime.dlq import MAX_REASON_CHARS, DeadLetter, list_dead_letters
+from commonos.runtime.errors import DataError
 from commonos.runtime.nats import ensure_streams
 from tests.factories import event_stream
 from tests.fuzz import strategies as fz
@@ -79,7 +80,7 @@ def expected_reason(delivery: fz.RawDelivery) -> tuple[str | None, ev.Event | No
     if d.event is not None:
         try:
             JournalProjection(WRITER).check(d.event)
-        except ValueError as exc:
+        except DataError as exc:  # what the consumer dead-letters (anything else would stop it)
             return f"invariant: {exc}", None
     return d.error, d.event
 
