@@ -14,6 +14,7 @@ from commonos.accounting.pricing import PriceFileError, Pricer, load_price_file,
 from commonos.accounting.usage import TokenUsage
 from commonos.billing.config import BillingConfigError, load_billing_config, parse_billing_config
 from commonos.loop.profiles import ProfileError, load_profiles
+from commonos.proto.config_files import key_path, one_line
 from tests.fuzz import strategies as fz
 
 #: These targets write a folder per example; the deadline allows for the file system.
@@ -43,6 +44,7 @@ def test_load_profiles_returns_profiles_or_raises_profile_error(config: bytes, f
             profiles = load_profiles(root)
         except ProfileError as exc:
             assert str(exc).startswith(str(root)), "a profile error names the file at fault"
+            assert len(str(exc).splitlines()) == 1, "the message is one line"
             event("ProfileError")
             return
     event("loaded")
@@ -108,3 +110,86 @@ def test_load_billing_config_reads_any_file_or_raises_billing_config_error(tmp_p
     for path in (tmp_path / "missing.toml", tmp_path / "dir"):
         with pytest.raises(BillingConfigError):
             load_billing_config(path)
+
+
+# --- unknown keys ------------------------------------------------------------------------------------------
+
+#: Every key some config file knows (an unknown key drawn must not collide with one at its level).
+KNOWN_KEYS = frozenset(
+    {
+        *("price", "provider", "model", "effective_from", "input_mtok", "output_mtok"),
+        *("cache_read_mtok", "cache_write_5m_mtok", "cache_write_1h_mtok"),
+        *("budget", "metrics", "tag", "limit_usd", "period", "name"),
+        *("tag_label_keys", "max_tag_values", "max_models", "max_providers"),
+        *("tags", "system_prompt", "system_prompt_file", "tools", "max_steps", "max_delegation_depth"),
+        *("workspace", "provider_options", "approval", "timeout_s", "script", "max_tokens"),
+    }
+)
+UNKNOWN_KEYS = (
+    st.sampled_from(["unknown", "Model", "input-mtok", "a b", "x\ny", "x\u2028y", "\x85", '"', "'", "[0]"])
+    | fz.unicode_text.filter(bool)
+).filter(lambda key: key not in KNOWN_KEYS)
+
+
+def _unknown_key_message(file: str, *path: str | int) -> str:
+    return one_line(f"{file}: {key_path(*path)}: unknown key")
+
+
+@given(key=UNKNOWN_KEYS, entries=st.integers(1, 3), data=st.data())
+def test_an_unknown_key_anywhere_in_a_price_file_is_named(key: str, entries: int, data: st.DataObject) -> None:
+    tables: list[dict[str, object]] = [
+        {"model": f"m{i}", "input_mtok": 1, "output_mtok": "2.5"} for i in range(entries)
+    ]
+    doc: dict[str, object] = {"price": fz.TableArray(tables)}
+    where = data.draw(st.integers(-1, entries - 1))
+    if where < 0:
+        doc = {key: 1, **doc}
+        path: tuple[str | int, ...] = (key,)
+    else:
+        tables[where][key] = "x"
+        path = ("price", where, key)
+    with pytest.raises(PriceFileError) as caught:
+        parse_price_file(fz.toml_document(doc).encode(), name="prices.toml")
+    assert str(caught.value) == _unknown_key_message("prices.toml", *path)
+
+
+@given(key=UNKNOWN_KEYS, entries=st.integers(1, 3), data=st.data())
+def test_an_unknown_key_anywhere_in_a_billing_config_is_named(key: str, entries: int, data: st.DataObject) -> None:
+    tables: list[dict[str, object]] = [{"tag": f"client:c{i}", "limit_usd": "10"} for i in range(entries)]
+    metrics: dict[str, object] = {"max_models": 5}
+    doc: dict[str, object] = {"budget": fz.TableArray(tables), "metrics": fz.Table(metrics)}
+    where = data.draw(st.sampled_from(["top", "metrics", *range(entries)]))
+    if where == "top":
+        doc = {key: 1, **doc}
+        path: tuple[str | int, ...] = (key,)
+    elif where == "metrics":
+        metrics[key] = 1
+        path = ("metrics", key)
+    else:
+        assert isinstance(where, int)
+        tables[where][key] = 1
+        path = ("budget", where, key)
+    with pytest.raises(BillingConfigError) as caught:
+        parse_billing_config(fz.toml_document(doc).encode(), name="billing.toml")
+    assert str(caught.value) == _unknown_key_message("billing.toml", *path)
+
+
+@settings(deadline=FILE_DEADLINE)
+@given(key=UNKNOWN_KEYS, where=st.sampled_from(["top", "approval", "provider_options"]))
+def test_an_unknown_key_anywhere_in_a_profile_is_named(key: str, where: str) -> None:
+    approval: dict[str, object] = {"timeout_s": 5}
+    options: dict[str, object] = {"script": "script.toml", "max_tokens": 100}
+    doc: dict[str, object] = {"provider": "scripted", "approval": fz.Table(approval)}
+    doc["provider_options"] = fz.Table(options)
+    if where == "top":
+        doc = {key: 1, **doc}
+    else:
+        (approval if where == "approval" else options)[key] = 1
+    path = (key,) if where == "top" else (where, key)
+    with tempfile.TemporaryDirectory(prefix="cos-fuzz-profiles-") as tmp:
+        (Path(tmp) / "p").mkdir()
+        config = Path(tmp) / "p" / "config.toml"
+        config.write_text(fz.toml_document(doc), encoding="utf-8")
+        with pytest.raises(ProfileError) as caught:
+            load_profiles(Path(tmp))
+    assert str(caught.value) == _unknown_key_message(str(config), *path)
