@@ -23,14 +23,15 @@ import re
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 
 from commonos.importer.builder import GraphBuilder, is_count, parse_time, raw_json, short_title
-from commonos.importer.discover import codex_rollout_files
+from commonos.importer.discover import readable
 from commonos.importer.lines import Warn, json_object_lines, log_warning
-from commonos.importer.model import VENDOR_CODEX, ImportedSession, shape_errors_as_transcript_errors
+from commonos.importer.model import ImportedSession, shape_errors_as_transcript_errors
+from commonos.importer.source import Source
 from commonos.proto.graph import (
     AssistantMessage,
     EntityType,
@@ -51,7 +52,8 @@ from commonos.proto.graph import (
     mint_id,
 )
 
-VENDOR = VENDOR_CODEX
+#: The vendor's name in graphs, events and tags.
+VENDOR: Final = "codex"
 
 TOOL_VERBS: dict[str, ToolVerb] = {
     "shell": ToolVerb.EXECUTE,
@@ -473,3 +475,36 @@ def read_codex_file(path: Path, warn: Warn | None = None) -> ImportedSession | N
     """
     with shape_errors_as_transcript_errors(path):
         return _read_codex_file(path, warn or log_warning)
+
+
+def read_codex_trees(path: Path, warn: Warn | None = None) -> list[ImportedSession]:
+    """`read_codex_file` as a `Source` reads: the rollout's one tree, or none."""
+    imported = read_codex_file(path, warn)
+    return [imported] if imported is not None else []
+
+
+# --- where rollouts are ---------------------------------------------------------------------------
+
+
+def codex_candidates(root: Path) -> list[Path]:
+    """Every name under a Codex folder that looks like a rollout, whatever kind of file it is."""
+    sessions = root / "sessions" if (root / "sessions").is_dir() else root
+    return sorted(sessions.rglob("rollout-*.jsonl"))
+
+
+def codex_rollout_files(root: Path) -> Iterator[Path]:
+    """Every Codex rollout under ``~/.codex`` (or its ``sessions`` folder, or any folder below)."""
+    yield from readable(codex_candidates(root))
+
+
+#: Codex for `cos import codex` (listed in `commonos.importer.vendors`).
+SOURCE: Final = Source(
+    command="codex",
+    vendor=VENDOR,
+    label="Codex",
+    default_root="~/.codex",
+    provider="openai",
+    top_files=lambda root: list(codex_rollout_files(root)),
+    candidates=codex_candidates,
+    read=read_codex_trees,
+)

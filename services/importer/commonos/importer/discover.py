@@ -11,7 +11,7 @@ to one) is never listed here; `skipped_files` names them, for a warning.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
 from commonos.importer.lines import special_kind
@@ -30,14 +30,3 @@ def skipped_files(paths: Iterable[Path]) -> list[tuple[Path, str]]:
         if kind is not None:
             found.append((path, kind))
     return found
-
-
-def codex_candidates(root: Path) -> list[Path]:
-    """Every name under a Codex folder that looks like a rollout, whatever kind of file it is."""
-    sessions = root / "sessions" if (root / "sessions").is_dir() else root
-    return sorted(sessions.rglob("rollout-*.jsonl"))
-
-
-def codex_rollout_files(root: Path) -> Iterator[Path]:
-    """Every Codex rollout under ``~/.codex`` (or its ``sessions`` folder, or any folder below)."""
-    yield from readable(codex_candidates(root))

@@ -35,7 +35,7 @@ from typing import Final
 
 import msgspec
 
-from commonos.importer.model import VENDOR_CLAUDE_CODE, VENDOR_CODEX, ImportedSession
+from commonos.importer.model import ImportedSession
 from commonos.importer.parts import (
     GraphRows,
     GraphTooLarge,
@@ -44,6 +44,7 @@ from commonos.importer.parts import (
     part_budget,
     plan_parts,
 )
+from commonos.importer.vendors import provider_of
 from commonos.proto.cloudevents import event_headers
 from commonos.proto.events import Event, ModelCallCompleted, TranscriptImported, encode_event
 from commonos.proto.graph import (
@@ -60,8 +61,6 @@ from commonos.runtime.limits import DEFAULT_MAX_PAYLOAD, message_bytes, with_str
 
 #: CloudEvents ``source`` of everything the importer publishes.
 EVENT_SOURCE: Final = "urn:commonos:importer"
-#: Pricing provider of each vendor's models (billing's Pricer knows the vendor names too).
-VENDOR_PROVIDERS: Final[dict[str, str]] = {VENDOR_CLAUDE_CODE: "anthropic", VENDOR_CODEX: "openai"}
 #: Parts are sized as if numbered up to this: the digits of `part` and `parts` are counted too.
 _MAX_PARTS: Final = 999_999_999
 # Changing this namespace would change every imported event id, and re-importing would bill again.
@@ -182,7 +181,7 @@ def model_call_events(
     root = _root(imported)
     tags = import_tags(imported)
     profile = profile_of(imported)
-    provider = VENDOR_PROVIDERS.get(imported.vendor, imported.vendor)
+    provider = provider_of(imported.vendor)
     wanted = set(only) if only is not None else None
     skipped = set(skip)
     request_ids = {

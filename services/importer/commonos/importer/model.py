@@ -11,9 +11,6 @@ import msgspec
 from commonos.proto.errors import DataError
 from commonos.proto.graph import Graph
 
-VENDOR_CLAUDE_CODE = "claude-code"
-VENDOR_CODEX = "codex"
-
 
 class ImportedSession(msgspec.Struct, frozen=True, kw_only=True):
     """One top-level session tree read from a transcript, with its provenance.

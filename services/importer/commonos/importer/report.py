@@ -20,9 +20,10 @@ import msgspec
 
 from commonos.accounting.pricing import CostStatus, Pricer
 from commonos.accounting.usage import TokenUsage as BilledUsage
-from commonos.importer.events import VENDOR_PROVIDERS, call_time, has_usage
+from commonos.importer.events import call_time, has_usage
 from commonos.importer.model import ImportedSession
 from commonos.importer.publish import PublishCounts
+from commonos.importer.vendors import provider_of
 from commonos.proto.graph import Graph, ModelInvocation, TokenUsage
 
 UNKNOWN_MODEL = "unknown"
@@ -119,7 +120,7 @@ def invocation_counts(pricer: Pricer, vendor: str, graph: Graph, invocation: Mod
         cache_write_1h_tokens=one_hour,
         speed=invocation.speed,
     )
-    provider = VENDOR_PROVIDERS.get(vendor, vendor)
+    provider = provider_of(vendor)
     price = pricer.price(provider, invocation.model or UNKNOWN_MODEL, usage, call_time(graph, invocation))
     if price.cost_usd is None or price.status == CostStatus.UNPRICED:
         counts.unpriced_invocations = 1

@@ -30,6 +30,8 @@ and `tree` (the graph of a whole session tree).
 
 from __future__ import annotations
 
+from typing import Final
+
 from commonos.importer.claude.files import (
     claude_agent_files,
     claude_candidates,
@@ -37,6 +39,7 @@ from commonos.importer.claude.files import (
     claude_projects_dir,
     claude_session_files,
     is_claude_agent_file,
+    owner_of,
 )
 from commonos.importer.claude.format import (
     BULKY_RESULT_KEYS,
@@ -51,6 +54,7 @@ from commonos.importer.claude.format import (
     tool_verb,
 )
 from commonos.importer.claude.tree import read_claude, read_claude_file
+from commonos.importer.source import Source
 
 __all__ = [
     "BULKY_RESULT_KEYS",
@@ -58,6 +62,7 @@ __all__ = [
     "IDE_CONTEXT_PREFIXES",
     "INTERRUPT_MARKER",
     "REJECTED_MARKER",
+    "SOURCE",
     "SPAWN_TOOLS",
     "SYNTHETIC_MODEL",
     "TOOL_VERBS",
@@ -72,3 +77,16 @@ __all__ = [
     "read_claude_file",
     "tool_verb",
 ]
+
+#: Claude Code for `cos import claude` (listed in `commonos.importer.vendors`).
+SOURCE: Final = Source(
+    command="claude",
+    vendor=VENDOR,
+    label="Claude Code",
+    default_root="~/.claude",
+    provider="anthropic",
+    top_files=lambda root: list(claude_session_files(root)),
+    candidates=claude_candidates,
+    read=read_claude_file,
+    owner_of=owner_of,
+)

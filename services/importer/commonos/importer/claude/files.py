@@ -89,3 +89,11 @@ def _file_or_none(path: Path) -> Path | None:
         return path if path.is_file() else None
     except OSError:  # a name too long, for one
         return None
+
+
+def owner_of(path: Path, tops: set[Path]) -> Path | None:
+    """The session transcript to read again when `path` changes: an agent file's owner, or `path` itself
+    when it is one of the top-level transcripts `tops`."""
+    if is_claude_agent_file(path):
+        return claude_owner_session_file(path)
+    return path if path in tops else None

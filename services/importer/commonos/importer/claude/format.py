@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import re
+from typing import Final
 
-from commonos.importer.model import (
-    VENDOR_CLAUDE_CODE,
-)
-from commonos.proto.graph import (
-    ToolVerb,
-)
+from commonos.proto.graph import ToolVerb
 
-VENDOR = VENDOR_CLAUDE_CODE
+#: The vendor's name in graphs, events and tags.
+VENDOR: Final = "claude-code"
 
 TOOL_VERBS: dict[str, ToolVerb] = {
     "Read": ToolVerb.READ,

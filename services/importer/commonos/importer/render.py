@@ -1,0 +1,128 @@
+"""What ``cos import`` shows: a progress bar while it reads, and the summary (a table, or JSON)."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Iterator
+from decimal import Decimal
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table
+
+from commonos.importer.report import ImportSummary, summary_json
+
+
+@contextlib.contextmanager
+def progress_bar(total_bytes: int, enabled: bool) -> Iterator[Callable[[int], None]]:
+    console = Console(stderr=True)
+    with Progress(
+        TextColumn("importing"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        disable=not enabled or not console.is_terminal,
+        transient=True,
+    ) as progress:
+        task = progress.add_task("import", total=total_bytes)
+        yield lambda done: progress.advance(task, done)
+        progress.update(task, completed=total_bytes)
+
+
+def _n(value: int) -> str:
+    return f"{value:,}"
+
+
+def _usd(value: Decimal, unpriced: int) -> str:
+    text = f"${value:,.2f}"
+    return f"{text} (+{unpriced} unpriced)" if unpriced else text
+
+
+def print_table(summary: ImportSummary, console: Console) -> None:
+    sessions = Table(title=f"{summary.vendor} sessions under {summary.root}", show_lines=False)
+    for column in ("started", "session", "project", "calls", "input", "output", "cache read", "cache write"):
+        left = column in ("session", "project", "started")
+        sessions.add_column(column, justify="left" if left else "right", no_wrap=True, overflow="ellipsis")
+    for column in ("cost", "tools", "files"):
+        sessions.add_column(column, justify="right")
+    for s in summary.sessions:
+        title = (s.title or s.vendor_session_id or s.session_id)[:40]
+        if s.nested_sessions:
+            title += f" (+{s.nested_sessions} sub)"
+        if s.imported is False:
+            title = "NOT IMPORTED " + title
+        sessions.add_row(
+            s.started_at.strftime("%Y-%m-%d %H:%M") if s.started_at else "",
+            title,
+            (s.project or "")[:32],
+            _n(s.invocations),
+            _n(s.input_tokens),
+            _n(s.output_tokens),
+            _n(s.cache_read_tokens),
+            _n(s.cache_write_tokens),
+            _usd(s.cost_usd, s.unpriced_invocations),
+            _n(sum(s.tool_calls.values())),
+            _n(s.files_touched),
+        )
+    console.print(sessions)
+    models = Table(title="per model")
+    for column in ("model", "calls", "input", "output", "cache read", "cache write", "of it 1h", "total", "cost"):
+        models.add_column(column, justify="left" if column == "model" else "right")
+    for m in [*summary.models, None]:
+        line = m if m is not None else summary.totals
+        models.add_row(
+            m.model if m is not None else "total",
+            _n(line.invocations),
+            _n(line.input_tokens),
+            _n(line.output_tokens),
+            _n(line.cache_read_tokens),
+            _n(line.cache_write_tokens),
+            _n(line.cache_write_1h_tokens),
+            _n(line.total_tokens),
+            _usd(line.cost_usd, line.unpriced_invocations),
+            end_section=m is not None and m is summary.models[-1],
+        )
+    console.print(models)
+    if summary.published is not None:
+        p = summary.published
+        console.print(
+            f"published {p.events} events ({p.graph_parts} graph parts, {p.model_calls} model calls): "
+            f"{p.stored} new, {p.duplicates} already in the stream"
+        )
+    elif summary.dry_run:
+        console.print("dry run: nothing was published")
+    if summary.sessions_not_imported:
+        console.print(
+            f"{summary.sessions_not_imported} session(s) not imported, not counted in the totals above:",
+            highlight=False,
+        )
+        for s in summary.sessions:
+            if s.imported is False:
+                name = s.title or s.vendor_session_id or s.session_id
+                console.print(f"  {name} ({s.source_path}): {s.not_imported}", markup=False, highlight=False)
+    if summary.rows_cut:
+        console.print(f"{summary.rows_cut} row(s) cut to fit a message (marked cos_import_cut, with their size)")
+    for warning in summary.warnings:
+        console.print(f"[yellow]warning:[/yellow] {escape(warning)}", markup=True, highlight=False)
+    for error in summary.errors:
+        console.print(f"[red]error:[/red] {escape(error)}", markup=True, highlight=False)
+
+
+def emit(summary: ImportSummary, output_format: str) -> None:
+    if output_format == "json":
+        sys.stdout.write(summary_json(summary).decode() + "\n")
+        sys.stdout.flush()
+    else:
+        # Piped output is not cut to 80 columns: a table of numbers is no use wrapped.
+        print_table(summary, Console(highlight=False, width=None if sys.stdout.isatty() else 200))
