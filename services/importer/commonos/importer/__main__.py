@@ -1,4 +1,4 @@
-"""``python -m commonos.importer claude|codex [PATH] [options]``: the same as ``cos import``."""
+"""``python -m commonos.importer <vendor> [PATH] [options]``: the same as ``cos import``."""
 
 from __future__ import annotations
 

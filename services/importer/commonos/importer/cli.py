@@ -1,5 +1,6 @@
-"""``cos import claude|codex [PATH]``: read agent transcripts, publish them as events, summarise them.
+"""``cos import <vendor> [PATH]``: read agent transcripts, publish them as events, summarise them.
 
+* The vendors (``claude``, ``codex``) and their subcommands come from :mod:`commonos.importer.vendors`.
 * Each top-level session becomes ``transcript_imported`` events (its graph, in parts that fit a NATS
   message) and one ``model_call_completed`` per model call with usage, all with deterministic ids:
   importing again publishes nothing new (JetStream reports the duplicates) and never bills twice.

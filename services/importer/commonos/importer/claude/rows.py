@@ -7,13 +7,7 @@ from typing import Any
 
 import msgspec
 
-from commonos.importer.builder import (
-    GraphBuilder,
-    is_count,
-    parse_time,
-    raw_json,
-    short_title,
-)
+from commonos.importer.builder import GraphBuilder, is_count, parse_time, raw_json, short_title
 from commonos.importer.claude.format import (
     BULKY_RESULT_KEYS,
     COMMAND_NAME,
@@ -24,13 +18,7 @@ from commonos.importer.claude.format import (
     VENDOR,
     tool_verb,
 )
-from commonos.importer.claude.records import (
-    Line,
-    content_of,
-    message_of,
-    result_text,
-    text_of,
-)
+from commonos.importer.claude.records import Line, content_of, message_of, result_text, text_of
 from commonos.proto.graph import (
     SPEED_STANDARD,
     AssistantMessage,

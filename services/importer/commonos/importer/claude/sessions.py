@@ -7,19 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from commonos.importer.builder import (
-    parse_time,
-)
-from commonos.importer.claude.format import (
-    SPAWN_TOOLS,
-)
-from commonos.importer.claude.records import (
-    Line,
-    content_of,
-    decode_lines,
-    progress_line,
-    text_of,
-)
+from commonos.importer.builder import parse_time
+from commonos.importer.claude.format import SPAWN_TOOLS
+from commonos.importer.claude.records import Line, content_of, decode_lines, progress_line, text_of
 from commonos.importer.lines import Warn
 
 

@@ -8,36 +8,19 @@ from typing import Any
 
 import msgspec
 
-from commonos.importer.builder import (
-    GraphBuilder,
-    is_count,
-    short_title,
-)
+from commonos.importer.builder import GraphBuilder, is_count, short_title
 from commonos.importer.claude.files import (
     claude_agent_files,
     claude_owner_session_file,
     claude_session_files,
     is_claude_agent_file,
 )
-from commonos.importer.claude.format import (
-    VENDOR,
-)
-from commonos.importer.claude.records import (
-    decode_lines,
-)
+from commonos.importer.claude.format import VENDOR
+from commonos.importer.claude.records import decode_lines
 from commonos.importer.claude.rows import SessionReader
-from commonos.importer.claude.sessions import (
-    Stream,
-    last_value,
-    link_spawns,
-    split_streams,
-    stream_start,
-)
+from commonos.importer.claude.sessions import Stream, last_value, link_spawns, split_streams, stream_start
 from commonos.importer.lines import Warn, log_warning
-from commonos.importer.model import (
-    ImportedSession,
-    shape_errors_as_transcript_errors,
-)
+from commonos.importer.model import ImportedSession, shape_errors_as_transcript_errors
 from commonos.proto.graph import (
     EntityType,
     InputOrigin,
