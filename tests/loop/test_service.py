@@ -228,5 +228,5 @@ async def test_a_bad_profile_stops_the_service_with_one_line(tmp_path: Path, nat
     config.write_text('tags = ["Area:x"]\n')
     code, _, err = await run_cli("serve", env={"COS_NATS_URL": nats_url, "COS_PROFILES_DIR": str(tmp_path)})
     assert code == 2
-    assert err.startswith(f"error: {config}: invalid tag 'Area:x': upper case in the key")
+    assert err.startswith(f"error: {config}: tags: invalid tag 'Area:x': upper case in the key")
     assert err.count("\n") == 1
