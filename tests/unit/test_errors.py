@@ -18,27 +18,17 @@ from commonos.proto.errors import BugError, ConfigError, CosError, DataError, Op
 # converted by the projection/importer/serve work
 NOT_YET_CONVERTED: frozenset[str] = frozenset(
     {
-        "BillingFault",
-        "InvalidModelCall",
-        "UnbillableModelCall",
-        "RowTooLarge",
-        "NotRegularFile",
-        "TranscriptError",
-        "GraphTooLarge",
-        "GraphEventInvalid",
-        "InvariantViolation",
-        "ReplayError",
-        "LockUnavailable",
-        "SessionBusy",
-        "ProfileAdminError",
-        "SearchUnavailable",
-        "GraphInvalid",
-        "DeadLetterError",
-        "ConsumerGone",
         "ConnectionLost",
-        "StreamUnavailable",
+        "ConsumerGone",
+        "DeadLetterError",
         "EventTooLarge",
+        "LockUnavailable",
+        "ProfileAdminError",
         "PublishError",
+        "ReplayError",
+        "SearchUnavailable",
+        "SessionBusy",
+        "StreamUnavailable",
     }
 )
 
