@@ -83,11 +83,35 @@ def _words(types: str) -> str:
     return " or ".join(words or names)
 
 
-def problem_of(error: msgspec.ValidationError, prefix: str = "") -> str:
+_NO_VALUE: Final = object()
+_STEP: Final = re.compile(r"\.([A-Za-z0-9_]+)|\[(\d+)\]")
+
+
+def _value_at(document: object, path: str) -> object:
+    """The value at msgspec's ``path`` (``.budget[0].limit_usd``) in ``document``; ``_NO_VALUE`` if the path
+    goes through a table's key msgspec does not name (``[...]``)."""
+    value = document
+    position = 0
+    while position < len(path):
+        step = _STEP.match(path, position)
+        if step is None:
+            return _NO_VALUE
+        key, index = step.groups()
+        try:
+            value = value[key] if key is not None else value[int(index)]  # type: ignore[index]
+        except (KeyError, IndexError, TypeError):
+            return _NO_VALUE
+        position = step.end()
+    return value
+
+
+def problem_of(error: msgspec.ValidationError, prefix: str = "", document: object = _NO_VALUE) -> str:
     """msgspec's ``Expected `int`, got `str` - at `$.budget[0].limit_usd``` as ``budget[0].limit_usd:
-    expected an integer, got a string``; ``prefix`` is the key path of the decoded value in its file."""
+    expected an integer, got a string``; ``prefix`` is the key path of the decoded value in its file. With
+    the ``document`` that was decoded, a value msgspec does not quote (a bad decimal string) is quoted."""
     message = str(error)
     path = prefix
+    inner = ""
     at = _AT.fullmatch(message)
     if at is not None:
         message = at["text"]
@@ -103,6 +127,11 @@ def problem_of(error: msgspec.ValidationError, prefix: str = "") -> str:
             problem += f", got {_words(expected['got'])}"
     else:
         problem = message[:1].lower() + message[1:]
+        if message.startswith("Invalid") and "'" not in message and document is not _NO_VALUE:
+            value = _value_at(document, inner)
+            if value is not _NO_VALUE:
+                shown = repr(value)
+                problem += f", got {shown if len(shown) <= 80 else shown[:76] + '...'}"
     return one_line(f"{path}: {problem}" if path else problem)
 
 
@@ -127,7 +156,7 @@ def convert(value: object, type_: type[T], *, prefix: str = "", strict: bool = T
     try:
         return msgspec.convert(value, type_, strict=strict)
     except msgspec.ValidationError as exc:
-        raise ConfigProblem(problem_of(exc, prefix)) from None
+        raise ConfigProblem(problem_of(exc, prefix, value)) from None
     except RecursionError:
         raise ConfigProblem(f"{prefix or 'the file'}: nested too deeply") from None
 
