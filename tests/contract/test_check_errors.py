@@ -11,6 +11,7 @@ from typing import Any, cast
 import nats
 import pytest
 
+from commonos.journal_writer.graph_projection import GraphProjection
 from commonos.journal_writer.service import writer_schemas
 from commonos.journal_writer.store import JournalProjection
 from commonos.proto.events import Event, ModelCallCompleted
@@ -113,3 +114,14 @@ def test_a_misspelt_member_is_refused() -> None:
     projection.partitoned = False  # type: ignore[attr-defined]
     with pytest.raises(TypeError, match=r"'partitoned' is not a member of Projection.*'partitioned'"):
         BatchConsumer(cast(Any, None), cast(Any, None), projection, Health())
+
+
+def test_a_consumer_reads_its_projections_subjects_unless_told_otherwise() -> None:
+    graph = GraphProjection()
+    consumer = BatchConsumer(cast(Any, None), cast(Any, None), graph, Health())
+    assert consumer.options.filter_subjects == graph.filter_subjects != Projection.filter_subjects
+    assert consumer.consumer_config().filter_subjects == list(graph.filter_subjects)
+    narrowed = BatchConsumer(
+        cast(Any, None), cast(Any, None), graph, Health(), ConsumerOptions(filter_subjects=graph.filter_subjects[:1])
+    )
+    assert narrowed.consumer_config().filter_subject == graph.filter_subjects[0]

@@ -21,7 +21,7 @@ import re
 import time
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final
 
 import asyncpg
@@ -199,7 +199,8 @@ class ConsumerOptions:
     backoff_max_s: float = 5.0
     #: How often the lag gauge is refreshed from the consumer's state on the server, also while stalled.
     lag_interval_s: float = 2.0
-    filter_subjects: tuple[str, ...] = ("cos.events.>",)
+    #: The subjects to consume; empty (the default): the projection's own `filter_subjects`.
+    filter_subjects: tuple[str, ...] = ()
     #: False when rebuilding: the stream's poison events are already in the dead-letter stream.
     dead_letters: bool = True
     #: This instance applies the sessions of partition `partition` out of `partitions`.
@@ -259,6 +260,8 @@ class BatchConsumer:
     def __post_init__(self) -> None:
         # A projection's own attributes (set in __init__) cannot misspell a member either.
         refuse_misspelt_members(type(self.projection).__name__, vars(self.projection))
+        if not self.options.filter_subjects:
+            self.options = replace(self.options, filter_subjects=self.projection.filter_subjects)
 
     @property
     def name(self) -> str:
