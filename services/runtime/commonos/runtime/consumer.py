@@ -43,6 +43,7 @@ from commonos.runtime.http import Health
 from commonos.runtime.nats import ConnectionLost
 from commonos.runtime.postgres import Conn
 from commonos.runtime.projection import Projection, refuse_misspelt_members
+from commonos.runtime.retry import Backoff, sleep_or_stop
 from commonos.runtime.settings import Settings
 
 __all__ = [
@@ -350,7 +351,7 @@ class BatchConsumer:
         fetcher = await PullFetcher(self.client, EVENTS_STREAM, self.name, batch=self.options.batch_size).start()
         self.health.set_ready("starting", True)
         lag = asyncio.create_task(self._watch_lag(stop), name=f"{self.name}-lag")
-        backoff = 0.1
+        backoff = self._backoff()
         try:
             while not stop.is_set():
                 self.health.beat()
@@ -364,11 +365,10 @@ class BatchConsumer:
                 except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
                     self._check_connection()
                     self.health.set_ready("nats", False, f"fetch failed: {type(exc).__name__}")
-                    await _sleep_or_stop(stop, backoff)
-                    backoff = min(backoff * 2, self.options.backoff_max_s)
+                    await sleep_or_stop(stop, backoff.next())
                     continue
                 self.health.set_ready("nats", True)
-                backoff = 0.1
+                backoff.reset()
                 if not msgs:
                     continue
                 if not await self.process(msgs, stop):
@@ -380,6 +380,17 @@ class BatchConsumer:
             with contextlib.suppress(asyncio.CancelledError):
                 await lag
             await fetcher.stop()
+
+    def _backoff(self) -> Backoff:
+        return Backoff(0.1, self.options.backoff_max_s)
+
+    @staticmethod
+    async def _pause(stop: asyncio.Event | None, backoff: Backoff) -> None:
+        """The next pause of `backoff`, cut short by `stop` when there is one."""
+        if stop is None:
+            await asyncio.sleep(backoff.next())
+        else:
+            await sleep_or_stop(stop, backoff.next())
 
     def _check_connection(self) -> None:
         """Raise ConnectionLost once nats-py has closed the connection for good (it will not reconnect)."""
@@ -395,7 +406,7 @@ class BatchConsumer:
                 LAG.labels(self.name).set(info.num_pending + info.num_ack_pending)
             except (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError) as exc:
                 log.debug("%s: lag not refreshed (%s)", self.name, type(exc).__name__)
-            await _sleep_or_stop(stop, self.options.lag_interval_s)
+            await sleep_or_stop(stop, self.options.lag_interval_s)
 
     async def _restart_cursor(self, fetcher: PullFetcher, stop: asyncio.Event) -> None:
         """Recreate the consumer right after the committed position and forget what was buffered."""
@@ -406,7 +417,7 @@ class BatchConsumer:
 
     async def _bind_until_bound(self, stop: asyncio.Event) -> None:
         """Bind, riding out a NATS outage or a JetStream leader election."""
-        backoff = 0.1
+        backoff = self._backoff()
         while not stop.is_set():
             try:
                 await self.bind()
@@ -415,11 +426,10 @@ class BatchConsumer:
             except (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError) as exc:
                 self.health.set_ready("nats", False, f"cannot bind the consumer: {type(exc).__name__}")
                 log.warning("%s: cannot bind the consumer (%s); retrying", self.name, exc)
-                await _sleep_or_stop(stop, backoff)
-                backoff = min(backoff * 2, self.options.backoff_max_s)
+                await sleep_or_stop(stop, backoff.next())
 
     async def _wait_for_database(self, stop: asyncio.Event) -> None:
-        backoff = 0.1
+        backoff = self._backoff()
         while not stop.is_set():
             try:
                 await self.load_position()
@@ -433,8 +443,7 @@ class BatchConsumer:
                 self.health.set_ready("database", False, f"PostgreSQL unreachable: {type(exc).__name__}")
                 self.health.beat()  # waiting out an outage is not a hang: liveness must not restart us
                 log.warning("%s: PostgreSQL unreachable (%s); retrying", self.name, exc)
-                await _sleep_or_stop(stop, backoff)
-                backoff = min(backoff * 2, self.options.backoff_max_s)
+                await sleep_or_stop(stop, backoff.next())
 
     def _contiguous(self, msgs: Sequence[Msg]) -> Sequence[Msg]:
         """The deliveries up to the first one lost in flight (a leader change, a reconnect).
@@ -490,7 +499,7 @@ class BatchConsumer:
             # Until this batch commits, it is lag too.
             LAG.labels(self.name).set(msgs[-1].metadata.num_pending + len(msgs))
         if deliveries:
-            backoff = 0.1
+            backoff = self._backoff()
             while True:
                 try:
                     await self._commit(deliveries)
@@ -510,11 +519,7 @@ class BatchConsumer:
                         return False  # abandon: nothing was acked, the events come back
                     for d in deliveries:
                         await _quietly(d.msg.in_progress())
-                    if stop is not None:
-                        await _sleep_or_stop(stop, backoff)
-                    else:
-                        await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, self.options.backoff_max_s)
+                    await self._pause(stop, backoff)
                 except (nats.errors.Error, nats.js.errors.Error) as exc:
                     # The dead-letter stream did not acknowledge: roll back and try the batch again.
                     self._check_connection()
@@ -522,8 +527,7 @@ class BatchConsumer:
                     log.warning("%s: dead-lettering failed (%s); retrying", self.name, exc)
                     if stop is not None and stop.is_set():
                         return False
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, self.options.backoff_max_s)
+                    await self._pause(stop, backoff)
             DB_UP.labels(self.name).set(1)
             self.health.set_ready("database", True)
             self.health.set_ready("nats", True)
@@ -588,7 +592,7 @@ class BatchConsumer:
         poison = [d for d in deliveries if d.error is not None]
         if self.options.dead_letters:
             for d in poison:
-                await dead_letter(self.js, d.msg, d.error or "", self.name, d.stream_seq)
+                await dead_letter(self.js, d.msg, d.error or "", self.name, d.stream_seq, nc=self.nc)
         last = deliveries[-1].stream_seq
         await conn.execute(
             f"INSERT INTO {self.projection.position_table} (consumer, stream_seq, updated_at) "
@@ -618,8 +622,3 @@ async def _quietly(awaitable: object) -> None:
         await awaitable  # type: ignore[misc]
     except (nats.errors.Error, OSError) as exc:
         log.debug("ack not sent (%s): the event will be redelivered and skipped", exc)
-
-
-async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), timeout=seconds)

@@ -19,6 +19,7 @@ from commonos.proto.ids import new_id
 from commonos.proto.profiles import StoredEvent
 from commonos.proto.subjects import EVENTS_STREAM
 from commonos.runtime.errors import OperationalError
+from commonos.runtime.retry import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ async def read_stored(
     """`read_events` with each event's stream sequence and `ce-source`; with `last_per_subject`, only the
     last event of each subject matching `filter_subject`; with `last`, only the last event of all."""
     deadline = time.monotonic() + deadline_s
-    delay = 0.05
+    backoff = Backoff(0.05, 1.0)
     if last_per_subject or last:
         deliver, start = (DeliverPolicy.LAST_PER_SUBJECT if last_per_subject else DeliverPolicy.LAST), None
     else:
@@ -83,14 +84,13 @@ async def read_stored(
         try:
             return await _read_once(js, filter_subject, batch, fetch_timeout_s, deliver, start)
         except _RETRYABLE_READ as exc:
-            if time.monotonic() + delay >= deadline:
+            if time.monotonic() + backoff.current >= deadline:
                 raise StreamReadError(
                     f"could not read {filter_subject} from {EVENTS_STREAM} within {deadline_s:.0f}s: "
                     f"{type(exc).__name__}"
                 ) from exc
             log.warning("reading %s failed (%s); retrying", filter_subject, type(exc).__name__)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
+            await asyncio.sleep(backoff.next())
 
 
 #: How long a session reader's consumer outlives its last fetch before the server removes it.
