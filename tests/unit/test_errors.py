@@ -14,24 +14,6 @@ import pytest
 import commonos
 from commonos.proto.errors import BugError, ConfigError, CosError, DataError, OperationalError
 
-#: Error classes (by class name: their modules may move meanwhile) still to be converted.
-# converted by the projection/importer/serve work
-NOT_YET_CONVERTED: frozenset[str] = frozenset(
-    {
-        "ConnectionLost",
-        "ConsumerGone",
-        "DeadLetterError",
-        "EventTooLarge",
-        "LockUnavailable",
-        "ProfileAdminError",
-        "PublishError",
-        "ReplayError",
-        "SearchUnavailable",
-        "SessionBusy",
-        "StreamUnavailable",
-    }
-)
-
 
 def _project_modules() -> list[ModuleType]:
     modules = []
@@ -52,10 +34,6 @@ def _project_errors() -> dict[str, type[BaseException]]:
     return errors
 
 
-def _allowed(name: str) -> bool:
-    return name.rsplit(".", 1)[-1] in NOT_YET_CONVERTED
-
-
 def test_every_package_is_found() -> None:
     names = {module.__name__ for module in _project_modules()}
     for package in ("proto", "accounting", "runtime", "journal_writer", "billing", "loop", "importer", "cli"):
@@ -65,7 +43,7 @@ def test_every_package_is_found() -> None:
 def test_every_error_class_is_a_cos_error() -> None:
     errors = _project_errors()
     assert len(errors) > 40
-    stray = sorted(name for name, cls in errors.items() if not issubclass(cls, CosError) and not _allowed(name))
+    stray = sorted(name for name, cls in errors.items() if not issubclass(cls, CosError))
     assert stray == [], "derive these from DataError, ConfigError, OperationalError or BugError"
 
 

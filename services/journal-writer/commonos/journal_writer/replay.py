@@ -23,6 +23,7 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from commonos.journal_writer.service import writer_projections, writer_schemas
+from commonos.proto.errors import DataError
 from commonos.proto.subjects import EVENTS_STREAM
 from commonos.runtime import nats as cos_nats
 from commonos.runtime.consumer import BatchConsumer, ConsumerOptions, Projection
@@ -32,7 +33,7 @@ from commonos.runtime.postgres import apply_schemas, connect, create_pool
 from commonos.runtime.settings import Settings
 
 
-class ReplayError(RuntimeError):
+class ReplayError(DataError):
     """Replay refused or failed; the message says why."""
 
 

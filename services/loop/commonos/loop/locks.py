@@ -21,6 +21,7 @@ from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.kv import KeyValue
 
+from commonos.proto.errors import OperationalError
 from commonos.runtime.retry import sleep_or_stop
 
 log = logging.getLogger(__name__)
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 LOCK_BUCKET: Final = "cos_turn_locks"
 
 
-class SessionBusy(RuntimeError):
+class SessionBusy(OperationalError):
     """Another turn of this session is running (here or in another process)."""
 
     def __init__(self, session_id: uuid.UUID, holder: str | None = None) -> None:
@@ -38,7 +39,7 @@ class SessionBusy(RuntimeError):
         self.holder = holder
 
 
-class LockUnavailable(RuntimeError):
+class LockUnavailable(OperationalError):
     """The lock store could not be reached, so the turn cannot be started safely."""
 
 

@@ -101,7 +101,7 @@ class NatsJournal(EventJournal):
             raise JournalError(f"event {event.event_id} not published: the NATS connection is closed")
         try:
             await self.publisher.publish(event)
-        except PublishError as exc:
+        except (PublishError, EventTooLarge) as exc:
             raise JournalError(str(exc)) from exc
 
     async def _read_session(self, session_id: uuid.UUID, profile_id: str | None) -> list[Event]:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Final
 
 import msgspec
 
+from commonos.proto.errors import DataError
 from commonos.proto.events import ProfileDeleted
 from commonos.proto.profiles import describe_deletion
 from commonos.proto.tags import check_profile_id
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 MAX_DELETED_BY: Final = 256
 
 
-class ProfileAdminError(ValueError):
+class ProfileAdminError(DataError):
     """A profile that cannot be deleted (or re-created) as asked; the message says why, in one line."""
 
 

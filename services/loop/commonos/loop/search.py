@@ -16,12 +16,13 @@ import asyncpg
 import msgspec
 
 from commonos.loop.memory import MemoryJournal
+from commonos.proto.errors import OperationalError
 from commonos.proto.events import MessageAppended
 from commonos.proto.messages import Message, message_text
 from commonos.proto.text import escape_nul, unescape_nul_json
 
 
-class SearchUnavailable(RuntimeError):
+class SearchUnavailable(OperationalError):
     """Search cannot be served (no database configured, or it is unreachable)."""
 
 

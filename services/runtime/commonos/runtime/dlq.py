@@ -27,6 +27,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from commonos.proto.cloudevents import MSG_ID, percent_decode
+from commonos.proto.errors import DataError
 from commonos.proto.subjects import DLQ_STREAM, EVENTS_STREAM, dlq_subject
 from commonos.runtime.limits import EXPECTED_STREAM, check_fits, message_bytes, server_max_payload, with_stream_header
 from commonos.runtime.nats import client_of
@@ -45,7 +46,7 @@ OMITTED: Final = "omitted"
 MAX_REASON_CHARS: Final = 2000
 
 
-class DeadLetterError(RuntimeError):
+class DeadLetterError(DataError):
     """A dead letter that cannot be read back or replayed; the message says why."""
 
 

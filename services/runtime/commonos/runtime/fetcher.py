@@ -19,12 +19,14 @@ from dataclasses import dataclass
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from commonos.proto.errors import OperationalError
+
 _STATUS = "Status"
 _DESCRIPTION = "Description"
 _HEARTBEAT = "100"
 
 
-class ConsumerGone(RuntimeError):
+class ConsumerGone(OperationalError):
     """The server says the consumer was deleted or replaced; bind again."""
 
 

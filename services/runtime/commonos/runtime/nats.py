@@ -13,6 +13,7 @@ from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError, NotFoundError
 
+from commonos.proto.errors import OperationalError
 from commonos.proto.subjects import ALERTS_ALL, ALERTS_STREAM, DLQ_ALL, DLQ_STREAM, EVENTS_ALL, EVENTS_STREAM
 from commonos.runtime.settings import Settings
 
@@ -24,7 +25,7 @@ DUPLICATE_WINDOW_S = 600.0
 ALERTS_DUPLICATE_WINDOW_S = 24 * 3600.0
 
 
-class ConnectionLost(RuntimeError):
+class ConnectionLost(OperationalError):
     """The NATS connection was closed, not by us, and will not come back: nats-py reconnects after a
     network failure, but not after the server answered with an error (an authorization violation,
     a message over max_payload). A service then exits non-zero so that its supervisor restarts it."""
@@ -127,7 +128,7 @@ async def connect(settings: Settings, name: str, **overrides: Any) -> Client:
     return await nats.connect(**options)
 
 
-class StreamUnavailable(RuntimeError):
+class StreamUnavailable(OperationalError):
     """A stream this service needs does not exist, and its NATS user may not create it (only an admin may)."""
 
 

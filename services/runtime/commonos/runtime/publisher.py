@@ -14,7 +14,8 @@ from nats.js import JetStreamContext
 from nats.js.api import PubAck
 
 from commonos.proto.cloudevents import event_headers
-from commonos.proto.events import _Event, encode_event, event_type
+from commonos.proto.errors import DataError, OperationalError
+from commonos.proto.events import EventBase, encode_event, event_type
 from commonos.proto.subjects import EVENTS_STREAM, subject_for
 from commonos.runtime.limits import MessageTooLarge, check_fits, server_max_payload, with_stream_header
 from commonos.runtime.nats import client_of
@@ -49,11 +50,11 @@ _MAX_RETRY_DELAY_S = 0.1
 _RETRY_ACK_TIMEOUT_S = 0.3
 
 
-class PublishError(RuntimeError):
+class PublishError(OperationalError):
     """An event could not be stored in JetStream before the deadline; it was not acknowledged."""
 
 
-class EventTooLarge(PublishError):
+class EventTooLarge(DataError):
     """An event that cannot fit the server's max_payload (headers included); nothing of it was published."""
 
     def __init__(self, message: str, size: int, limit: int) -> None:
@@ -97,7 +98,7 @@ class EventPublisher:
         """The connected server's limit for one message, headers included."""
         return server_max_payload(self.nc)
 
-    def prepare(self, event: _Event) -> tuple[str, bytes, dict[str, str]]:
+    def prepare(self, event: EventBase) -> tuple[str, bytes, dict[str, str]]:
         """Subject, body and headers of `event`; raises EventTooLarge if they cannot fit one message."""
         subject = subject_for(event)
         payload = encode_event(event)
@@ -114,7 +115,7 @@ class EventPublisher:
             raise EventTooLarge(str(exc), exc.size, exc.limit) from None
         return subject, payload, headers
 
-    async def publish(self, event: _Event) -> PubAck:
+    async def publish(self, event: EventBase) -> PubAck:
         """Publish one event and wait for its PubAck, retrying with the same id until the deadline.
 
         Raises EventTooLarge, before sending anything, for an event over the server's max_payload.
@@ -154,7 +155,7 @@ class EventPublisher:
                 await asyncio.sleep(backoff.next())
                 timeout = min(self.ack_timeout_s, _RETRY_ACK_TIMEOUT_S)
 
-    async def publish_many(self, events: Sequence[_Event], window: int = 1000) -> list[PubAck]:
+    async def publish_many(self, events: Sequence[EventBase], window: int = 1000) -> list[PubAck]:
         """Pipelined publishing: up to `window` un-acked at once; any without a PubAck is retried alone.
 
         Retries reuse the event id, so an event whose first PubAck was merely lost is dropped by
