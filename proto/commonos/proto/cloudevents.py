@@ -15,7 +15,7 @@ from typing import Final
 from urllib.parse import unquote
 
 from commonos.proto.errors import DataError
-from commonos.proto.events import _Event, event_type
+from commonos.proto.events import EventBase, event_type
 
 SPECVERSION: Final = "1.0"
 CONTENT_TYPE: Final = "application/json"
@@ -82,7 +82,7 @@ def message_headers(
     return headers
 
 
-def event_headers(event: _Event, source: str = DEFAULT_SOURCE) -> dict[str, str]:
+def event_headers(event: EventBase, source: str = DEFAULT_SOURCE) -> dict[str, str]:
     """Headers for publishing `event`; `Nats-Msg-Id` = event id lets JetStream drop a republish."""
     return message_headers(
         id=str(event.event_id),
@@ -120,7 +120,7 @@ def _instant(value: str) -> datetime | None:
     return moment if moment.tzinfo is not None else None
 
 
-def check_event_headers(headers: Mapping[str, str] | None, event: _Event) -> None:
+def check_event_headers(headers: Mapping[str, str] | None, event: EventBase) -> None:
     """Raise HeaderError unless `headers` are a CloudEvents 1.0 envelope of `event`: every attribute our
     producers send is there, decodes, and agrees with the body (`ce-time` as an instant).
 

@@ -67,7 +67,7 @@ class MemoryOp(StrEnum):
     REMOVE = "remove"
 
 
-class _Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+class EventBase(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
     """Fields every event carries."""
 
     event_id: uuid.UUID = msgspec.field(default_factory=new_id)
@@ -76,12 +76,12 @@ class _Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
     session_id: uuid.UUID
 
 
-class ProfileUpserted(_Event, frozen=True, kw_only=True, tag="profile_upserted"):
+class ProfileUpserted(EventBase, frozen=True, kw_only=True, tag="profile_upserted"):
     session_id: uuid.UUID = NO_SESSION
     tags: tuple[Tag, ...] = ()
 
 
-class ProfileDeleted(_Event, frozen=True, kw_only=True, tag="profile_deleted"):
+class ProfileDeleted(EventBase, frozen=True, kw_only=True, tag="profile_deleted"):
     """A profile deleted with everything of it: its sessions, turns, messages, tool calls, approvals,
     session graphs and memory entries. Events of the profile after it are refused, until a later
     `profile_upserted` re-creates the profile (afresh: nothing from before the deletion comes back).
@@ -92,7 +92,7 @@ class ProfileDeleted(_Event, frozen=True, kw_only=True, tag="profile_deleted"):
     deleted_by: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 
 
-class SessionCreated(_Event, frozen=True, kw_only=True, tag="session_created"):
+class SessionCreated(EventBase, frozen=True, kw_only=True, tag="session_created"):
     #: Where it came from: `web`, `cli`, `subagent`, or an importer's vendor.
     source: str
     title: str | None = None
@@ -100,7 +100,7 @@ class SessionCreated(_Event, frozen=True, kw_only=True, tag="session_created"):
     parent_session_id: uuid.UUID | None = None
 
 
-class TurnStarted(_Event, frozen=True, kw_only=True, tag="turn_started"):
+class TurnStarted(EventBase, frozen=True, kw_only=True, tag="turn_started"):
     """The whole TurnInfo, and the frozen context on a session's first turn."""
 
     turn_id: uuid.UUID
@@ -110,7 +110,7 @@ class TurnStarted(_Event, frozen=True, kw_only=True, tag="turn_started"):
     context_snapshot: dict[str, Any] | None = None
 
 
-class MessageAppended(_Event, frozen=True, kw_only=True, tag="message_appended"):
+class MessageAppended(EventBase, frozen=True, kw_only=True, tag="message_appended"):
     turn_id: uuid.UUID
     message_id: uuid.UUID = msgspec.field(default_factory=new_id)
     #: Per session, from 1, gap-free.
@@ -122,13 +122,13 @@ class MessageAppended(_Event, frozen=True, kw_only=True, tag="message_appended")
         return type(self.content).__struct_config__.tag  # type: ignore[return-value]
 
 
-class MessageDeactivated(_Event, frozen=True, kw_only=True, tag="message_deactivated"):
+class MessageDeactivated(EventBase, frozen=True, kw_only=True, tag="message_deactivated"):
     """Messages compacted away: they stay for history and search, inactive."""
 
     message_ids: tuple[uuid.UUID, ...]
 
 
-class ToolCallRecorded(_Event, frozen=True, kw_only=True, tag="tool_call_recorded"):
+class ToolCallRecorded(EventBase, frozen=True, kw_only=True, tag="tool_call_recorded"):
     turn_id: uuid.UUID
     tool_call_id: uuid.UUID = msgspec.field(default_factory=new_id)
     #: The model's id for the call (`tool_calls[].id`).
@@ -145,7 +145,7 @@ class ToolCallRecorded(_Event, frozen=True, kw_only=True, tag="tool_call_recorde
     result_bytes: Count | None = None
 
 
-class ApprovalDecided(_Event, frozen=True, kw_only=True, tag="approval_decided"):
+class ApprovalDecided(EventBase, frozen=True, kw_only=True, tag="approval_decided"):
     turn_id: uuid.UUID
     tool_call_id: uuid.UUID
     call_id: str
@@ -155,7 +155,7 @@ class ApprovalDecided(_Event, frozen=True, kw_only=True, tag="approval_decided")
     decided_by: str
 
 
-class MemoryChanged(_Event, frozen=True, kw_only=True, tag="memory_changed"):
+class MemoryChanged(EventBase, frozen=True, kw_only=True, tag="memory_changed"):
     turn_id: uuid.UUID | None = None
     target: MemoryTarget
     op: MemoryOp
@@ -164,7 +164,7 @@ class MemoryChanged(_Event, frozen=True, kw_only=True, tag="memory_changed"):
     content: str | None = None
 
 
-class ModelCallCompleted(_Event, frozen=True, kw_only=True, tag="model_call_completed"):
+class ModelCallCompleted(EventBase, frozen=True, kw_only=True, tag="model_call_completed"):
     """One successful model call.
 
     Token convention: the four input buckets are disjoint — `input_tokens` excludes cache-read and
@@ -192,13 +192,13 @@ class ModelCallCompleted(_Event, frozen=True, kw_only=True, tag="model_call_comp
     usage_estimated: bool = False
 
 
-class TurnFinished(_Event, frozen=True, kw_only=True, tag="turn_finished"):
+class TurnFinished(EventBase, frozen=True, kw_only=True, tag="turn_finished"):
     turn_id: uuid.UUID
     status: TurnStatus
     error: str | None = None
 
 
-class TranscriptImported(_Event, frozen=True, kw_only=True, tag="transcript_imported"):
+class TranscriptImported(EventBase, frozen=True, kw_only=True, tag="transcript_imported"):
     """A session graph (or the part of it that is new) read from a vendor transcript.
 
     A graph too large for one message is published as consecutive parts on the tree's subject,
@@ -232,7 +232,7 @@ Event = (
     | TranscriptImported
 )
 
-EVENT_TYPES: Final[tuple[type[_Event], ...]] = Event.__args__
+EVENT_TYPES: Final[tuple[type[EventBase], ...]] = Event.__args__
 EVENT_TYPE_NAMES: Final[frozenset[str]] = frozenset(str(t.__struct_config__.tag) for t in EVENT_TYPES)
 
 _decoder: Final = msgspec.json.Decoder(Event)
@@ -243,11 +243,11 @@ class EventDecodeError(DataError):
     """A payload that is not a valid event; the message says why."""
 
 
-def event_type(event: _Event) -> str:
+def event_type(event: EventBase) -> str:
     return str(event.__struct_config__.tag)
 
 
-def encode_event(event: _Event) -> bytes:
+def encode_event(event: EventBase) -> bytes:
     return _encoder.encode(event)
 
 

@@ -7,7 +7,7 @@ import uuid
 from typing import Final, NamedTuple
 
 from commonos.proto.errors import DataError
-from commonos.proto.events import EVENT_TYPE_NAMES, NO_SESSION, _Event, event_type
+from commonos.proto.events import EVENT_TYPE_NAMES, NO_SESSION, EventBase, event_type
 
 EVENTS_STREAM: Final = "COS_EVENTS"
 EVENTS_PREFIX: Final = "cos.events"
@@ -46,7 +46,7 @@ def event_subject(profile_id: str, session_id: uuid.UUID, type_name: str) -> str
     return f"{EVENTS_PREFIX}.{profile_id}.{session_id}.{type_name}"
 
 
-def subject_for(event: _Event) -> str:
+def subject_for(event: EventBase) -> str:
     return event_subject(event.profile_id, event.session_id, event_type(event))
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from commonos.loop.cli import _serve, register
+from commonos.loop.cli import register, serve_command
 from commonos.runtime.args import CliError, Parser
 from commonos.runtime.settings import ConfigError
 
@@ -13,7 +13,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="python -m commonos.loop", description="CommonOS agent loop")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     serve = sub.add_parser("serve", help="answer chat requests on NATS until SIGTERM")
-    serve.set_defaults(handler=_serve)
+    serve.set_defaults(handler=serve_command)
     register(sub)
     args = parser.parse_args(argv)
     if not getattr(args, "handler", None):

@@ -91,7 +91,7 @@ def _deny(args: argparse.Namespace) -> int:
 # -- cos loop serve -------------------------------------------------------------------------------
 
 
-def _serve(args: argparse.Namespace) -> int:
+def serve_command(args: argparse.Namespace) -> int:
     from commonos.loop.service import DEFAULT_HTTP_PORT, serve
 
     settings = cli_settings(database=False, http_port=DEFAULT_HTTP_PORT)
@@ -303,7 +303,7 @@ def register(sub: Any) -> None:
     loop = sub.add_parser("loop", help="the agent loop service")
     loop_sub = loop.add_subparsers(dest="loop_command", metavar="COMMAND", parser_class=Parser)
     serve = loop_sub.add_parser("serve", help="answer chat requests on NATS until SIGTERM")
-    serve.set_defaults(handler=_serve)
+    serve.set_defaults(handler=serve_command)
     loop.set_defaults(handler=lambda a: loop.print_help() or 2)
 
     for name, handler, verb in (("approve", _approve, "run"), ("deny", _deny, "not run")):
