@@ -120,7 +120,11 @@ def test_a_consumer_reads_its_projections_subjects_unless_told_otherwise() -> No
     graph = GraphProjection()
     consumer = BatchConsumer(cast(Any, None), cast(Any, None), graph, Health())
     assert consumer.options.filter_subjects == graph.filter_subjects != Projection.filter_subjects
-    assert consumer.consumer_config().filter_subjects == list(graph.filter_subjects)
+    # One durable consumer per subject (a lane): nats-server serves a consumer with several filters slowly.
+    configs = [consumer.consumer_config(lane) for lane in consumer.lanes]
+    assert [c.filter_subject for c in configs] == list(graph.filter_subjects)
+    assert [c.durable_name for c in configs] == ["graph-writer", "graph-writer-profiles"]
+    assert all(c.filter_subjects is None for c in configs)
     narrowed = BatchConsumer(
         cast(Any, None), cast(Any, None), graph, Health(), ConsumerOptions(filter_subjects=graph.filter_subjects[:1])
     )

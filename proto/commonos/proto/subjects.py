@@ -24,6 +24,8 @@ SESSIONS_CREATED_FILTER: Final = "cos.events.*.*.session_created"
 #: Every profile's deletions and (re-)creations: each projection keeps its own record of deleted profiles.
 PROFILES_DELETED_FILTER: Final = "cos.events.*.*.profile_deleted"
 PROFILES_UPSERTED_FILTER: Final = "cos.events.*.*.profile_upserted"
+#: Both at once: the profile-level events are the ones under the session token NO_SESSION.
+PROFILES_FILTER: Final = f"cos.events.*.{NO_SESSION}.*"
 
 _PROFILE_TOKEN = re.compile(r"[a-z0-9_-]{1,64}")
 

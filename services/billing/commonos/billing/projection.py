@@ -45,8 +45,7 @@ from commonos.billing.schema import DELETIONS_TABLE
 from commonos.proto.events import Event, ModelCallCompleted, SessionCreated
 from commonos.proto.subjects import (
     MODEL_CALLS_FILTER,
-    PROFILES_DELETED_FILTER,
-    PROFILES_UPSERTED_FILTER,
+    PROFILES_FILTER,
     SESSIONS_CREATED_FILTER,
 )
 from commonos.proto.text import escape_nul
@@ -291,8 +290,7 @@ class BillingProjection(Projection):
     filter_subjects = (
         MODEL_CALLS_FILTER,
         SESSIONS_CREATED_FILTER,
-        PROFILES_DELETED_FILTER,
-        PROFILES_UPSERTED_FILTER,
+        PROFILES_FILTER,
     )
     #: billing_reprices is written by ``cos billing reprice``, not by the projection.
     tables = ("model_calls", "budget_spend", "budget_alerts", "billing_session_owners", DELETIONS_TABLE)

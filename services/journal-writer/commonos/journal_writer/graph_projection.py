@@ -42,7 +42,7 @@ import msgspec
 from commonos.journal_writer.graph_schema import DELETIONS_TABLE, GRAPH_TABLES
 from commonos.proto.events import Event, ProfileDeleted, TranscriptImported
 from commonos.proto.graph import Graph, GraphInvalid, decode_graph, validate
-from commonos.proto.subjects import PROFILES_DELETED_FILTER, PROFILES_UPSERTED_FILTER
+from commonos.proto.subjects import PROFILES_FILTER
 from commonos.proto.text import escape_nul, escape_nul_in_json
 from commonos.runtime.errors import DataError
 from commonos.runtime.owners import mismatch
@@ -379,7 +379,7 @@ class GraphProjection(Projection):
     """
 
     position_table = "graph.positions"
-    filter_subjects = ("cos.events.*.*.transcript_imported", PROFILES_DELETED_FILTER, PROFILES_UPSERTED_FILTER)
+    filter_subjects = ("cos.events.*.*.transcript_imported", PROFILES_FILTER)
     tables = (*GRAPH_TABLES, DELETIONS_TABLE)
 
     def __init__(self, name: str = "graph-writer") -> None:

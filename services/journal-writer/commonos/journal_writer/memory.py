@@ -16,7 +16,7 @@ from typing import Final
 
 from commonos.memory.schema import memory_rows, profile_deleted_rows
 from commonos.proto.events import Event, MemoryChanged, MemoryOp, ProfileDeleted, SessionCreated
-from commonos.proto.subjects import PROFILES_DELETED_FILTER, PROFILES_UPSERTED_FILTER, SESSIONS_CREATED_FILTER
+from commonos.proto.subjects import PROFILES_FILTER, SESSIONS_CREATED_FILTER
 from commonos.runtime.errors import EventRejected
 from commonos.runtime.owners import SessionOwners, owners_schema
 from commonos.runtime.postgres import Conn
@@ -36,8 +36,7 @@ class MemoryProjection(Projection):
     filter_subjects = (
         "cos.events.*.*.memory_changed",
         SESSIONS_CREATED_FILTER,
-        PROFILES_DELETED_FILTER,
-        PROFILES_UPSERTED_FILTER,
+        PROFILES_FILTER,
     )
     partitioned = False
     tables = MEMORY_TABLES

@@ -40,6 +40,7 @@ from commonos.runtime.dlq import REPLAY_FOR, dead_letter
 from commonos.runtime.errors import DataError, EventRejected
 from commonos.runtime.fetcher import ConsumerGone, PullFetcher
 from commonos.runtime.http import Health
+from commonos.runtime.lanes import Lane, MergedFetcher, lane_names
 from commonos.runtime.nats import ConnectionLost
 from commonos.runtime.postgres import Conn
 from commonos.runtime.projection import Projection, refuse_misspelt_members
@@ -249,9 +250,9 @@ class BatchConsumer:
     position: int = 0
     applied: int = 0
     rejected: int = 0
-    #: Consumer sequence of the last delivery taken (set by `bind`); the next one must follow it, or
-    #: deliveries were lost in flight.
-    last_delivery: int = 0
+    #: Consumer sequence of the last delivery taken, by durable consumer (set by `bind`); the next one of
+    #: each must follow it, or deliveries were lost in flight.
+    last_delivery: dict[str, int] = field(default_factory=dict)
     #: Set when deliveries were lost in flight: the cursor must restart from the committed position.
     gap: bool = False
     #: The NATS connection `js` came from (the fetcher pulls on it, and its state says whether it is lost);
@@ -263,6 +264,14 @@ class BatchConsumer:
         refuse_misspelt_members(type(self.projection).__name__, vars(self.projection))
         if not self.options.filter_subjects:
             self.options = replace(self.options, filter_subjects=self.projection.filter_subjects)
+        #: One durable consumer per filter subject, merged in stream order when there are several
+        #: (`commonos.runtime.lanes`: nats-server serves a consumer with several filters very slowly).
+        self.lanes = [
+            Lane(durable, subject)
+            for durable, subject in zip(
+                lane_names(self.name, self.options.filter_subjects), self.options.filter_subjects, strict=True
+            )
+        ]
 
     @property
     def name(self) -> str:
@@ -275,62 +284,68 @@ class BatchConsumer:
             raise TypeError(f"{self.name}: BatchConsumer needs its NATS connection to run: pass nc=")
         return self.nc
 
-    def consumer_config(self) -> ConsumerConfig:
-        subjects = list(self.options.filter_subjects)
+    def consumer_config(self, lane: Lane | None = None) -> ConsumerConfig:
+        """The configuration of a lane's durable consumer (the first lane's when none is named)."""
+        lane = lane if lane is not None else self.lanes[0]
         return ConsumerConfig(
-            durable_name=self.name,
+            durable_name=lane.durable,
             ack_policy=AckPolicy.EXPLICIT,
             deliver_policy=DeliverPolicy.ALL,
             ack_wait=self.options.ack_wait_s,
             max_ack_pending=self.options.max_ack_pending,
             max_deliver=-1,
-            filter_subject=subjects[0] if len(subjects) == 1 else None,
-            filter_subjects=subjects if len(subjects) > 1 else None,
+            filter_subject=lane.filter_subject,
         )
 
     async def bind(self) -> None:
-        """Bind to the durable consumer, restarting its cursor from the committed position if needed.
+        """Bind to the durable consumers (one per lane), restarting their cursors from the committed position
+        if needed.
 
         A writer that died held deliveries it never committed; JetStream would redeliver them only
         after `ack_wait`, behind newer events, which breaks per-session order. The position in
         PostgreSQL is the truth, so a consumer that has delivered past it is recreated to start
         right after it.
         """
+        for lane in self.lanes:
+            await self._bind_lane(lane)
+        self.gap = False
+
+    async def _bind_lane(self, lane: Lane) -> None:
+        durable = lane.durable
         try:
-            info = await self.js.consumer_info(EVENTS_STREAM, self.name)
+            info = await self.js.consumer_info(EVENTS_STREAM, durable)
         except nats.js.errors.NotFoundError:
             info = None
-        wanted = self.consumer_config()
+        wanted = self.consumer_config(lane)
         drift = config_drift(info.config, wanted) if info is not None else []
         if drift:
             log.warning(
                 "%s: the consumer's configuration is not this service's (%s); recreating it from %d",
-                self.name,
+                durable,
                 "; ".join(drift),
                 self.position + 1,
             )
-            await self.js.delete_consumer(EVENTS_STREAM, self.name)
+            await self.js.delete_consumer(EVENTS_STREAM, durable)
             info = None
         if info is not None and info.delivered.stream_seq > self.position:
             log.info(
                 "%s: consumer delivered up to %d but %d is committed; restarting it from %d",
-                self.name,
+                durable,
                 info.delivered.stream_seq,
                 self.position,
                 self.position + 1,
             )
-            await self.js.delete_consumer(EVENTS_STREAM, self.name)
+            await self.js.delete_consumer(EVENTS_STREAM, durable)
             info = None
         if info is None:
-            config = self.consumer_config()
+            config = self.consumer_config(lane)
             if self.position > 0:
                 config.deliver_policy = DeliverPolicy.BY_START_SEQUENCE
                 config.opt_start_seq = self.position + 1
             await self.js.add_consumer(EVENTS_STREAM, config)
         # Deliveries are counted from here: the first one taken must be the next of this consumer,
         # or a batch starting after a hole would carry the position past events never applied.
-        self.last_delivery = info.delivered.consumer_seq if info is not None else 0
-        self.gap = False
+        lane.delivered = self.last_delivery[durable] = info.delivered.consumer_seq if info is not None else 0
 
     async def load_position(self) -> int:
         async with self.pool.acquire() as conn:
@@ -348,7 +363,11 @@ class BatchConsumer:
         await self._bind_until_bound(stop)
         if stop.is_set():
             return
-        fetcher = await PullFetcher(self.client, EVENTS_STREAM, self.name, batch=self.options.batch_size).start()
+        fetcher: PullFetcher | MergedFetcher
+        if len(self.lanes) == 1:
+            fetcher = await PullFetcher(self.client, EVENTS_STREAM, self.name, batch=self.options.batch_size).start()
+        else:
+            fetcher = await MergedFetcher(self.client, self.js, self.lanes, batch=self.options.batch_size).start()
         self.health.set_ready("starting", True)
         lag = asyncio.create_task(self._watch_lag(stop), name=f"{self.name}-lag")
         backoff = self._backoff()
@@ -402,18 +421,22 @@ class BatchConsumer:
         """Keep the lag gauge true from the server's view of the consumer, also while a batch is stuck."""
         while not stop.is_set():
             try:
-                info = await self.js.consumer_info(EVENTS_STREAM, self.name, timeout=2.0)
-                LAG.labels(self.name).set(info.num_pending + info.num_ack_pending)
+                lag = 0
+                for lane in self.lanes:
+                    info = await self.js.consumer_info(EVENTS_STREAM, lane.durable, timeout=2.0)
+                    lag += info.num_pending + info.num_ack_pending
+                LAG.labels(self.name).set(lag)
             except (nats.errors.Error, nats.js.errors.Error, OSError, TimeoutError) as exc:
                 log.debug("%s: lag not refreshed (%s)", self.name, type(exc).__name__)
             await sleep_or_stop(stop, self.options.lag_interval_s)
 
-    async def _restart_cursor(self, fetcher: PullFetcher, stop: asyncio.Event) -> None:
-        """Recreate the consumer right after the committed position and forget what was buffered."""
-        with contextlib.suppress(nats.js.errors.NotFoundError, nats.errors.Error):
-            await self.js.delete_consumer(EVENTS_STREAM, self.name)
-        fetcher.reset()
+    async def _restart_cursor(self, fetcher: PullFetcher | MergedFetcher, stop: asyncio.Event) -> None:
+        """Recreate the consumers right after the committed position and forget what was buffered."""
+        for lane in self.lanes:
+            with contextlib.suppress(nats.js.errors.NotFoundError, nats.errors.Error):
+                await self.js.delete_consumer(EVENTS_STREAM, lane.durable)
         await self._bind_until_bound(stop)
+        fetcher.reset()
 
     async def _bind_until_bound(self, stop: asyncio.Event) -> None:
         """Bind, riding out a NATS outage or a JetStream leader election."""
@@ -453,18 +476,20 @@ class BatchConsumer:
         them), so the batch stops short and the cursor is restarted from the committed position.
         """
         for i, msg in enumerate(msgs):
-            delivery = msg.metadata.sequence.consumer or 0
-            if delivery != self.last_delivery + 1:
+            meta = msg.metadata
+            delivery = meta.sequence.consumer or 0
+            last = self.last_delivery.get(meta.consumer, 0)
+            if delivery != last + 1:
                 log.warning(
                     "%s: deliveries %d..%d lost in flight; restarting from %d",
-                    self.name,
-                    self.last_delivery + 1,
+                    meta.consumer,
+                    last + 1,
                     delivery - 1,
                     self.position + 1,
                 )
                 self.gap = True
                 return msgs[:i]
-            self.last_delivery = delivery
+            self.last_delivery[meta.consumer] = delivery
         return msgs
 
     async def process(self, msgs: Sequence[Msg], stop: asyncio.Event | None = None) -> bool:

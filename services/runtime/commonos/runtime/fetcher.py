@@ -38,7 +38,15 @@ class _Request:
 
 class PullFetcher:
     def __init__(
-        self, nc: Client, stream: str, consumer: str, *, batch: int = 500, expires_s: float = 2.0, depth: int = 2
+        self,
+        nc: Client,
+        stream: str,
+        consumer: str,
+        *,
+        batch: int = 500,
+        expires_s: float = 2.0,
+        depth: int = 2,
+        arrived: asyncio.Event | None = None,
     ) -> None:
         self.nc = nc
         self.subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
@@ -48,6 +56,8 @@ class PullFetcher:
         self._buffer: list[Msg] = []
         self._requests: dict[str, _Request] = {}
         self._wake = asyncio.Event()
+        #: Set on every delivery, for a reader of several fetchers (`commonos.runtime.lanes.MergedFetcher`).
+        self._arrived = arrived
         self._next_id = 0
         self._prefix = ""
         self._sub: object | None = None
@@ -91,6 +101,8 @@ class PullFetcher:
             if was_empty:
                 self._first_at = time.monotonic()
             self._buffer.append(msg)
+            if self._arrived is not None:
+                self._arrived.set()
             if self._requests:
                 rid = next(iter(self._requests))
                 req = self._requests[rid]
