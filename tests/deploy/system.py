@@ -27,6 +27,7 @@ from commonos.proto import events as ev
 from commonos.proto.messages import AssistantMessage, UserMessage
 from commonos.proto.subjects import EVENTS_ALL, EVENTS_PREFIX, EVENTS_STREAM, MODEL_CALLS_FILTER
 from commonos.runtime.consumer import Projection, partition_suffix
+from commonos.runtime.lanes import lane_names
 from commonos.runtime.publisher import EventPublisher
 from commonos.runtime.settings import Settings
 from tests.deploy.conftest import SecuredNats, nats_password
@@ -77,7 +78,7 @@ def instance_projections(partitions: int, partition: int) -> list[Projection]:
 
 def writer_consumers(partitions: int, partition: int) -> list[str]:
     """The durable consumer names one journal-writer instance uses (from the service's own code)."""
-    return [p.name for p in instance_projections(partitions, partition)]
+    return [d for p in instance_projections(partitions, partition) for d in lane_names(p.name, p.filter_subjects)]
 
 
 def write_loop_profile(root: Path) -> Path:

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import nats.errors
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
 
+from commonos.billing.projection import BillingProjection
 from commonos.billing.service import CONSUMER_NAME as BILLING_CONSUMER
 from commonos.proto.cloudevents import MSG_ID
 from commonos.proto.events import encode_event
 from commonos.proto.subjects import DLQ_STREAM, EVENTS_STREAM, subject_for
 from commonos.runtime.dlq import list_dead_letters
+from commonos.runtime.lanes import lane_names
 from commonos.runtime.nats import ensure_streams
 from commonos.runtime.postgres import connect
 from commonos.runtime.publisher import EventPublisher
@@ -43,7 +46,7 @@ def deployed_partition_counts() -> set[int]:
 
 def service_consumers() -> list[tuple[str, str]]:
     """(NATS user, durable consumer name) of every consumer the services create, as their code names them."""
-    pairs = [("billing", BILLING_CONSUMER)]
+    pairs = [("billing", name) for name in lane_names(BILLING_CONSUMER, BillingProjection.filter_subjects)]
     for partitions in sorted(deployed_partition_counts()):
         for partition in range(partitions):
             pairs += [("journal-writer", name) for name in writer_consumers(partitions, partition)]
@@ -166,7 +169,8 @@ async def test_the_services_run_under_their_own_users(
         await wait_until_projected(database_url, admin)
 
         # The consumers the services made are the ones deploy/nats/consumers describes to operators.
-        running = [name for i in range(PARTITIONS) for name in writer_consumers(PARTITIONS, i)] + [BILLING_CONSUMER]
+        running = [name for i in range(PARTITIONS) for name in writer_consumers(PARTITIONS, i)]
+        running += lane_names(BILLING_CONSUMER, BillingProjection.filter_subjects)
         for consumer in running:
             expected = json.loads((DEPLOY / "nats" / "consumers" / f"{_base(consumer)}.json").read_text())
             expected["durable_name"] = consumer
@@ -189,5 +193,6 @@ async def test_the_services_run_under_their_own_users(
 
 
 def _base(consumer: str) -> str:
-    """`journal-writer-p1-of-2` -> `journal-writer`: the operator's JSON is the same for every partition."""
-    return consumer.split("-p", 1)[0]
+    """`graph-writer-p1-of-2-profiles` -> `graph-writer-profiles`: the operator's JSON is the same for every
+    partition."""
+    return re.sub(r"-p\d+-of-\d+", "", consumer)

@@ -10,10 +10,12 @@ import pytest
 from nats.aio.client import Client
 from nats.js.api import StreamConfig
 
+from commonos.billing.projection import BillingProjection
 from commonos.billing.service import CONSUMER_NAME as BILLING_CONSUMER
 from commonos.journal_writer.service import consumer_options, writer_projections
 from commonos.runtime.consumer import BatchConsumer
 from commonos.runtime.http import Health
+from commonos.runtime.lanes import lane_names
 from commonos.runtime.nats import alerts_stream_config, dlq_stream_config, ensure_stream, events_stream_config
 from commonos.runtime.settings import Settings
 from tests.deploy.conftest import DEPLOY
@@ -62,13 +64,15 @@ def test_the_consumer_files_are_the_writers_consumers() -> None:
     """deploy/nats/consumers: the journal-writer's consumers as its code configures them (one partition; the
     partitioned ones differ only by name). Billing's file is checked against the running service in
     test_nats_permissions."""
-    projections = {p.name: p for p in writer_projections("", unpartitioned=True)}
     files = {p.stem for p in (DEPLOY / "nats" / "consumers").glob("*.json")}
-    assert files == {*projections, BILLING_CONSUMER}
-    for name, projection in projections.items():
+    lanes = set(lane_names(BILLING_CONSUMER, BillingProjection.filter_subjects))
+    for projection in writer_projections("", unpartitioned=True):
         consumer = BatchConsumer(
             cast(Any, None), cast(Any, None), projection, Health(), consumer_options(Settings(), projection)
         )
-        assert json.loads((DEPLOY / "nats" / "consumers" / f"{name}.json").read_text()) == (
-            consumer.consumer_config().as_dict()
-        )
+        for lane in consumer.lanes:  # one durable consumer per filter subject
+            lanes.add(lane.durable)
+            assert json.loads((DEPLOY / "nats" / "consumers" / f"{lane.durable}.json").read_text()) == (
+                consumer.consumer_config(lane).as_dict()
+            )
+    assert files == lanes
