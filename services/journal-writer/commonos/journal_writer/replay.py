@@ -29,6 +29,7 @@ from commonos.runtime import nats as cos_nats
 from commonos.runtime.consumer import BatchConsumer, ConsumerOptions, Projection
 from commonos.runtime.fetcher import PullFetcher
 from commonos.runtime.http import Health
+from commonos.runtime.lanes import Lane, MergedFetcher
 from commonos.runtime.postgres import apply_schemas, connect, create_pool
 from commonos.runtime.settings import Settings
 
@@ -139,35 +140,49 @@ class _Progress:
 
 
 async def _pending(js: JetStreamContext, consumer: BatchConsumer) -> int:
-    """How many events the stream holds on the consumer's subjects (a throwaway consumer counts them)."""
-    probe = await js.add_consumer(
-        EVENTS_STREAM,
-        ConsumerConfig(
-            ack_policy=AckPolicy.NONE,
-            deliver_policy=DeliverPolicy.ALL,
-            inactive_threshold=5.0,
-            filter_subjects=list(consumer.options.filter_subjects),
-        ),
-    )
-    await js.delete_consumer(EVENTS_STREAM, probe.name)
-    return probe.num_pending or 0
+    """How many deliveries the stream holds on the consumer's subjects (a throwaway consumer per subject counts
+    them; an event two subjects match counts twice, as it is delivered twice)."""
+    total = 0
+    for subject in consumer.options.filter_subjects:
+        probe = await js.add_consumer(
+            EVENTS_STREAM,
+            ConsumerConfig(
+                ack_policy=AckPolicy.NONE,
+                deliver_policy=DeliverPolicy.ALL,
+                inactive_threshold=5.0,
+                filter_subject=subject,
+            ),
+        )
+        await js.delete_consumer(EVENTS_STREAM, probe.name)
+        total += probe.num_pending or 0
+    return total
 
 
 async def _pass(
     nc: NATS, js: JetStreamContext, consumer: BatchConsumer, expected: int, batch_size: int, progress: _Progress
 ) -> int:
-    """Apply the `expected` events of one projection; returns the last stream sequence applied."""
-    created = await js.add_consumer(
-        EVENTS_STREAM,
-        ConsumerConfig(
-            ack_policy=AckPolicy.EXPLICIT,
-            deliver_policy=DeliverPolicy.ALL,
-            max_ack_pending=-1,
-            inactive_threshold=60.0,
-            filter_subjects=list(consumer.options.filter_subjects),
-        ),
-    )
-    fetcher = await PullFetcher(nc, EVENTS_STREAM, created.name, batch=batch_size).start()
+    """Apply the `expected` deliveries of one projection; returns the last stream sequence applied.
+
+    One consumer per subject, merged in stream order when there are several (`commonos.runtime.lanes`).
+    """
+    lanes = []
+    for subject in consumer.options.filter_subjects:
+        created = await js.add_consumer(
+            EVENTS_STREAM,
+            ConsumerConfig(
+                ack_policy=AckPolicy.EXPLICIT,
+                deliver_policy=DeliverPolicy.ALL,
+                max_ack_pending=-1,
+                inactive_threshold=60.0,
+                filter_subject=subject,
+            ),
+        )
+        lanes.append(Lane(created.name, subject))
+    fetcher: PullFetcher | MergedFetcher
+    if len(lanes) == 1:
+        fetcher = await PullFetcher(nc, EVENTS_STREAM, lanes[0].durable, batch=batch_size).start()
+    else:
+        fetcher = await MergedFetcher(nc, js, lanes, batch=batch_size).start()
     got = last_seq = 0
     try:
         while got < expected:
@@ -187,7 +202,8 @@ async def _pass(
         raise ReplayError(f"{consumer.name}: {exc}") from exc
     finally:
         await fetcher.stop()
-        await _quietly_delete(js, created.name)
+        for lane in lanes:
+            await _quietly_delete(js, lane.durable)
     return last_seq
 
 

@@ -499,12 +499,15 @@ class BatchConsumer:
         skipped: list[Msg] = []
         partitions, mine = self.options.partitions, self.options.partition
         msgs = self._contiguous(msgs)
+        previous = 0
         for msg in msgs:
             meta = msg.metadata
             seq = meta.sequence.stream
-            if seq <= self.position:
+            if seq <= self.position or seq == previous:
+                # Applied already, or the same event again from a second lane whose filter it also matches.
                 skipped.append(msg)
                 continue
+            previous = seq
             if partitions > 1 and partition_of(msg.subject, partitions) != mine:
                 deliveries.append(Delivery(msg, seq, foreign=True))
                 continue

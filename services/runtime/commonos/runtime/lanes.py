@@ -12,7 +12,9 @@ The merge may hand out a delivery only once no lane can still deliver an earlier
 delivers in stream order, so a lane holding deliveries has delivered everything of its own up to the
 last of them. A lane holding none is asked (`consumer_info`): when it has nothing pending and every
 delivery it made has arrived, it has nothing earlier than what the other lanes already hold (those
-were stored before the question was asked). Otherwise the merge waits for it.
+were stored before the question was asked). Otherwise the merge waits for it. An event that matches two
+lanes' filters (a session_created under the no-session token) comes out twice, one after the other: the
+consumer applies the first and only acknowledges the second.
 """
 
 from __future__ import annotations
@@ -121,9 +123,10 @@ class MergedFetcher:
                 return []
         ready = sorted((m for lane in self.lanes for m in lane.held if _seq(m) <= bound), key=_seq)[: self.batch]
         if ready:
-            last = _seq(ready[-1])
+            # What is handed out, by identity: an event from two lanes may be split across two batches.
+            taken = {id(m) for m in ready}
             for lane in self.lanes:
-                lane.held = [m for m in lane.held if _seq(m) > last]
+                lane.held = [m for m in lane.held if id(m) not in taken]
         return ready
 
     async def fetch(self, timeout_s: float, linger_s: float = 0.05) -> list[Msg]:
