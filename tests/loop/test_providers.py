@@ -360,3 +360,11 @@ def test_a_provider_without_its_key_is_a_profile_error(tmp_path: Path, monkeypat
         str(failure.value)
         == f"{profile.config_path}: provider anthropic: the anthropic provider needs an API key in $ANTHROPIC_API_KEY"
     )
+
+
+def test_every_provider_a_profile_may_name_can_be_built() -> None:
+    """The providers profiles accept (each with its options Struct) are the ones build_provider knows."""
+    from commonos.loop.profiles import PROVIDERS
+    from commonos.loop.providers import BUILDERS
+
+    assert set(BUILDERS) == set(PROVIDERS)

@@ -46,7 +46,6 @@ from commonos.proto.errors import ConfigError
 from commonos.proto.tags import InvalidProfileId, InvalidTag, check_profile_id, parse_tag
 
 CONFIG_FILE: Final = "config.toml"
-PROVIDERS: Final = ("scripted", "anthropic", "openai")
 #: Every tool the loop has (commonos.loop.tools registers exactly these).
 BUILTIN_TOOLS: Final = ("read_file", "list_dir", "write_file", "shell", "session_search", "delegate", "memory")
 
@@ -98,6 +97,9 @@ _PROVIDER_OPTIONS: Final[dict[str, type[_ProviderOptions]]] = {
     "anthropic": _HttpOptions,
     "openai": _OpenAIOptions,
 }
+#: The providers a profile may name (`commonos.loop.providers.build_provider` builds each; a test keeps the two
+#: in step).
+PROVIDERS: Final = tuple(_PROVIDER_OPTIONS)
 
 
 class _ProfileConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
