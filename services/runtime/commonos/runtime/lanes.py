@@ -100,6 +100,8 @@ class MergedFetcher:
         """Move what every lane's fetcher holds into the lane; how many deliveries are held in all."""
         for lane in self.lanes:
             assert lane.fetcher is not None
+            if len(lane.held) >= 2 * self.batch:
+                continue  # enough held: the lane waits for the others (it stops asking for more meanwhile)
             got = await lane.fetcher.fetch(timeout_s=0.0, linger_s=0.0)
             if got:
                 lane.held.extend(got)
