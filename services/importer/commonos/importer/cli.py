@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
 import logging
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -58,6 +57,7 @@ async def nats_publisher(
     (`profile_upserted`, tagged `vendor:<vendor>`), or the import refused (`CliError`) if it is deleted.
     """
     from commonos.runtime import nats as cos_nats
+    from commonos.runtime.cli_support import cli_connect
     from commonos.runtime.publisher import EventPublisher
 
     closing = False
@@ -66,11 +66,11 @@ async def nats_publisher(
         if not closing:
             log.warning("nats: disconnected; publishing resumes after the reconnect")
 
-    nc = await cos_nats.connect(settings, "cos-import", disconnected_cb=on_disconnected)
+    nc = await cli_connect(settings, "cos-import", disconnected_cb=on_disconnected)
     try:
         js = nc.jetstream()
         await cos_nats.ensure_streams(js, settings.stream_replicas)
-        publisher = EventPublisher(js, EVENT_SOURCE)
+        publisher = EventPublisher(js, EVENT_SOURCE, nc=nc)
         if claim is not None:
             await _claim_profile(js, publisher, *claim)
 
@@ -105,15 +105,6 @@ async def _claim_profile(js: Any, publisher: Any, profile: str, vendor: str) -> 
 
 
 # --- command -------------------------------------------------------------------------------------
-
-
-def _nats_settings() -> Settings:
-    from commonos.runtime.system import endpoints
-
-    settings = Settings.from_env()
-    if settings.nats_url:
-        return settings
-    return dataclasses.replace(settings, nats_url=endpoints(settings).nats_url)
 
 
 def _profile_id(raw: str) -> str:
@@ -152,7 +143,9 @@ def run_import(args: argparse.Namespace) -> int:
         )
         published: PublishCounts | None = None
     else:
-        settings = _nats_settings()
+        from commonos.runtime.cli_support import cli_settings
+
+        settings = cli_settings(database=False)
         run = asyncio.run(_publish_run(source, root, pricer, settings, args, progress))
         published = run.published
     summary = summarize_import(
