@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-done
 PYTEST_ARGS ?=
 
-.PHONY: setup demo up test test-fast lint format schema bench chaos clean
+.PHONY: setup demo up test test-fast lint format schema bench chaos clients clean
 
 setup: $(STAMP)
 
@@ -47,6 +47,14 @@ schema: setup
 # Every figure of the performance targets from one run (own servers, ~10 min); table + bench/out/summary.json.
 bench: setup
 	$(BIN)/python -m bench.run
+
+# Ground truth for the importer: the real Claude Code and Codex CLIs (npm, into .cos/clients) against a
+# fake model; writes tests/fixtures/clients/<cli>-<version>/ and prints the format diff to the previous
+# version. Not part of `make test`. Other versions: make clients CLAUDE_CODE_VERSION=... CODEX_VERSION=...
+CLAUDE_CODE_VERSION ?=
+CODEX_VERSION ?=
+clients: setup
+	$(BIN)/python -m clients record $(if $(CLAUDE_CODE_VERSION),--claude-code-version $(CLAUDE_CODE_VERSION)) $(if $(CODEX_VERSION),--codex-version $(CODEX_VERSION))
 
 clean:
 	rm -rf $(VENV) .cos .pytest_cache .mypy_cache .ruff_cache bench/out
