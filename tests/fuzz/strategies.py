@@ -1606,6 +1606,7 @@ def valid_graphs(draw: st.DrawFn) -> dict[str, JSON]:
     status = draw(st.sampled_from([g.ToolStatus.OK, g.ToolStatus.ERROR, g.ToolStatus.INTERRUPTED]))
     counts = st.integers(0, 10**9)
     when = st.none() | aware_datetimes
+    output_tokens = draw(counts)
     graph = g.Graph(
         sessions=[
             g.Session(
@@ -1637,7 +1638,8 @@ def valid_graphs(draw: st.DrawFn) -> dict[str, JSON]:
                 user_input_id=uid,
                 parent_model_invocation_id=None,
                 input_tokens=draw(counts),
-                output_tokens=draw(counts),
+                output_tokens=output_tokens,
+                reasoning_tokens=draw(st.none() | st.integers(0, output_tokens)),
                 cache_read_tokens=draw(counts),
                 cache_write_tokens=0,
                 total_tokens=draw(counts),

@@ -219,6 +219,8 @@ class ModelInvocation(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=T
     model: str | None = None
     input_tokens: int
     output_tokens: int
+    reasoning_tokens: int | None = None
+    """The part of output_tokens that was reasoning; None when not reported."""
     cache_read_tokens: int
     cache_write_tokens: int
     cache_write_1h_tokens: int | None = None

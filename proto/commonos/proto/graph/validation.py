@@ -159,6 +159,7 @@ class _Checker:
                 invocation.id,
                 input_tokens=invocation.input_tokens,
                 output_tokens=invocation.output_tokens,
+                reasoning_tokens=invocation.reasoning_tokens,
                 cache_read_tokens=invocation.cache_read_tokens,
                 cache_write_tokens=invocation.cache_write_tokens,
                 cache_write_1h_tokens=invocation.cache_write_1h_tokens,
@@ -169,6 +170,8 @@ class _Checker:
                 and invocation.cache_write_1h_tokens > invocation.cache_write_tokens
             ):
                 self.fail(f"model_invocation {invocation.id}: cache_write_1h_tokens exceeds cache_write_tokens")
+            if invocation.reasoning_tokens is not None and invocation.reasoning_tokens > invocation.output_tokens:
+                self.fail(f"model_invocation {invocation.id}: reasoning_tokens exceeds output_tokens")
             if invocation.token_basis is not None and not TokenBasis.valid(invocation.token_basis):
                 self.fail(f"model_invocation {invocation.id}: unknown token_basis {invocation.token_basis!r}")
             if invocation.speed is not None and not speed_valid(invocation.speed):

@@ -212,6 +212,7 @@ def model_call_events(
                 cache_read_tokens=invocation.cache_read_tokens,
                 cache_write_5m_tokens=invocation.cache_write_tokens - one_hour,
                 cache_write_1h_tokens=one_hour,
+                reasoning_tokens=invocation.reasoning_tokens or 0,
                 speed=invocation.speed,
                 stop_reason=invocation.stop_reason,
                 tags=tags,

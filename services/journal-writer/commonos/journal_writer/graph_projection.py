@@ -86,11 +86,12 @@ STATEMENTS: Final[dict[str, str]] = {
         INSERT INTO graph.model_invocations AS m (id, session_id, user_input_id, parent_model_invocation_id, model,
                                                   input_tokens, output_tokens, cache_read_tokens, cache_write_tokens,
                                                   cache_write_1h_tokens, total_tokens, token_basis, speed,
-                                                  stop_reason, started_at)
-        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+                                                  stop_reason, started_at, reasoning_tokens)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
         ON CONFLICT (id) DO UPDATE SET
             input_tokens = EXCLUDED.input_tokens,
             output_tokens = EXCLUDED.output_tokens,
+            reasoning_tokens = EXCLUDED.reasoning_tokens,
             cache_read_tokens = EXCLUDED.cache_read_tokens,
             cache_write_tokens = EXCLUDED.cache_write_tokens,
             cache_write_1h_tokens = EXCLUDED.cache_write_1h_tokens,
@@ -257,6 +258,7 @@ def graph_rows(graph: Graph) -> Rows:
                 m.speed,
                 _text(m.stop_reason),
                 _time(m.started_at),
+                m.reasoning_tokens,
             )
         )
     for am in graph.assistant_messages:

@@ -93,6 +93,10 @@ CREATE TABLE IF NOT EXISTS graph.model_invocations (
     started_at                 timestamptz,
     CHECK (cache_write_1h_tokens <= cache_write_tokens)
 );
+-- The part of output_tokens that was reasoning; null when not reported, and on rows stored before the column
+-- existed (a database made before it gains the column here).
+ALTER TABLE graph.model_invocations ADD COLUMN IF NOT EXISTS reasoning_tokens bigint
+    CHECK (reasoning_tokens >= 0 AND reasoning_tokens <= output_tokens);
 CREATE INDEX IF NOT EXISTS model_invocations_session ON graph.model_invocations (session_id, started_at);
 CREATE INDEX IF NOT EXISTS model_invocations_input ON graph.model_invocations (user_input_id);
 CREATE INDEX IF NOT EXISTS model_invocations_parent ON graph.model_invocations (parent_model_invocation_id)
