@@ -1,16 +1,37 @@
 """Codex rollouts (``~/.codex/sessions/YYYY/MM/DD/rollout-*.jsonl``) to session graphs.
 
-Accounting: Codex writes an ``event_msg``/``token_count`` after each model reply and often
-writes the same event again; ``total_token_usage`` is cumulative but resets when a session is
-resumed or enters review mode. So one ModelInvocation is made per *distinct* token_count (one
-whose ``info`` differs from the token_count before it) from its ``last_token_usage``, and the
-session's usage is the sum of those, never a cumulative total.
+Accounting: one ModelInvocation per model API call, with the usage the API reported for it. Codex
+has written calls' usage in two layouts, and a rollout may hold either:
 
-Token convention: Codex's ``input_tokens`` *includes* ``cached_input_tokens`` and its
-``output_tokens`` *includes* ``reasoning_output_tokens``. The graph's ModelInvocation stores
-``input_tokens`` = Codex input − cached input (cache reads excluded), ``cache_read_tokens`` =
-cached input, ``cache_write_tokens`` = 0 (Codex reports none), ``output_tokens`` = Codex output
-(reasoning included), and ``total_tokens`` = input + output + cache read + cache write.
+* Up to the 0.5x releases, an ``event_msg``/``token_count`` is written *before* the reply's items
+  (reasoning, messages, tool calls), and often again unchanged; ``total_token_usage`` is cumulative
+  but resets when a session is resumed or enters review mode. So each *distinct* token_count (one
+  whose ``info`` differs from the token_count before it) opens an invocation from its
+  ``last_token_usage``, and the items after it belong to it.
+* From 0.169 (seen in 0.171), a call's items come *first*, then a ``token_usage_record`` line
+  (``usage`` is the call's, with a ``response_id``), then a token_count repeating the same usage;
+  its usage carries ``cache_write_input_tokens`` and its ``info`` ``last_usage_includes_reasoning``.
+  The first item of a call opens its invocation, and the usage closes it: the record fills the open
+  invocation (or makes one when the call wrote no item), and the token_count that repeats the
+  record's usage is the same call, skipped. A token_count of the new shape without a record before
+  it closes the call the same way; an old-shape token_count never fills an open invocation, so old
+  rollouts keep their counts.
+
+The session's usage is the sum of the invocations, never a cumulative total. ``world_state``,
+``thread_settings_applied``, ``item_completed`` and the other lines that carry nothing the graph
+stores are passed over silently.
+
+Token convention: Codex's ``input_tokens`` *includes* ``cached_input_tokens`` (and, we take it,
+``cache_write_input_tokens``: the API's input is the whole prompt) and its ``output_tokens``
+*includes* ``reasoning_output_tokens``. The graph's ModelInvocation stores ``input_tokens`` = Codex
+input − cached input − cache write (never below 0), ``cache_read_tokens`` = cached input,
+``cache_write_tokens`` = ``cache_write_input_tokens`` (0 when absent), ``output_tokens`` = Codex
+output, ``reasoning_tokens`` = ``reasoning_output_tokens`` (None when absent), and
+``total_tokens`` = input + output + cache read + cache write. ``last_usage_includes_reasoning`` does
+not decide the split: Codex 0.171 writes ``false`` while copying the API's ``output_tokens``
+(reasoning included, ``total_tokens`` = input + output) unchanged. Only when the figures themselves
+show reasoning outside the output (reasoning > output, or ``total_tokens`` = input + output +
+reasoning) is reasoning added to ``output_tokens``.
 
 Ids: Codex records carry no per-item uuid, so user inputs and invocations are minted from the
 session id and their ordinal among user messages / distinct token_counts; the rollout is
@@ -137,6 +158,10 @@ class _RolloutReader:
         self.current_invocation: str | None = None
         self.last_invocation: str | None = None
         self.previous_info: bytes | None = None
+        #: An invocation opened by a call's items and waiting for its usage (the 0.169+ layout).
+        self.open_invocation: str | None = None
+        #: The usage of the last token_usage_record, until the token_count that repeats it.
+        self.recorded_usage: bytes | None = None
         self.invocation_ordinal = 0
         self.input_ordinal = 0
         self.model: str | None = None
@@ -160,6 +185,8 @@ class _RolloutReader:
                 self.b.mark_interrupted(self.current_input)
             elif kind == "event_msg" and ptype == "token_count":
                 self._token_count(payload, when, ref)
+            elif kind == "token_usage_record":
+                self._usage_record(payload, when, ref)
             elif kind == "response_item" and ptype == "message":
                 self._message(payload, when, ref)
             elif kind == "response_item" and ptype in TOOL_CALL_TYPES:
@@ -198,6 +225,7 @@ class _RolloutReader:
             self.first_prompt = text.split(IDE_REQUEST_HEADING, 1)[-1]
         self.current_input = input_id
         self.current_invocation = None
+        self.open_invocation = None
 
     def _input_for(self, when: datetime | None) -> str:
         if self.current_input is not None:
@@ -221,38 +249,66 @@ class _RolloutReader:
         info = payload.get("info")
         if not isinstance(info, dict) or not isinstance(info.get("last_token_usage"), dict):
             return
-        identity = msgspec.json.encode([info.get("total_token_usage"), info.get("last_token_usage")], order="sorted")
+        last = info["last_token_usage"]
+        identity = msgspec.json.encode([info.get("total_token_usage"), last], order="sorted")
         if identity == self.previous_info:
             return
         self.previous_info = identity
-        usage = info["last_token_usage"]
+        if self.recorded_usage is not None and msgspec.json.encode(last, order="sorted") == self.recorded_usage:
+            self.recorded_usage = None  # the call the token_usage_record before it counted
+            return
+        closes = "last_usage_includes_reasoning" in info or "cache_write_input_tokens" in last
+        self._usage(last, when, ref, "token_count", closes=closes)
+
+    def _usage_record(self, payload: dict[str, Any], when: datetime | None, ref: str) -> None:
+        usage = payload.get("usage")
+        if not isinstance(usage, dict):
+            return
+        self.recorded_usage = msgspec.json.encode(usage, order="sorted")
+        self._usage(usage, when, ref, "token_usage_record", closes=True)
+
+    def _usage(self, usage: dict[str, Any], when: datetime | None, ref: str, kind: str, *, closes: bool) -> None:
+        """One call's usage: it fills the invocation its items opened (`closes`) or opens one."""
 
         def count(key: str) -> int:
             value = usage.get(key)
             return value if is_count(value) and value > 0 else 0
 
         cached = count("cached_input_tokens")
-        uncached = max(0, count("input_tokens") - cached)
+        written = count("cache_write_input_tokens")
+        uncached = max(0, count("input_tokens") - cached - written)
         output = count("output_tokens")
-        invocation_id = mint_id("model_invocation", VENDOR, self.vendor_session, str(self.invocation_ordinal))
-        self.invocation_ordinal += 1
+        reasoning = count("reasoning_output_tokens") if is_count(usage.get("reasoning_output_tokens")) else None
+        if reasoning and (reasoning > output or count("total_tokens") == count("input_tokens") + output + reasoning):
+            output += reasoning  # the figures show reasoning reported beside the output, not in it
+        opened = self.b.invocations.get(self.open_invocation) if closes and self.open_invocation else None
+        if opened is not None:
+            invocation_id = opened.id
+        else:
+            invocation_id = mint_id("model_invocation", VENDOR, self.vendor_session, str(self.invocation_ordinal))
+            self.invocation_ordinal += 1
         self.b.invocations[invocation_id] = ModelInvocation(
             id=invocation_id,
             session_id=self.session_id,
-            user_input_id=self._input_for(when),
-            parent_model_invocation_id=self.last_invocation,
-            model=self.model,
+            user_input_id=opened.user_input_id if opened is not None else self._input_for(when),
+            parent_model_invocation_id=opened.parent_model_invocation_id
+            if opened is not None
+            else self.last_invocation,
+            model=(opened.model if opened is not None else None) or self.model,
             input_tokens=uncached,
             output_tokens=output,
+            reasoning_tokens=reasoning,
             cache_read_tokens=cached,
-            cache_write_tokens=0,
-            total_tokens=uncached + output + cached,
+            cache_write_tokens=written,
+            total_tokens=uncached + output + cached + written,
             token_basis=TokenBasis.REPORTED,
-            started_at=when,
+            started_at=opened.started_at if opened is not None else when,
         )
-        self.b.vendor_id(EntityType.MODEL_INVOCATION, invocation_id, self.session_id, "token_count", ref, ref)
+        self.b.vendor_id(EntityType.MODEL_INVOCATION, invocation_id, self.session_id, kind, ref, ref)
+        self.open_invocation = None
         self.last_invocation = invocation_id
-        self.current_invocation = invocation_id
+        # Old layout: the items after the usage are this call's. New layout: the next item opens a call.
+        self.current_invocation = None if closes else invocation_id
 
     def _invocation_for(self, when: datetime | None, anchor: str) -> ModelInvocation:
         """The reply that produced an item: Codex writes a reply's token_count before its items."""
@@ -275,6 +331,7 @@ class _RolloutReader:
                 started_at=when,
             )
             self.last_invocation = invocation_id
+            self.open_invocation = invocation_id
         self.current_invocation = invocation_id
         return self.b.invocations[invocation_id]
 
