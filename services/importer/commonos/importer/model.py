@@ -26,6 +26,8 @@ class ImportedSession(msgspec.Struct, frozen=True, kw_only=True):
     branch: str | None
     source_path: Path
     source_bytes: int
+    #: Every file read to build the tree (the one named by ``source_path`` and, say, its subagents').
+    source_files: tuple[Path, ...] = ()
     #: The profile the import belongs to (``cos import --profile``); None: the vendor's (``profile_id_for``).
     profile_id: str | None = None
 

@@ -12,7 +12,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
-from commonos.accounting.pricing import Pricer
+from commonos.importer.ledger import Ledger
 from commonos.importer.reading import FileRead, read_file
 from commonos.importer.source import Source
 from commonos.runtime.args import CliError
@@ -25,32 +25,30 @@ def default_jobs() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-# Set in each reader process by `_start_reader`: the process is forked, so nothing here is pickled.
-_reader: tuple[Source, Pricer, bool, int, float, str | None] | None = None
+# Set in each reader process by `_start_reader`: the process is forked, so nothing here is pickled (the
+# ledger of a publishing import's second pass included).
+_reader: tuple[Source, Ledger | None, int, float, str | None] | None = None
 
 
 def _start_reader(
-    source: Source, pricer: Pricer, publishing: bool, max_payload: int, settle_s: float, profile: str | None
+    source: Source, ledger: Ledger | None, max_payload: int, settle_s: float, profile: str | None
 ) -> None:
     global _reader
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    _reader = (source, pricer, publishing, max_payload, settle_s, profile)
+    _reader = (source, ledger, max_payload, settle_s, profile)
 
 
 def _read_in_reader(path: Path) -> FileRead:
     assert _reader is not None, "not a reader process"
-    source, pricer, publishing, max_payload, settle_s, profile = _reader
-    return read_file(
-        source, path, pricer, publishing=publishing, max_payload=max_payload, settle_s=settle_s, profile=profile
-    )
+    source, ledger, max_payload, settle_s, profile = _reader
+    return read_file(source, path, ledger=ledger, max_payload=max_payload, settle_s=settle_s, profile=profile)
 
 
 async def read_files(
     source: Source,
     paths: Sequence[Path],
-    pricer: Pricer,
     *,
-    publishing: bool,
+    ledger: Ledger | None,
     max_payload: int,
     settle_s: float,
     profile: str | None,
@@ -63,8 +61,7 @@ async def read_files(
             yield read_file(
                 source,
                 path,
-                pricer,
-                publishing=publishing,
+                ledger=ledger,
                 max_payload=max_payload,
                 settle_s=settle_s,
                 profile=profile,
@@ -74,7 +71,7 @@ async def read_files(
         jobs,
         mp_context=multiprocessing.get_context("fork"),
         initializer=_start_reader,
-        initargs=(source, pricer, publishing, max_payload, settle_s, profile),
+        initargs=(source, ledger, max_payload, settle_s, profile),
     )
     try:
         waiting = iter(paths)

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import msgspec
 
-from commonos.accounting.pricing import Pricer
 from commonos.importer.events import tree_events
+from commonos.importer.ledger import Ledger, TreeCalls, tree_calls
 from commonos.importer.lines import Warn
 from commonos.importer.model import ImportedSession, TranscriptError
 from commonos.importer.parts import GraphTooLarge
-from commonos.importer.report import SessionSummary, summarize_tree
+from commonos.importer.report import SessionSummary, describe_tree
 from commonos.importer.source import Source
 from commonos.proto.events import Event
 from commonos.proto.graph import GraphInvalid, validate
@@ -64,9 +64,11 @@ def bytes_of(path: Path, trees: Sequence[TreeRead]) -> int:
 
 @dataclass
 class TreeOut:
-    """One tree of a file: its summary and its events, or why it cannot be published."""
+    """One tree of a file: its summary (not yet accounted, see `report.account`), its calls for the
+    import's `Ledger`, and its events, or why it cannot be published."""
 
     summary: SessionSummary
+    calls: TreeCalls
     events: list[Event] = field(default_factory=list)
     error: str | None = None
 
@@ -79,40 +81,45 @@ class FileRead:
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     bytes_read: int = 0
+    #: Every file read (the top-level one, its subagents'...), so that an import can name the files it did not.
+    files: set[Path] = field(default_factory=set)
 
 
 def read_file(
     source: Source,
     path: Path,
-    pricer: Pricer,
     *,
-    publishing: bool,
+    ledger: Ledger | None,
     max_payload: int,
     settle_s: float,
     profile: str | None = None,
 ) -> FileRead:
-    """Read, validate and summarise one top-level file; with ``publishing``, build each tree's events too.
+    """Read and validate one top-level file: each tree's description and calls; with a `ledger` (the
+    second pass of a publishing import), each tree's events too, its calls settled by the ledger.
 
     A file written to within ``settle_s`` seconds may end in a response still being written: the calls
     whose usage may still grow are left for a later import (see ``settled_invocations``).
     """
-    out = FileRead()
+    out = FileRead(files={path})
     settled_only = time.time() - mtime(path) < settle_s
     trees = read_trees(source, path, out.warnings.append, profile)
     for tree in trees:
         if tree.imported is None:
             out.errors.append(tree.error or f"{path}: unreadable")
             continue
-        item = TreeOut(summarize_tree(pricer, tree.imported))
+        out.files.update(tree.imported.source_files)
+        item = TreeOut(describe_tree(tree.imported), tree_calls(tree.imported))
         out.trees.append(item)
-        if not publishing:
+        if ledger is None:
             continue
+        imported, billed_elsewhere = ledger.settle(tree.imported)
         try:
-            events = tree_events(tree.imported, max_payload=max_payload, settled_only=settled_only)
+            events = tree_events(imported, max_payload=max_payload, settled_only=settled_only)
         except (GraphTooLarge, GraphInvalid) as exc:
             item.error = f"not published: {exc}"
             continue
-        item.events = events.events
+        billed_here = [c for c in events.calls if events.invocation_of[c.event_id] not in billed_elsewhere]
+        item.events = [*events.parts, *billed_here]
         item.summary.rows_cut = events.cut_rows
     out.bytes_read = bytes_of(path, trees)
     return out

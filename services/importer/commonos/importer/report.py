@@ -2,8 +2,10 @@
 
 Pure: costs come from billing's offline :class:`~commonos.accounting.pricing.Pricer` (genai-prices), with the
 provider, model, tokens and time the ``model_call_completed`` events carry, so the summary's cost is
-what billing will charge for the same calls. Usage rows that belong to no invocation (a report-only
-subagent's last call) are counted in the tokens but neither billed nor priced.
+what billing will charge for the same calls. Each call is counted once, with its most complete usage,
+in the first tree that holds it (`commonos.importer.ledger`). Usage a subagent's result states about
+its own calls is no model call: it is shown apart ("subagent usage without a transcript"), and not at
+all when the subagent's transcript is in the import.
 
 A tree that an import could not publish (whatever the reason) is listed as not imported, with the
 reason, and left out of the per-model lines and the totals: they count what was stored.
@@ -20,11 +22,12 @@ import msgspec
 
 from commonos.accounting.pricing import CostStatus, Pricer
 from commonos.accounting.usage import TokenUsage as BilledUsage
-from commonos.importer.events import call_time, has_usage
+from commonos.importer.events import has_usage
+from commonos.importer.ledger import Ledger, ReportedUsage, TreeCalls, tree_calls
 from commonos.importer.model import ImportedSession
 from commonos.importer.publish import PublishCounts
 from commonos.importer.vendors import provider_of
-from commonos.proto.graph import Graph, ModelInvocation, TokenUsage
+from commonos.proto.graph import ModelInvocation
 
 UNKNOWN_MODEL = "unknown"
 
@@ -41,7 +44,6 @@ class TokenCounts(msgspec.Struct, kw_only=True):
     total_tokens: int = 0
     cost_usd: Decimal = Decimal(0)
     unpriced_invocations: int = 0
-    unbilled_usage_rows: int = 0
 
     def add(self, other: TokenCounts) -> None:
         for name in TokenCounts.__struct_fields__:
@@ -76,6 +78,9 @@ class SessionSummary(TokenCounts, kw_only=True):
     not_imported: str | None = None
     #: Rows whose large text was cut so that they fit a message (see `commonos.importer.cut`).
     rows_cut: int = 0
+    #: What the tree's subagent results state about subagents whose transcript the import does not hold;
+    #: not model calls, so in neither `models` nor the totals.
+    subagent_usage_without_transcript: ReportedUsage = msgspec.field(default_factory=ReportedUsage)
 
 
 class ImportSummary(msgspec.Struct, kw_only=True):
@@ -93,10 +98,12 @@ class ImportSummary(msgspec.Struct, kw_only=True):
     #: Trees not imported, left out of `models` and `totals`.
     sessions_not_imported: int = 0
     rows_cut: int = 0
+    #: Over the trees imported: see `SessionSummary.subagent_usage_without_transcript`.
+    subagent_usage_without_transcript: ReportedUsage = msgspec.field(default_factory=ReportedUsage)
 
 
-def invocation_counts(pricer: Pricer, vendor: str, graph: Graph, invocation: ModelInvocation) -> TokenCounts:
-    """One invocation's tokens and the cost billing will compute for it."""
+def invocation_counts(pricer: Pricer, vendor: str, invocation: ModelInvocation, at: datetime) -> TokenCounts:
+    """One invocation's tokens and the cost billing will compute for it (`at`: the call's time)."""
     one_hour = invocation.cache_write_1h_tokens or 0
     counts = TokenCounts(
         invocations=1,
@@ -121,24 +128,12 @@ def invocation_counts(pricer: Pricer, vendor: str, graph: Graph, invocation: Mod
         speed=invocation.speed,
     )
     provider = provider_of(vendor)
-    price = pricer.price(provider, invocation.model or UNKNOWN_MODEL, usage, call_time(graph, invocation))
+    price = pricer.price(provider, invocation.model or UNKNOWN_MODEL, usage, at)
     if price.cost_usd is None or price.status == CostStatus.UNPRICED:
         counts.unpriced_invocations = 1
     else:
         counts.cost_usd = price.cost_usd
     return counts
-
-
-def _usage_row_counts(row: TokenUsage) -> TokenCounts:
-    parts = [row.input_tokens or 0, row.output_tokens or 0, row.cache_read_tokens or 0, row.cache_write_tokens or 0]
-    return TokenCounts(
-        input_tokens=parts[0],
-        output_tokens=parts[1],
-        cache_read_tokens=parts[2],
-        cache_write_tokens=parts[3],
-        total_tokens=sum(parts),
-        unbilled_usage_rows=1,
-    )
 
 
 def _models(by_model: dict[str, TokenCounts]) -> list[ModelSummary]:
@@ -150,16 +145,21 @@ def _models(by_model: dict[str, TokenCounts]) -> list[ModelSummary]:
     return out
 
 
-def summarize_tree(pricer: Pricer, imported: ImportedSession) -> SessionSummary:
-    """The summary of one imported tree."""
+def summarize_tree(pricer: Pricer, imported: ImportedSession, ledger: Ledger | None = None) -> SessionSummary:
+    """The summary of one imported tree, its calls counted as `ledger` says (None: the tree alone)."""
+    summary = describe_tree(imported)
+    calls = tree_calls(imported)
+    if ledger is None:
+        ledger = Ledger()
+        ledger.add(calls)
+    account(summary, calls, ledger, pricer)
+    return summary
+
+
+def describe_tree(imported: ImportedSession) -> SessionSummary:
+    """One tree's summary without its accounting (see `account`)."""
     graph = imported.graph
     root = graph.root()
-    by_model: dict[str, TokenCounts] = {}
-    for invocation in graph.model_invocations:
-        counts = invocation_counts(pricer, imported.vendor, graph, invocation)
-        by_model.setdefault(invocation.model or UNKNOWN_MODEL, TokenCounts()).add(counts)
-    for row in graph.token_usage:
-        by_model.setdefault(row.model or UNKNOWN_MODEL, TokenCounts()).add(_usage_row_counts(row))
     tool_calls: dict[str, int] = {}
     for tool_use in graph.tool_uses:
         tool_calls[str(tool_use.verb)] = tool_calls.get(str(tool_use.verb), 0) + 1
@@ -167,7 +167,7 @@ def summarize_tree(pricer: Pricer, imported: ImportedSession) -> SessionSummary:
         (v.vendor_id for v in graph.vendor_ids if root is not None and v.our_id == root.id and v.our_type == "session"),
         None,
     )
-    summary = SessionSummary(
+    return SessionSummary(
         session_id=root.id if root is not None else "",
         vendor_session_id=vendor_session,
         vendor=imported.vendor,
@@ -181,11 +181,22 @@ def summarize_tree(pricer: Pricer, imported: ImportedSession) -> SessionSummary:
         nested_sessions=max(0, len(graph.sessions) - 1),
         tool_calls=dict(sorted(tool_calls.items())),
         files_touched=len({f.path for f in graph.file_touches}),
-        models=_models(by_model),
+        models=[],
     )
+
+
+def account(summary: SessionSummary, calls: TreeCalls, ledger: Ledger, pricer: Pricer) -> None:
+    """Fill `summary`'s tokens and cost: the calls `ledger` counts in this tree, priced as billing will."""
+    by_model: dict[str, TokenCounts] = {}
+    for invocation, at in ledger.owned(calls):
+        counts = invocation_counts(pricer, summary.vendor, invocation, at)
+        by_model.setdefault(invocation.model or UNKNOWN_MODEL, TokenCounts()).add(counts)
+    summary.models = _models(by_model)
+    for name in TokenCounts.__struct_fields__:
+        setattr(summary, name, getattr(TokenCounts(), name))
     for line in summary.models:
         summary.add(_only_counts(line))
-    return summary
+    summary.subagent_usage_without_transcript = ledger.unlinked_reports(calls)
 
 
 def _only_counts(line: TokenCounts) -> TokenCounts:
@@ -213,9 +224,11 @@ def summarize_import(
     )
     by_model: dict[str, TokenCounts] = {}
     totals = TokenCounts()
+    apart = ReportedUsage()
     for session in sessions:
         if session.imported is False:
             continue
+        apart.add(session.subagent_usage_without_transcript)
         for line in session.models:
             by_model.setdefault(line.model, TokenCounts()).add(_only_counts(line))
             totals.add(_only_counts(line))
@@ -231,6 +244,7 @@ def summarize_import(
         warnings=list(warnings),
         sessions_not_imported=sum(1 for s in sessions if s.imported is False),
         rows_cut=sum(s.rows_cut for s in sessions),
+        subagent_usage_without_transcript=apart,
     )
 
 

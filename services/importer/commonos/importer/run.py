@@ -11,13 +11,14 @@ from pathlib import Path
 
 from commonos.accounting.pricing import Pricer
 from commonos.importer.events import TreeState, tree_events
+from commonos.importer.ledger import Ledger, TreeCalls, tree_calls
 from commonos.importer.model import ImportedSession
 from commonos.importer.parts import GraphTooLarge
 from commonos.importer.pool import read_files
 from commonos.importer.publish import PublishCounts
-from commonos.importer.reading import FileRead, TreeOut
+from commonos.importer.reading import TreeOut
 from commonos.importer.render import progress_bar
-from commonos.importer.report import SessionSummary, summarize_tree
+from commonos.importer.report import SessionSummary, account, summarize_tree
 from commonos.importer.source import Source
 from commonos.proto.events import Event
 from commonos.proto.graph import GraphInvalid
@@ -89,40 +90,55 @@ async def import_files(
 ) -> ImportRun:
     """Read every transcript under ``root``, summarise each tree and, with ``publish``, publish its events.
 
-    With ``jobs`` above 1 the files are read by that many forked processes while this one publishes;
-    results are taken in file order, so the summary, the errors and the order of publishing are the
-    same as with one. ``settle_s``: see `read_file`. The trees are imported into ``profile`` (None: the
-    vendor's profile).
+    The files are read into a `Ledger` first, so that a call repeated in several files is counted once,
+    with its most complete usage; a publishing import then reads them again and publishes each tree
+    with the ledger's verdicts. Every transcript file under ``root`` that no read took in is named in a
+    warning, with why. With ``jobs`` above 1 the files are read by that many forked processes while this
+    one publishes; results are taken in file order, so the summary, the errors and the order of
+    publishing are the same as with one. ``settle_s``: see `read_file`. The trees are imported into
+    ``profile`` (None: the vendor's profile).
     """
     run = ImportRun(warnings=source.skipped(root))
     tops = source.top_files(root)
     total = sum(size for size, _ in source.scan(root).values())
-    publishing = publish is not None
     jobs = max(1, min(jobs, len(tops)))
-    with progress_bar(total, progress) as advance:
-
-        async def take(read: FileRead) -> None:
-            run.errors.extend(read.errors)
-            run.warnings.extend(read.warnings)
-            for tree in read.trees:
-                run.trees[tree.summary.session_id] = tree.summary
-                if publish is not None:
-                    await publish_tree(run, publish, tree)
-            advance(read.bytes_read)
-
+    ledger = Ledger()
+    calls: dict[str, TreeCalls] = {}
+    files: set[Path] = set()
+    with progress_bar(total if publish is None else 2 * total, progress) as advance:
         reads = read_files(
-            source,
-            tops,
-            pricer,
-            publishing=publishing,
-            max_payload=max_payload,
-            settle_s=settle_s,
-            profile=profile,
-            jobs=jobs,
+            source, tops, ledger=None, max_payload=max_payload, settle_s=settle_s, profile=profile, jobs=jobs
         )
         async with contextlib.aclosing(reads):
             async for read in reads:
-                await take(read)
+                run.errors.extend(read.errors)
+                run.warnings.extend(read.warnings)
+                files |= read.files
+                for tree in read.trees:
+                    run.trees[tree.summary.session_id] = tree.summary
+                    calls[tree.summary.session_id] = tree.calls
+                    ledger.add(tree.calls)
+                    if tree.error is not None:
+                        not_imported(run, tree.summary, tree.error)
+                advance(read.bytes_read)
+        run.warnings.extend(source.unread_warning(path) for path in source.all_files(root) if path not in files)
+        for session_id, summary in run.trees.items():
+            account(summary, calls[session_id], ledger, pricer)
+        if publish is None:
+            return run
+        reads = read_files(
+            source, tops, ledger=ledger, max_payload=max_payload, settle_s=settle_s, profile=profile, jobs=jobs
+        )
+        async with contextlib.aclosing(reads):
+            async for read in reads:
+                for tree in read.trees:
+                    summary = run.trees.setdefault(tree.summary.session_id, tree.summary)
+                    summary.rows_cut = tree.summary.rows_cut
+                    tree.summary = summary
+                    if summary.imported is False:  # its graph is invalid: said in the first pass
+                        continue
+                    await publish_tree(run, publish, tree)
+                advance(read.bytes_read)
     return run
 
 
@@ -135,23 +151,29 @@ async def import_tree(
     *,
     state: TreeState | None,
     settled_only: bool,
+    ledger: Ledger | None = None,
 ) -> PublishCounts | None:
-    """Summarise and publish one tree (only what changed, with `state`).
+    """Summarise and publish one tree (only what changed, with `state`), its calls counted as `ledger` says
+    (None: the tree alone), which hears of the tree first.
 
     A PublishError other than EventTooLarge is raised for the caller to retry; the tree is recorded as
     not imported until a retry succeeds.
     """
     from commonos.runtime.publisher import PublishError
 
-    summary = summarize_tree(pricer, imported)
+    ledger = ledger or Ledger()
+    ledger.add(tree_calls(imported))
+    summary = summarize_tree(pricer, imported, ledger)
     run.trees[summary.session_id] = summary
     if publish is None:
         return None
+    imported, billed_elsewhere = ledger.settle(imported)
     try:
         events = tree_events(imported, max_payload=max_payload, settled_only=settled_only, state=state)
     except (GraphTooLarge, GraphInvalid) as exc:
         not_imported(run, summary, f"not published: {exc}")
         return None
+    events.calls = [c for c in events.calls if events.invocation_of[c.event_id] not in billed_elsewhere]
     summary.rows_cut = events.cut_rows
     try:
         counts = await publish(events.events) if events.events else PublishCounts()

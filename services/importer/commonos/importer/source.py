@@ -52,6 +52,13 @@ class Source:
     read: Reader
     #: The top-level file to read again when a file changes (None: none), given the top-level files.
     owner_of: Callable[[Path, set[Path]], Path | None] = owned_by_itself
+    #: Where the vendor keeps its transcripts, for the warning about a file that is not in such a place.
+    layout: str = ""
+
+    def unread_warning(self, path: Path) -> str:
+        """The warning for a transcript-like file under the root that no read took in."""
+        where = f" (transcripts are {self.layout})" if self.layout else ""
+        return f"{path}: not imported: not where {self.label} keeps its transcripts{where}"
 
     def all_files(self, root: Path) -> list[Path]:
         """Every transcript file under ``root`` (regular files only)."""

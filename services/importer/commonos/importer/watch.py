@@ -11,6 +11,7 @@ from pathlib import Path
 
 from commonos.accounting.pricing import Pricer
 from commonos.importer.events import TreeState
+from commonos.importer.ledger import Ledger
 from commonos.importer.reading import mtime, read_trees
 from commonos.importer.run import ImportRun, PublishFn, import_tree
 from commonos.importer.source import Fingerprint, Source
@@ -33,6 +34,8 @@ class Watcher:
     profile: str | None = None
     run: ImportRun = field(default_factory=ImportRun)
     states: dict[str, TreeState] = field(default_factory=dict)
+    #: Every call seen so far, so that a response repeated in another file is billed once.
+    ledger: Ledger = field(default_factory=Ledger)
     #: Top-level files with calls not billed yet, by when they last changed (monotonic seconds).
     unsettled: dict[Path, float] = field(default_factory=dict)
     retry: set[Path] = field(default_factory=set)
@@ -113,6 +116,7 @@ class Watcher:
                     self.max_payload,
                     state=state,
                     settled_only=settled_only,
+                    ledger=self.ledger,
                 )
             except PublishError as exc:
                 self.retry.add(path)

@@ -2,12 +2,13 @@
 
 One Graph per top-level session, subagents nested inside it. Subagent work arrives three ways,
 all merged into one nested session per subagent: inline ``isSidechain`` lines of the parent
-file (older versions), ``agent-*.jsonl`` files (beside the sessions or under
-``<session>/subagents/``), and ``progress`` lines of the parent that embed the subagent's
+file (older versions), ``agent-*.jsonl`` files (beside the sessions, under ``<project>/subagents/``
+or under ``<session>/subagents/``), and ``progress`` lines of the parent that embed the subagent's
 messages. A subagent is linked to the Task/Agent tool use that spawned it by the progress line's
 ``parentToolUseID``, by the Task result's ``agentId``, or by its first prompt being the Task's
 prompt. A subagent transcript with no spawning call found (Claude Code's own "Warmup" agents)
-becomes its own top-level graph, since a nested session needs a spawning tool use.
+becomes its own top-level graph, since a nested session needs a spawning tool use; so does a subagent
+transcript whose session transcript is not there.
 
 Accounting:
 
@@ -33,11 +34,13 @@ from __future__ import annotations
 from typing import Final
 
 from commonos.importer.claude.files import (
+    claude_agent_candidates,
     claude_agent_files,
     claude_candidates,
     claude_owner_session_file,
     claude_projects_dir,
     claude_session_files,
+    claude_top_files,
     is_claude_agent_file,
     owner_of,
 )
@@ -67,11 +70,13 @@ __all__ = [
     "SYNTHETIC_MODEL",
     "TOOL_VERBS",
     "VENDOR",
+    "claude_agent_candidates",
     "claude_agent_files",
     "claude_candidates",
     "claude_owner_session_file",
     "claude_projects_dir",
     "claude_session_files",
+    "claude_top_files",
     "is_claude_agent_file",
     "read_claude",
     "read_claude_file",
@@ -85,8 +90,10 @@ SOURCE: Final = Source(
     label="Claude Code",
     default_root="~/.claude",
     provider="anthropic",
-    top_files=lambda root: list(claude_session_files(root)),
+    top_files=claude_top_files,
     candidates=claude_candidates,
     read=read_claude_file,
     owner_of=owner_of,
+    layout="projects/<project>/<session>.jsonl, and subagents' agent-*.jsonl beside them, in <project>/subagents/ "
+    "or in <project>/<session>/subagents/",
 )

@@ -57,31 +57,53 @@ def first_session_id(path: Path) -> str | None:
 def claude_agent_files(session_path: Path) -> list[Path]:
     """Subagent transcripts of one session.
 
-    Newer Claude Code writes them to ``<session>/subagents/agent-*.jsonl``; older versions wrote
-    ``agent-*.jsonl`` beside the sessions, where only the ``sessionId`` inside tells the owner.
+    Newer Claude Code writes them to ``<session>/subagents/agent-*.jsonl``; some versions write them to
+    ``<project>/subagents/`` and older ones beside the sessions, where only the ``sessionId`` inside
+    tells the owner.
     """
     session_id = session_path.stem
-    nested = readable(sorted((session_path.parent / session_id / "subagents").glob("agent-*.jsonl")))
-    beside = [
-        path
-        for path in readable(sorted(session_path.parent.glob("agent-*.jsonl")))
-        if first_session_id(path) == session_id
-    ]
-    return nested + beside
+    project = session_path.parent
+    nested = readable(sorted((project / session_id / "subagents").glob("agent-*.jsonl")))
+    shared = readable(sorted(project.glob("agent-*.jsonl")) + sorted((project / "subagents").glob("agent-*.jsonl")))
+    return nested + [path for path in shared if first_session_id(path) == session_id]
+
+
+def claude_agent_candidates(root: Path) -> list[Path]:
+    """Every subagent transcript under a Claude Code folder, in each of the places they are kept."""
+    projects = claude_projects_dir(root)
+    patterns = ("*/agent-*.jsonl", "*/subagents/agent-*.jsonl", "*/*/subagents/agent-*.jsonl")
+    # `root` may be a single project folder too.
+    found = {
+        path for pattern in (*patterns, "agent-*.jsonl", "subagents/agent-*.jsonl") for path in projects.glob(pattern)
+    }
+    return readable(sorted(found))
+
+
+def claude_top_files(root: Path) -> list[Path]:
+    """The files an import reads one by one: every session transcript (each reads its subagents), then every
+    subagent transcript whose session transcript is not there, read as a tree of its own."""
+    orphans = [path for path in claude_agent_candidates(root) if claude_owner_session_file(path) is None]
+    return [*claude_session_files(root), *orphans]
 
 
 def claude_owner_session_file(agent_path: Path) -> Path | None:
     """The session transcript an agent file belongs to, or None when it is not on disk.
 
-    A ``sessionId`` that is not a plain file name (a path, a NUL, too long for the file system) names
-    no owner: an agent file never leads the importer out of its project folder.
+    ``<session>/subagents/agent-*.jsonl`` belongs to ``<session>.jsonl``; one beside the sessions or under
+    ``<project>/subagents/`` to the session its ``sessionId`` names in that project folder. A
+    ``sessionId`` that is not a plain file name (a path, a NUL, too long for the file system) names no
+    owner: an agent file never leads the importer out of its project folder.
     """
-    if agent_path.parent.name == "subagents":
-        return _file_or_none(agent_path.parent.parent.with_suffix(".jsonl"))
+    folder = agent_path.parent
+    if folder.name == "subagents":
+        owner = _file_or_none(folder.parent.with_suffix(".jsonl"))
+        if owner is not None:
+            return owner
+        folder = folder.parent
     session_id = first_session_id(agent_path)
     if session_id is None or session_id in ("", ".", "..") or "/" in session_id or "\x00" in session_id:
         return None
-    return _file_or_none(agent_path.parent / f"{session_id}.jsonl")
+    return _file_or_none(folder / f"{session_id}.jsonl")
 
 
 def _file_or_none(path: Path) -> Path | None:
@@ -94,6 +116,6 @@ def _file_or_none(path: Path) -> Path | None:
 def owner_of(path: Path, tops: set[Path]) -> Path | None:
     """The session transcript to read again when `path` changes: an agent file's owner, or `path` itself
     when it is one of the top-level transcripts `tops`."""
-    if is_claude_agent_file(path):
+    if is_claude_agent_file(path) and path not in tops:
         return claude_owner_session_file(path)
     return path if path in tops else None

@@ -12,7 +12,7 @@ from commonos.importer.builder import GraphBuilder, is_count, short_title
 from commonos.importer.claude.files import (
     claude_agent_files,
     claude_owner_session_file,
-    claude_session_files,
+    claude_top_files,
     is_claude_agent_file,
 )
 from commonos.importer.claude.format import VENDOR
@@ -77,6 +77,8 @@ def _report_usage(builder: GraphBuilder, tool_use: ToolUse, result: ToolResult) 
         for key in ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
     }
     usage_id = mint_id("token_usage", VENDOR, tool_use.id, "subagent_report")
+    agent_id = output.get("agentId")
+    builder.vendor_id(EntityType.TOKEN_USAGE, usage_id, tool_use.session_id, "agent_id", agent_id)
     builder.token_usage[usage_id] = TokenUsage(
         id=usage_id,
         session_id=tool_use.session_id,
@@ -133,46 +135,55 @@ def _read_tree(
 def _read_claude_file(path: Path, warn: Warn) -> list[ImportedSession]:
     """Read one session transcript with its subagents; an agent file reads its owner session.
 
-    Returns the session's graph first, then one graph per subagent transcript whose spawning
-    call could not be found. An agent file whose session transcript is missing yields nothing.
+    Returns the session's graph first, then one graph per subagent transcript whose spawning call could
+    not be found. An agent file whose session transcript is missing is read on its own: each of its
+    subagents becomes a graph of its own.
     """
     session_path: Path | None = path
     if is_claude_agent_file(path):
         session_path = claude_owner_session_file(path)
-    if session_path is None:
-        return []
-    agent_files = claude_agent_files(session_path)
-    main_lines = decode_lines(session_path, warn)
+    agent_files = claude_agent_files(session_path) if session_path is not None else [path]
+    main_lines = decode_lines(session_path, warn) if session_path is not None else []
     main, subagents = split_streams(main_lines, agent_files, warn)
     vendor_session = next(
-        (str(x.record["sessionId"]) for x in main.lines if isinstance(x.record.get("sessionId"), str)),
-        session_path.stem,
+        (
+            str(x.record["sessionId"])
+            for x in (*main.lines, *(line for s in subagents.values() for line in s.lines))
+            if isinstance(x.record.get("sessionId"), str)
+        ),
+        (session_path or path).stem,
     )
     links = link_spawns(main, subagents)
     children: dict[str, list[tuple[str, str]]] = {}
     for child_key, (parent_key, vendor_tool_id) in links.items():
         children.setdefault(parent_key, []).append((child_key, vendor_tool_id))
-    source_bytes = sum(p.stat().st_size for p in [session_path, *agent_files] if p.is_file())
-    project = session_path.parent.name
+    files = tuple(p for p in ([session_path] if session_path is not None else []) + agent_files)
+    source_bytes = sum(p.stat().st_size for p in files if p.is_file())
+    anchor = session_path or path
+    project = _project_of(anchor, vendor_session)
+    imported = []
 
-    builder = GraphBuilder(VENDOR)
-    session_id = mint_id("session", VENDOR, vendor_session)
-    builder.sessions[session_id] = Session(
-        id=session_id,
-        parent_session_id=None,
-        spawned_by_tool_use_id=None,
-        started_at=stream_start(main),
-        working_dir=last_value(main, "cwd"),
-        git_branch=last_value(main, "gitBranch"),
-        outcome=Outcome.UNKNOWN,
-    )
-    builder.vendor_id(EntityType.SESSION, session_id, session_id, "session_id", vendor_session)
-    _read_tree(builder, vendor_session, main, session_id, children, subagents, InputOrigin.HUMAN)
-    linked = {s.spawned_by_tool_use_id for s in builder.sessions.values() if s.spawned_by_tool_use_id}
-    _settle_spawn_metadata(builder, {t for t in linked if t is not None})
-    imported = [_imported(builder, project, session_path, source_bytes)]
+    if session_path is not None:
+        builder = GraphBuilder(VENDOR)
+        session_id = mint_id("session", VENDOR, vendor_session)
+        builder.sessions[session_id] = Session(
+            id=session_id,
+            parent_session_id=None,
+            spawned_by_tool_use_id=None,
+            started_at=stream_start(main),
+            working_dir=last_value(main, "cwd"),
+            git_branch=last_value(main, "gitBranch"),
+            outcome=Outcome.UNKNOWN,
+        )
+        builder.vendor_id(EntityType.SESSION, session_id, session_id, "session_id", vendor_session)
+        _read_tree(builder, vendor_session, main, session_id, children, subagents, InputOrigin.HUMAN)
+        linked = {s.spawned_by_tool_use_id for s in builder.sessions.values() if s.spawned_by_tool_use_id}
+        _settle_spawn_metadata(builder, {t for t in linked if t is not None})
+        imported.append(_imported(builder, project, anchor, source_bytes, files))
+        nested_keys = {k for k in subagents if mint_id("session", VENDOR, vendor_session, k) in builder.sessions}
+    else:
+        nested_keys = set()
 
-    nested_keys = {k for k in subagents if mint_id("session", VENDOR, vendor_session, k) in builder.sessions}
     for key, stream in subagents.items():
         if key in nested_keys or key in links:
             continue
@@ -192,11 +203,24 @@ def _read_claude_file(path: Path, warn: Warn) -> list[ImportedSession]:
         _read_tree(orphan, vendor_session, stream, orphan_id, children, subagents, InputOrigin.SYSTEM)
         linked = {s.spawned_by_tool_use_id for s in orphan.sessions.values() if s.spawned_by_tool_use_id}
         _settle_spawn_metadata(orphan, {t for t in linked if t is not None})
-        imported.append(_imported(orphan, project, session_path, source_bytes))
+        imported.append(_imported(orphan, project, anchor, source_bytes, files))
     return imported
 
 
-def _imported(builder: GraphBuilder, project: str, source: Path, source_bytes: int) -> ImportedSession:
+def _project_of(anchor: Path, vendor_session: str) -> str:
+    """The project folder's name: the folder of a session transcript; for a subagent transcript read on its
+    own, the folder above ``subagents/`` and above its session's folder."""
+    folder = anchor.parent
+    if is_claude_agent_file(anchor) and folder.name == "subagents":
+        folder = folder.parent
+        if folder.name == vendor_session:
+            folder = folder.parent
+    return folder.name
+
+
+def _imported(
+    builder: GraphBuilder, project: str, source: Path, source_bytes: int, files: tuple[Path, ...]
+) -> ImportedSession:
     graph = builder.finish()
     root = graph.root()
     return ImportedSession(
@@ -206,13 +230,14 @@ def _imported(builder: GraphBuilder, project: str, source: Path, source_bytes: i
         branch=root.git_branch if root is not None else None,
         source_path=source,
         source_bytes=source_bytes,
+        source_files=files,
     )
 
 
 def read_claude(root: Path) -> Iterator[ImportedSession]:
     """Every session tree under a ``~/.claude``-style folder, one Graph per top-level session."""
-    for session_path in claude_session_files(root):
-        yield from read_claude_file(session_path)
+    for path in claude_top_files(root):
+        yield from read_claude_file(path)
 
 
 def read_claude_file(path: Path, warn: Warn | None = None) -> list[ImportedSession]:
