@@ -32,8 +32,6 @@ TOKENS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tok
 XFAIL: dict[tuple[str, str], str] = {
     ("claude-code", "compaction"): "Claude Code writes no assistant line for the /compact summary call: its usage is "
     "only in that run's cost-state total, which the importer does not read as a model call",
-    ("codex", "compaction"): "importer finding: after a compaction Codex writes a token_count whose last_token_usage "
-    "is all zero, and the importer counts it as an extra model invocation with no tokens",
 }
 
 

@@ -181,6 +181,20 @@ def test_new_layout_is_one_invocation_per_call_with_the_reported_usage(tmp_path:
     ]
 
 
+def test_the_token_count_after_a_compaction_is_no_call(tmp_path: Path) -> None:
+    """After compacting, Codex writes a token_count of the new context's size with nothing spent in it."""
+    after = usage(0, 0, 0, 0, written=0, total=6069)
+    lines = [
+        *new_rollout()[:-2],
+        line(10, "compacted", {"message": "summary", "replacement_history": []}),
+        token_count(10, after, TOTAL_2),
+        *new_rollout()[-2:],
+    ]
+    imported, warnings = read(write(tmp_path, lines))
+    assert warnings == []
+    assert tokens(imported) == [(776, 90, 400, 25, 60, 1291), (402, 40, 1100, 0, 0, 1542)]
+
+
 def test_a_call_with_tool_use_and_no_text_is_one_invocation(tmp_path: Path) -> None:
     """A reply that only calls a tool, then the reply after its output: two calls, two invocations."""
     call = {"type": "function_call", "name": "shell", "call_id": "call_a", "arguments": '{"command": ["ls"]}'}

@@ -23,6 +23,7 @@ from commonos.proto.graph.model import (
     TouchKind,
     UsageScope,
     UserInput,
+    VendorID,
     speed_valid,
 )
 
@@ -325,22 +326,21 @@ class _Checker:
         owners = self._owners()
         seen_vendor_rows: set[tuple[str, str, str, str]] = set()
         for row in self.graph.vendor_ids:
-            label = f"vendor_id {row.vendor}/{row.vendor_id_kind}/{row.vendor_id}"
             if not EntityType.valid(row.our_type):
-                self.fail(f"{label}: unknown our_type {row.our_type!r}")
+                self.fail(f"{_label(row)}: unknown our_type {row.our_type!r}")
             owner = owners.get(row.our_id)
             if owner is None:
                 if not self.partial:
-                    self.fail(f"{label}: entity {row.our_id} does not exist")
+                    self.fail(f"{_label(row)}: entity {row.our_id} does not exist")
             elif owner[0] != row.our_type:
-                self.fail(f"{label}: entity {row.our_id} is a {owner[0]}, not a {row.our_type}")
+                self.fail(f"{_label(row)}: entity {row.our_id} is a {owner[0]}, not a {row.our_type}")
             elif owner[1] != row.session_id:
-                self.fail(f"{label}: session_id {row.session_id} is not the entity's session {owner[1]}")
+                self.fail(f"{_label(row)}: session_id {row.session_id} is not the entity's session {owner[1]}")
             if row.session_id not in self.session_by_id and not self.partial:
-                self.fail(f"{label}: session {row.session_id} does not exist")
+                self.fail(f"{_label(row)}: session {row.session_id} does not exist")
             key = (str(row.our_type), row.vendor, row.vendor_id_kind, row.vendor_id)
             if key in seen_vendor_rows:
-                self.fail(f"{label}: mapped twice for {row.our_type}")
+                self.fail(f"{_label(row)}: mapped twice for {row.our_type}")
             seen_vendor_rows.add(key)
 
 
@@ -375,3 +375,7 @@ def validate(graph: Graph, *, partial: bool = False) -> None:
     check.vendor_ids()
     if check.violations:
         raise GraphInvalid(check.violations)
+
+
+def _label(row: VendorID) -> str:
+    return f"vendor_id {row.vendor}/{row.vendor_id_kind}/{row.vendor_id}"

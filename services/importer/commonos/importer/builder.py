@@ -35,6 +35,7 @@ from commonos.proto.graph import (
     mint_id,
 )
 
+_NOTHING = object()
 _GIT_COMMIT = re.compile(r"\bgit\b[^\n;&|]*\bcommit\b")
 TITLE_MAX_CHARS = 200
 
@@ -91,6 +92,7 @@ class GraphBuilder:
         self.token_usage: dict[str, TokenUsage] = {}
         self.vendor_ids: dict[tuple[str, str, str, str], VendorID] = {}
         self._last_attribute: dict[tuple[str, str], bytes] = {}
+        self._last_value: dict[tuple[str, str], object] = {}
         self._ordinals: dict[str, int] = {}
 
     def next_ordinal(self, session_id: str) -> int:
@@ -127,11 +129,19 @@ class GraphBuilder:
             source_ref=source_ref,
         )
 
+    def attribute_changes(self, session_id: str, key: str, value: Any) -> bool:
+        """Whether `attribute` could add a row for this value (it differs from the last one seen)."""
+        last = self._last_value.get((session_id, key), _NOTHING)
+        return last is _NOTHING or type(last) is not type(value) or last != value
+
     def attribute(self, session_id: str, key: str, value: Any, valid_from: datetime | None) -> None:
         """Append a session attribute row when ``key`` takes a value different from its last one."""
         if valid_from is None:
             return
+        if not self.attribute_changes(session_id, key, value):
+            return  # the common case, told without encoding: a line repeats the session's attributes
         encoded = msgspec.json.encode(value)
+        self._last_value[(session_id, key)] = value
         if self._last_attribute.get((session_id, key)) == encoded:
             return
         self._last_attribute[(session_id, key)] = encoded

@@ -24,11 +24,10 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from commonos.accounting.pricing import Pricer
 from commonos.importer.events import EVENT_SOURCE, profile_id_for, profile_tags
 from commonos.importer.pool import default_jobs
 from commonos.importer.publish import PublishCounts, publish_events
@@ -41,6 +40,9 @@ from commonos.importer.watch import Watcher
 from commonos.proto.events import Event
 from commonos.runtime.args import CliError, positive_int
 from commonos.runtime.settings import Settings
+
+if TYPE_CHECKING:
+    from commonos.accounting.pricing import Pricer
 
 log = logging.getLogger("commonos.importer")
 
@@ -116,6 +118,13 @@ def _profile_id(raw: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _load_pricer() -> Pricer:
+    """Billing's offline pricer (genai-prices, a tenth of a second to import: a dry run loads it while reading)."""
+    from commonos.accounting.pricing import Pricer
+
+    return Pricer()
+
+
 def run_import(args: argparse.Namespace) -> int:
     """The handler of ``cos import <vendor>`` (see `commonos.importer.vendors`)."""
     source = SOURCES[args.source]
@@ -126,14 +135,13 @@ def run_import(args: argparse.Namespace) -> int:
         raise CliError("--watch publishes as transcripts grow; it cannot be combined with --dry-run")
     if args.interval_s <= 0 or args.settle_s < 0:
         raise CliError("--interval must be above 0 and --settle at least 0")
-    pricer = Pricer()
     progress = not args.no_progress
     if args.dry_run:
         run = asyncio.run(
             import_files(
                 source,
                 root,
-                pricer,
+                _load_pricer,
                 publish=None,
                 settle_s=args.settle_s,
                 progress=progress,
@@ -146,7 +154,7 @@ def run_import(args: argparse.Namespace) -> int:
         from commonos.runtime.cli_support import cli_settings
 
         settings = cli_settings(database=False)
-        run = asyncio.run(_publish_run(source, root, pricer, settings, args, progress))
+        run = asyncio.run(_publish_run(source, root, _load_pricer(), settings, args, progress))
         published = run.published
     summary = summarize_import(
         source.vendor,

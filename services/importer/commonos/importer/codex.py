@@ -258,6 +258,9 @@ class _RolloutReader:
             self.recorded_usage = None  # the call the token_usage_record before it counted
             return
         closes = "last_usage_includes_reasoning" in info or "cache_write_input_tokens" in last
+        spent = ("input_tokens", "cached_input_tokens", "cache_write_input_tokens", "output_tokens")
+        if closes and not any(is_count(last.get(key)) and last[key] > 0 for key in spent):
+            return  # no call: after a compaction Codex reports the new context's size with nothing spent
         self._usage(last, when, ref, "token_count", closes=closes)
 
     def _usage_record(self, payload: dict[str, Any], when: datetime | None, ref: str) -> None:

@@ -39,6 +39,7 @@ RESPONSE_ID_KINDS = frozenset({"message_id", "response_id"})
 USAGE_FIELDS = (
     "input_tokens",
     "output_tokens",
+    "reasoning_tokens",
     "cache_read_tokens",
     "cache_write_tokens",
     "cache_write_1h_tokens",

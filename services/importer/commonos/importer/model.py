@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
 
 import msgspec
@@ -26,6 +27,9 @@ class ImportedSession(msgspec.Struct, frozen=True, kw_only=True):
     branch: str | None
     source_path: Path
     source_bytes: int
+    #: What the vendor's own records say the tree's calls cost in USD (Claude Code's ``cost-state`` lines);
+    #: None when the transcript has no such figure.
+    vendor_cost_usd: Decimal | None = None
     #: Every file read to build the tree (the one named by ``source_path`` and, say, its subagents').
     source_files: tuple[Path, ...] = ()
     #: The profile the import belongs to (``cos import --profile``); None: the vendor's (``profile_id_for``).

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import gc
 import multiprocessing
 import os
 import signal
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -30,11 +32,28 @@ def default_jobs() -> int:
 _reader: tuple[Source, Ledger | None, int, float, str | None] | None = None
 
 
+#: The cyclic garbage collector's first threshold while transcripts are read (the default is 700): reading
+#: allocates many dicts and makes few cycles, and collecting that often cost 7 % of the reading time.
+READING_GC_THRESHOLD = 50_000
+
+
+@contextlib.contextmanager
+def fewer_collections() -> Iterator[None]:
+    """Run the cyclic garbage collector less often for the block."""
+    before = gc.get_threshold()
+    gc.set_threshold(READING_GC_THRESHOLD, *before[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
+
+
 def _start_reader(
     source: Source, ledger: Ledger | None, max_payload: int, settle_s: float, profile: str | None
 ) -> None:
     global _reader
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    gc.set_threshold(READING_GC_THRESHOLD, *gc.get_threshold()[1:])
     _reader = (source, ledger, max_payload, settle_s, profile)
 
 
@@ -58,14 +77,11 @@ async def read_files(
     here, with one). Close it (``contextlib.aclosing``) to stop the readers when the caller stops early."""
     if jobs == 1:
         for path in paths:
-            yield read_file(
-                source,
-                path,
-                ledger=ledger,
-                max_payload=max_payload,
-                settle_s=settle_s,
-                profile=profile,
-            )
+            with fewer_collections():
+                read = read_file(
+                    source, path, ledger=ledger, max_payload=max_payload, settle_s=settle_s, profile=profile
+                )
+            yield read
         return
     pool = ProcessPoolExecutor(
         jobs,

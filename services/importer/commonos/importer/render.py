@@ -49,12 +49,19 @@ def _usd(value: Decimal, unpriced: int) -> str:
     return f"{text} (+{unpriced} unpriced)" if unpriced else text
 
 
+def _signed(value: Decimal | None, sign: bool = False) -> str:
+    if value is None:
+        return ""
+    return f"{'+' if sign and value > 0 else ''}{'-' if value < 0 else ''}${abs(value):,.4f}"
+
+
 def print_table(summary: ImportSummary, console: Console) -> None:
     sessions = Table(title=f"{summary.vendor} sessions under {summary.root}", show_lines=False)
     for column in ("started", "session", "project", "calls", "input", "output", "cache read", "cache write"):
         left = column in ("session", "project", "started")
         sessions.add_column(column, justify="left" if left else "right", no_wrap=True, overflow="ellipsis")
-    for column in ("cost", "tools", "files"):
+    vendor_costs = summary.vendor_cost is not None
+    for column in ("cost", *(("vendor's cost", "ours - vendor's") if vendor_costs else ()), "tools", "files"):
         sessions.add_column(column, justify="right")
     for s in summary.sessions:
         title = (s.title or s.vendor_session_id or s.session_id)[:40]
@@ -72,12 +79,14 @@ def print_table(summary: ImportSummary, console: Console) -> None:
             _n(s.cache_read_tokens),
             _n(s.cache_write_tokens),
             _usd(s.cost_usd, s.unpriced_invocations),
+            *((_signed(s.vendor_cost_usd), _signed(s.cost_difference_usd, sign=True)) if vendor_costs else ()),
             _n(sum(s.tool_calls.values())),
             _n(s.files_touched),
         )
     console.print(sessions)
     models = Table(title="per model")
-    for column in ("model", "calls", "input", "output", "cache read", "cache write", "of it 1h", "total", "cost"):
+    columns = ("model", "calls", "input", "output", "of it reasoning", "cache read", "cache write", "of it 1h", "total")
+    for column in (*columns, "cost"):
         models.add_column(column, justify="left" if column == "model" else "right")
     for m in [*summary.models, None]:
         line = m if m is not None else summary.totals
@@ -86,6 +95,7 @@ def print_table(summary: ImportSummary, console: Console) -> None:
             _n(line.invocations),
             _n(line.input_tokens),
             _n(line.output_tokens),
+            _n(line.reasoning_tokens),
             _n(line.cache_read_tokens),
             _n(line.cache_write_tokens),
             _n(line.cache_write_1h_tokens),
@@ -94,6 +104,22 @@ def print_table(summary: ImportSummary, console: Console) -> None:
             end_section=m is not None and m is summary.models[-1],
         )
     console.print(models)
+    if summary.vendor_cost is not None:
+        v = summary.vendor_cost
+        console.print(
+            f"the vendor's own cost figure, for the {v.sessions} session(s) whose transcript states one: "
+            f"{_signed(v.vendor_cost_usd)}; ours for them {_signed(v.cost_usd)} "
+            f"(ours - vendor's: {_signed(v.difference_usd, sign=True)})",
+            highlight=False,
+        )
+    apart = summary.subagent_usage_without_transcript
+    if apart.reports:
+        console.print(
+            f"subagent usage without a transcript (stated by {apart.reports} Task result(s), not model calls, "
+            f"not in the totals): {apart.input_tokens:,} input, {apart.output_tokens:,} output, "
+            f"{apart.cache_read_tokens:,} cache read, {apart.cache_write_tokens:,} cache write",
+            highlight=False,
+        )
     if summary.published is not None:
         p = summary.published
         console.print(

@@ -17,10 +17,10 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 
-from commonos.accounting.pricing import CostStatus, Pricer
 from commonos.accounting.usage import TokenUsage as BilledUsage
 from commonos.importer.events import has_usage
 from commonos.importer.ledger import Ledger, ReportedUsage, TreeCalls, tree_calls
@@ -28,6 +28,9 @@ from commonos.importer.model import ImportedSession
 from commonos.importer.publish import PublishCounts
 from commonos.importer.vendors import provider_of
 from commonos.proto.graph import ModelInvocation
+
+if TYPE_CHECKING:  # genai-prices takes a tenth of a second to import: not in reader processes
+    from commonos.accounting.pricing import Pricer
 
 UNKNOWN_MODEL = "unknown"
 
@@ -38,6 +41,8 @@ class TokenCounts(msgspec.Struct, kw_only=True):
     invocations: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
+    #: The part of `output_tokens` that was reasoning, where the vendor says.
+    reasoning_tokens: int = 0
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
     cache_write_1h_tokens: int = 0
@@ -81,6 +86,19 @@ class SessionSummary(TokenCounts, kw_only=True):
     #: What the tree's subagent results state about subagents whose transcript the import does not hold;
     #: not model calls, so in neither `models` nor the totals.
     subagent_usage_without_transcript: ReportedUsage = msgspec.field(default_factory=ReportedUsage)
+    #: The tree's cost by the vendor's own reckoning, where its transcript states one (Claude Code's
+    #: ``cost-state`` lines), and ours minus it.
+    vendor_cost_usd: Decimal | None = None
+    cost_difference_usd: Decimal | None = None
+
+
+class VendorCost(msgspec.Struct, kw_only=True):
+    """Over the sessions whose transcript states the vendor's own cost: theirs, ours, and ours minus theirs."""
+
+    sessions: int = 0
+    vendor_cost_usd: Decimal = Decimal(0)
+    cost_usd: Decimal = Decimal(0)
+    difference_usd: Decimal = Decimal(0)
 
 
 class ImportSummary(msgspec.Struct, kw_only=True):
@@ -100,15 +118,20 @@ class ImportSummary(msgspec.Struct, kw_only=True):
     rows_cut: int = 0
     #: Over the trees imported: see `SessionSummary.subagent_usage_without_transcript`.
     subagent_usage_without_transcript: ReportedUsage = msgspec.field(default_factory=ReportedUsage)
+    #: Over the trees imported whose transcript states the vendor's cost (None: none does).
+    vendor_cost: VendorCost | None = None
 
 
 def invocation_counts(pricer: Pricer, vendor: str, invocation: ModelInvocation, at: datetime) -> TokenCounts:
     """One invocation's tokens and the cost billing will compute for it (`at`: the call's time)."""
+    from commonos.accounting.pricing import CostStatus
+
     one_hour = invocation.cache_write_1h_tokens or 0
     counts = TokenCounts(
         invocations=1,
         input_tokens=invocation.input_tokens,
         output_tokens=invocation.output_tokens,
+        reasoning_tokens=invocation.reasoning_tokens or 0,
         cache_read_tokens=invocation.cache_read_tokens,
         cache_write_tokens=invocation.cache_write_tokens,
         cache_write_1h_tokens=one_hour,
@@ -182,6 +205,7 @@ def describe_tree(imported: ImportedSession) -> SessionSummary:
         tool_calls=dict(sorted(tool_calls.items())),
         files_touched=len({f.path for f in graph.file_touches}),
         models=[],
+        vendor_cost_usd=imported.vendor_cost_usd,
     )
 
 
@@ -197,6 +221,8 @@ def account(summary: SessionSummary, calls: TreeCalls, ledger: Ledger, pricer: P
     for line in summary.models:
         summary.add(_only_counts(line))
     summary.subagent_usage_without_transcript = ledger.unlinked_reports(calls)
+    if summary.vendor_cost_usd is not None:
+        summary.cost_difference_usd = summary.cost_usd - summary.vendor_cost_usd
 
 
 def _only_counts(line: TokenCounts) -> TokenCounts:
@@ -225,10 +251,17 @@ def summarize_import(
     by_model: dict[str, TokenCounts] = {}
     totals = TokenCounts()
     apart = ReportedUsage()
+    vendor_cost: VendorCost | None = None
     for session in sessions:
         if session.imported is False:
             continue
         apart.add(session.subagent_usage_without_transcript)
+        if session.vendor_cost_usd is not None:
+            vendor_cost = vendor_cost or VendorCost()
+            vendor_cost.sessions += 1
+            vendor_cost.vendor_cost_usd += session.vendor_cost_usd
+            vendor_cost.cost_usd += session.cost_usd
+            vendor_cost.difference_usd += session.cost_usd - session.vendor_cost_usd
         for line in session.models:
             by_model.setdefault(line.model, TokenCounts()).add(_only_counts(line))
             totals.add(_only_counts(line))
@@ -245,6 +278,7 @@ def summarize_import(
         sessions_not_imported=sum(1 for s in sessions if s.imported is False),
         rows_cut=sum(s.rows_cut for s in sessions),
         subagent_usage_without_transcript=apart,
+        vendor_cost=vendor_cost,
     )
 
 

@@ -4,12 +4,13 @@ follows them as they grow."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from commonos.accounting.pricing import Pricer
 from commonos.importer.events import TreeState, tree_events
 from commonos.importer.ledger import Ledger, TreeCalls, tree_calls
 from commonos.importer.model import ImportedSession
@@ -23,6 +24,9 @@ from commonos.importer.source import Source
 from commonos.proto.events import Event
 from commonos.proto.graph import GraphInvalid
 from commonos.runtime.limits import DEFAULT_MAX_PAYLOAD
+
+if TYPE_CHECKING:  # genai-prices is imported while the files are read (see `import_files`)
+    from commonos.accounting.pricing import Pricer
 
 PublishFn = Callable[[Sequence[Event]], Awaitable[PublishCounts]]
 
@@ -79,7 +83,7 @@ async def publish_tree(run: ImportRun, publish: PublishFn, tree: TreeOut) -> Pub
 async def import_files(
     source: Source,
     root: Path,
-    pricer: Pricer,
+    pricer: Pricer | Callable[[], Pricer],
     *,
     publish: PublishFn | None,
     max_payload: int = DEFAULT_MAX_PAYLOAD,
@@ -96,7 +100,9 @@ async def import_files(
     warning, with why. With ``jobs`` above 1 the files are read by that many forked processes while this
     one publishes; results are taken in file order, so the summary, the errors and the order of
     publishing are the same as with one. ``settle_s``: see `read_file`. The trees are imported into
-    ``profile`` (None: the vendor's profile).
+    ``profile`` (None: the vendor's profile). ``pricer`` may be a function that makes one: it is then
+    called in a thread while the files are read (genai-prices takes a while to load), once the reader
+    processes are forked.
     """
     run = ImportRun(warnings=source.skipped(root))
     tops = source.top_files(root)
@@ -106,11 +112,14 @@ async def import_files(
     calls: dict[str, TreeCalls] = {}
     files: set[Path] = set()
     with progress_bar(total if publish is None else 2 * total, progress) as advance:
+        loading: asyncio.Future[Pricer] | None = None
         reads = read_files(
             source, tops, ledger=None, max_payload=max_payload, settle_s=settle_s, profile=profile, jobs=jobs
         )
         async with contextlib.aclosing(reads):
             async for read in reads:
+                if loading is None and callable(pricer):  # the readers are forked by now
+                    loading = asyncio.ensure_future(asyncio.to_thread(pricer))
                 run.errors.extend(read.errors)
                 run.warnings.extend(read.warnings)
                 files |= read.files
@@ -122,6 +131,8 @@ async def import_files(
                         not_imported(run, tree.summary, tree.error)
                 advance(read.bytes_read)
         run.warnings.extend(source.unread_warning(path) for path in source.all_files(root) if path not in files)
+        if callable(pricer):
+            pricer = await loading if loading is not None else pricer()
         for session_id, summary in run.trees.items():
             account(summary, calls[session_id], ledger, pricer)
         if publish is None:

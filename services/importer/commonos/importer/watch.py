@@ -8,14 +8,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from commonos.accounting.pricing import Pricer
 from commonos.importer.events import TreeState
 from commonos.importer.ledger import Ledger
 from commonos.importer.reading import mtime, read_trees
 from commonos.importer.run import ImportRun, PublishFn, import_tree
 from commonos.importer.source import Fingerprint, Source
 from commonos.runtime.limits import DEFAULT_MAX_PAYLOAD
+
+if TYPE_CHECKING:  # `cos import` loads genai-prices only when it prices (see `import_files`)
+    from commonos.accounting.pricing import Pricer
 
 
 @dataclass

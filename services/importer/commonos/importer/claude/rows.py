@@ -84,14 +84,25 @@ class SessionReader:
         return summary or (short_title(self.first_prompt) if self.first_prompt else None)
 
     def _attributes(self, record: dict[str, Any]) -> None:
-        when = parse_time(record.get("timestamp"))
-        for key in ("cwd", "gitBranch", "version"):
-            value = record.get(key)
-            if isinstance(value, str) and value:
-                self.b.attribute(self.session_id, key, value, when)
+        changed = [
+            (key, value)
+            for key in ("cwd", "gitBranch", "version")
+            if isinstance(value := record.get(key), str)
+            and value
+            and self.b.attribute_changes(self.session_id, key, value)
+        ]
         model = message_of(record).get("model")
-        if record.get("type") == "assistant" and isinstance(model, str) and model != SYNTHETIC_MODEL:
-            self.b.attribute(self.session_id, "model", model, when)
+        if (
+            record.get("type") == "assistant"
+            and isinstance(model, str)
+            and model != SYNTHETIC_MODEL
+            and self.b.attribute_changes(self.session_id, "model", model)
+        ):
+            changed.append(("model", model))
+        if changed:
+            when = parse_time(record.get("timestamp"))
+            for key, value in changed:
+                self.b.attribute(self.session_id, key, value, when)
 
     # user lines
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -179,7 +181,7 @@ def _read_claude_file(path: Path, warn: Warn) -> list[ImportedSession]:
         _read_tree(builder, vendor_session, main, session_id, children, subagents, InputOrigin.HUMAN)
         linked = {s.spawned_by_tool_use_id for s in builder.sessions.values() if s.spawned_by_tool_use_id}
         _settle_spawn_metadata(builder, {t for t in linked if t is not None})
-        imported.append(_imported(builder, project, anchor, source_bytes, files))
+        imported.append(_imported(builder, project, anchor, source_bytes, files, _vendor_cost(main)))
         nested_keys = {k for k in subagents if mint_id("session", VENDOR, vendor_session, k) in builder.sessions}
     else:
         nested_keys = set()
@@ -218,8 +220,24 @@ def _project_of(anchor: Path, vendor_session: str) -> str:
     return folder.name
 
 
+def _vendor_cost(main: Stream) -> Decimal | None:
+    """The session's cost by Claude Code's own reckoning: its last ``cost-state`` line (each holds the total so
+    far, across resumed runs), or None."""
+    for line in reversed(main.lines):
+        record = line.record
+        cost = record.get("totalCostUSD")
+        if record.get("type") == "cost-state" and isinstance(cost, int | float) and not isinstance(cost, bool):
+            return Decimal(repr(cost)) if math.isfinite(cost) and cost >= 0 else None
+    return None
+
+
 def _imported(
-    builder: GraphBuilder, project: str, source: Path, source_bytes: int, files: tuple[Path, ...]
+    builder: GraphBuilder,
+    project: str,
+    source: Path,
+    source_bytes: int,
+    files: tuple[Path, ...],
+    vendor_cost: Decimal | None = None,
 ) -> ImportedSession:
     graph = builder.finish()
     root = graph.root()
@@ -231,6 +249,7 @@ def _imported(
         source_path=source,
         source_bytes=source_bytes,
         source_files=files,
+        vendor_cost_usd=vendor_cost,
     )
 
 
