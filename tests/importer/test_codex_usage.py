@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import pytest
 
 from commonos.importer.codex import read_codex_file
 from commonos.importer.events import model_call_events
@@ -22,6 +23,7 @@ from commonos.journal_writer.graph_schema import SCHEMA
 from commonos.proto.graph import TokenBasis, validate
 from commonos.runtime.postgres import apply_schemas
 from tests.importer.pipeline import acos, wait_stored, writers
+from tests.importer.test_cli import dry_json
 
 SESSION = "0badc0de-0000-7000-8000-000000000171"
 T = "2026-01-02T03:04:{:02d}.000Z"
@@ -301,3 +303,16 @@ async def test_a_database_made_before_the_column_gains_it(database_url: str) -> 
         await apply_schemas(conn, [SCHEMA])  # applying it again changes nothing
     finally:
         await conn.close()
+
+
+def test_a_call_copied_into_another_rollout_counts_once(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A forked rollout repeats its parent's calls, with their response ids: each is one call of the import."""
+    write(tmp_path, new_rollout())
+    fork = "0badc0de-0000-7000-8000-000000000172"
+    copied = [json.loads(json.dumps(x).replace(SESSION, fork)) for x in new_rollout()]
+    path = tmp_path / "sessions" / "2026" / "01" / "02" / f"rollout-2026-01-02T03-05-00-{fork}.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in copied))
+    summary = dry_json(capsys, "codex", tmp_path)
+    assert len(summary["sessions"]) == 2
+    assert summary["totals"]["invocations"] == 2
+    assert summary["totals"]["output_tokens"] == 90 + 40

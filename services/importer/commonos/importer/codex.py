@@ -268,10 +268,14 @@ class _RolloutReader:
         if not isinstance(usage, dict):
             return
         self.recorded_usage = msgspec.json.encode(usage, order="sorted")
-        self._usage(usage, when, ref, "token_usage_record", closes=True)
+        invocation_id = self._usage(usage, when, ref, "token_usage_record", closes=True)
+        # The API's id of the response: the key that counts a call copied into another rollout once.
+        self.b.vendor_id(
+            EntityType.MODEL_INVOCATION, invocation_id, self.session_id, "response_id", payload.get("response_id"), ref
+        )
 
-    def _usage(self, usage: dict[str, Any], when: datetime | None, ref: str, kind: str, *, closes: bool) -> None:
-        """One call's usage: it fills the invocation its items opened (`closes`) or opens one."""
+    def _usage(self, usage: dict[str, Any], when: datetime | None, ref: str, kind: str, *, closes: bool) -> str:
+        """One call's usage: it fills the invocation its items opened (`closes`) or opens one; its id."""
 
         def count(key: str) -> int:
             value = usage.get(key)
@@ -312,6 +316,7 @@ class _RolloutReader:
         self.last_invocation = invocation_id
         # Old layout: the items after the usage are this call's. New layout: the next item opens a call.
         self.current_invocation = None if closes else invocation_id
+        return invocation_id
 
     def _invocation_for(self, when: datetime | None, anchor: str) -> ModelInvocation:
         """The reply that produced an item: Codex writes a reply's token_count before its items."""
