@@ -68,3 +68,37 @@ def test_without_cost_lines_there_is_no_vendor_figure(capsys: pytest.CaptureFixt
         path.write_text("\n".join(kept) + "\n")
     summary = dry_json(capsys, "claude", home)
     assert summary["vendor_cost"] is None
+
+
+def _usage_state(session_id: str, input_tokens: int, output: int, read: int, write: int) -> dict[str, Any]:
+    counters = {
+        "inputTokens": input_tokens,
+        "outputTokens": output,
+        "cacheReadInputTokens": read,
+        "cacheCreationInputTokens": write,
+    }
+    return {"type": "cost-state", "sessionId": session_id, "totalCostUSD": 0.01, "modelUsage": {"m": counters}}
+
+
+def test_usage_the_vendor_counts_beyond_the_transcript_is_shown_apart(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A call Claude Code writes no line for (the /compact summary) is only in its cost-state totals."""
+    home = tmp_path / "claude"
+    project = home / "projects" / "-work-demo"
+    project.mkdir(parents=True)
+    sid = str(uuid.uuid5(uuid.NAMESPACE_URL, "beyond"))
+    path = project / f"{sid}.jsonl"
+    writer = ClaudeWriter(path, session_id=sid, seed="beyond")
+    # One exchange: two calls of 4 input, 57 and 9 output, 12,000 cache read and 300 cache write each.
+    lines = [*writer.exchange("Step"), _usage_state(sid, 8, 66, 24000, 600)]
+    # A second run whose totals started again from zero (a decrease): its count adds to the first.
+    lines += [_usage_state(sid, 5, 7, 100, 0)]
+    lines += [_usage_state(sid, 15, 27, 1100, 50)]
+    append_lines(path, lines)
+    summary = dry_json(capsys, "claude", home)
+    assert summary["totals"]["invocations"] == 2
+    beyond = summary["sessions"][0]["usage_without_transcript_line"]
+    assert (beyond["input_tokens"], beyond["output_tokens"], beyond["cache_read_tokens"]) == (15, 27, 1100)
+    assert beyond["cache_write_tokens"] == 50
+    assert summary["usage_without_transcript_line"]["output_tokens"] == 27

@@ -30,6 +30,9 @@ class ImportedSession(msgspec.Struct, frozen=True, kw_only=True):
     #: What the vendor's own records say the tree's calls cost in USD (Claude Code's ``cost-state`` lines);
     #: None when the transcript has no such figure.
     vendor_cost_usd: Decimal | None = None
+    #: The tokens the vendor's own records count for the tree, by kind (``input_tokens``, ``output_tokens``,
+    #: ``cache_read_tokens``, ``cache_write_tokens``), where they state them; None when they do not.
+    vendor_tokens: dict[str, int] | None = None
     #: Every file read to build the tree (the one named by ``source_path`` and, say, its subagents').
     source_files: tuple[Path, ...] = ()
     #: The profile the import belongs to (``cos import --profile``); None: the vendor's (``profile_id_for``).

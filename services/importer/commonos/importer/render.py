@@ -112,6 +112,15 @@ def print_table(summary: ImportSummary, console: Console) -> None:
             f"(ours - vendor's: {_signed(v.difference_usd, sign=True)})",
             highlight=False,
         )
+    unlogged = summary.usage_without_transcript_line
+    if unlogged.reports:
+        console.print(
+            f"usage the vendor's own totals count beyond the calls its transcripts write ({unlogged.reports} "
+            f"session(s); calls it writes no line for, not in the totals): {unlogged.input_tokens:,} input, "
+            f"{unlogged.output_tokens:,} output, {unlogged.cache_read_tokens:,} cache read, "
+            f"{unlogged.cache_write_tokens:,} cache write",
+            highlight=False,
+        )
     apart = summary.subagent_usage_without_transcript
     if apart.reports:
         console.print(

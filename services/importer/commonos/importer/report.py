@@ -90,6 +90,10 @@ class SessionSummary(TokenCounts, kw_only=True):
     #: ``cost-state`` lines), and ours minus it.
     vendor_cost_usd: Decimal | None = None
     cost_difference_usd: Decimal | None = None
+    #: Tokens the vendor's own totals count beyond every call the transcript writes (the calls it writes no
+    #: line for, such as Claude Code's /compact summary call); None when the transcript states no totals.
+    #: Not model calls of the import: neither billed nor in the totals.
+    usage_without_transcript_line: ReportedUsage | None = None
 
 
 class VendorCost(msgspec.Struct, kw_only=True):
@@ -120,6 +124,8 @@ class ImportSummary(msgspec.Struct, kw_only=True):
     subagent_usage_without_transcript: ReportedUsage = msgspec.field(default_factory=ReportedUsage)
     #: Over the trees imported whose transcript states the vendor's cost (None: none does).
     vendor_cost: VendorCost | None = None
+    #: Over the trees imported: see `SessionSummary.usage_without_transcript_line`.
+    usage_without_transcript_line: ReportedUsage = msgspec.field(default_factory=ReportedUsage)
 
 
 def invocation_counts(pricer: Pricer, vendor: str, invocation: ModelInvocation, at: datetime) -> TokenCounts:
@@ -206,7 +212,25 @@ def describe_tree(imported: ImportedSession) -> SessionSummary:
         files_touched=len({f.path for f in graph.file_touches}),
         models=[],
         vendor_cost_usd=imported.vendor_cost_usd,
+        usage_without_transcript_line=_beyond(imported),
     )
+
+
+def _beyond(imported: ImportedSession) -> ReportedUsage | None:
+    """What the vendor's own totals count beyond the tree's calls (each call once), kind by kind."""
+    if imported.vendor_tokens is None:
+        return None
+    ours = dict.fromkeys(imported.vendor_tokens, 0)
+    seen: set[str] = set()
+    for copy in tree_calls(imported).calls:
+        if copy.key not in seen:
+            seen.add(copy.key)
+            for kind in ours:
+                ours[kind] += getattr(copy.invocation, kind)
+    extra = {kind: max(0, imported.vendor_tokens[kind] - ours[kind]) for kind in ours}
+    if not any(extra.values()):
+        return ReportedUsage()
+    return ReportedUsage(reports=1, total_tokens=sum(extra.values()), **extra)
 
 
 def account(summary: SessionSummary, calls: TreeCalls, ledger: Ledger, pricer: Pricer) -> None:
@@ -251,11 +275,14 @@ def summarize_import(
     by_model: dict[str, TokenCounts] = {}
     totals = TokenCounts()
     apart = ReportedUsage()
+    unlogged = ReportedUsage()
     vendor_cost: VendorCost | None = None
     for session in sessions:
         if session.imported is False:
             continue
         apart.add(session.subagent_usage_without_transcript)
+        if session.usage_without_transcript_line is not None:
+            unlogged.add(session.usage_without_transcript_line)
         if session.vendor_cost_usd is not None:
             vendor_cost = vendor_cost or VendorCost()
             vendor_cost.sessions += 1
@@ -279,6 +306,7 @@ def summarize_import(
         rows_cut=sum(s.rows_cut for s in sessions),
         subagent_usage_without_transcript=apart,
         vendor_cost=vendor_cost,
+        usage_without_transcript_line=unlogged,
     )
 
 

@@ -181,7 +181,9 @@ def _read_claude_file(path: Path, warn: Warn) -> list[ImportedSession]:
         _read_tree(builder, vendor_session, main, session_id, children, subagents, InputOrigin.HUMAN)
         linked = {s.spawned_by_tool_use_id for s in builder.sessions.values() if s.spawned_by_tool_use_id}
         _settle_spawn_metadata(builder, {t for t in linked if t is not None})
-        imported.append(_imported(builder, project, anchor, source_bytes, files, _vendor_cost(main)))
+        imported.append(
+            _imported(builder, project, anchor, source_bytes, files, _vendor_cost(main), _vendor_tokens(main))
+        )
         nested_keys = {k for k in subagents if mint_id("session", VENDOR, vendor_session, k) in builder.sessions}
     else:
         nested_keys = set()
@@ -231,6 +233,42 @@ def _vendor_cost(main: Stream) -> Decimal | None:
     return None
 
 
+#: Claude Code's ``cost-state`` ``modelUsage`` counters, and the kind of token each is.
+_COST_STATE_TOKENS = {
+    "inputTokens": "input_tokens",
+    "outputTokens": "output_tokens",
+    "cacheReadInputTokens": "cache_read_tokens",
+    "cacheCreationInputTokens": "cache_write_tokens",
+}
+
+
+def _vendor_tokens(main: Stream) -> dict[str, int] | None:
+    """The session's tokens by Claude Code's own count, from its ``cost-state`` lines, or None.
+
+    Each line holds the totals so far over every model; a total that goes down starts a new count (a run
+    that did not carry the totals over), so the session's tokens are the sum of each count's last totals.
+    """
+    done = dict.fromkeys(_COST_STATE_TOKENS.values(), 0)
+    current: dict[str, int] | None = None
+    for line in main.lines:
+        record = line.record
+        usage = record.get("modelUsage")
+        if record.get("type") != "cost-state" or not isinstance(usage, dict):
+            continue
+        totals = dict.fromkeys(_COST_STATE_TOKENS.values(), 0)
+        for counters in usage.values():
+            if isinstance(counters, dict):
+                for key, kind in _COST_STATE_TOKENS.items():
+                    value = counters.get(key)
+                    totals[kind] += value if is_count(value) and value > 0 else 0
+        if current is not None and any(totals[k] < current[k] for k in totals):
+            done = {k: done[k] + current[k] for k in done}
+        current = totals
+    if current is None:
+        return None
+    return {k: done[k] + current[k] for k in done}
+
+
 def _imported(
     builder: GraphBuilder,
     project: str,
@@ -238,6 +276,7 @@ def _imported(
     source_bytes: int,
     files: tuple[Path, ...],
     vendor_cost: Decimal | None = None,
+    vendor_tokens: dict[str, int] | None = None,
 ) -> ImportedSession:
     graph = builder.finish()
     root = graph.root()
@@ -250,6 +289,7 @@ def _imported(
         source_bytes=source_bytes,
         source_files=files,
         vendor_cost_usd=vendor_cost,
+        vendor_tokens=vendor_tokens,
     )
 
 
