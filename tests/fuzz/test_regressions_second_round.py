@@ -16,7 +16,7 @@ import pytest
 from commonos.accounting.pricing import PriceFileError, parse_price_file
 from commonos.billing.config import BillingConfigError, parse_billing_config
 from commonos.cli.main import main
-from commonos.importer.claude import read_claude_file
+from commonos.importer.claude import claude_owner_session_file, read_claude_file
 from commonos.importer.codex import read_codex_file
 from commonos.importer.model import TranscriptError
 from commonos.proto import graph as g
@@ -94,4 +94,7 @@ def test_an_agent_file_whose_session_id_is_not_a_file_name_has_no_owner(tmp_path
     (projects / "elsewhere" / "s1.jsonl").write_text(json.dumps({**line, "sessionId": "s1"}) + "\n")
     agent = projects / "-repo" / "agent-a1.jsonl"
     agent.write_text(json.dumps(line) + "\n")
-    assert read_claude_file(agent) == []
+    # No owner: the agent file is read on its own, and nothing outside its project folder is read.
+    assert claude_owner_session_file(agent) is None
+    trees = read_claude_file(agent)
+    assert trees and all(tree.source_files == (agent,) for tree in trees)
