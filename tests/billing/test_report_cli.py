@@ -229,3 +229,20 @@ async def test_a_reprice_whose_new_cost_cannot_be_stored_is_one_line_and_changes
         assert await conn.fetchval("SELECT count(*) FROM billing_reprices") == 0
     finally:
         await conn.close()
+
+
+async def test_a_report_says_how_many_calls_are_outside_its_range(three_calls: str) -> None:
+    now = datetime.now(UTC)
+    last_year = (now - timedelta(days=365)).date().isoformat()
+    since = (now - timedelta(hours=1)).isoformat()
+    until = (now - timedelta(minutes=30)).isoformat()
+    run = await acos(three_calls, "report", "cost", "--since", since, "--until", until, "--format", "json")
+    assert (run.code, run.err) == (0, "")
+    notes = run.json()["notes"]
+    assert (
+        f"2 call(s) are before this range (the first on {last_year}, by the calls' own times): "
+        f"`--since {last_year}` shows them." in notes
+    )
+    assert "1 call(s) are after this range: leave out `--until` to show them." in notes
+    everything = await acos(three_calls, "report", "cost", "--since", last_year, "--format", "json")
+    assert not [n for n in everything.json()["notes"] if "this range" in n]

@@ -390,7 +390,7 @@ def test_the_subscriber_credentials_have_the_subscribers_permissions(cos_up: Run
 
 def test_a_second_cos_up_on_the_same_folder_says_so_in_one_line(cos_up: RunningUp) -> None:
     again = cos(cos_up.data, "up", "--check")
-    assert again.returncode == 2
+    assert again.returncode == 1
     assert again.stderr.splitlines() == [
         f"cos: error: cos up is already running in {cos_up.data.resolve()} (pid {cos_up.proc.pid}): "
         "stop it first, or give this one another COS_DATA_DIR"
@@ -405,7 +405,7 @@ def test_a_server_that_cannot_start_is_one_line() -> None:
     try:
         root.chmod(0o700)
         done = cos(root / "data", "up", "--check")
-        assert done.returncode == 2
+        assert done.returncode == 1
         user = PostgresCluster(root / "unused").user
         assert done.stderr.splitlines() == [
             f"cos: error: PostgreSQL runs as user {user!r}, which cannot enter {root} (no o+x): choose a data "

@@ -97,7 +97,10 @@ def test_dry_run_on_the_corpus_matches_the_adapters(capsys: pytest.CaptureFixtur
 
 def test_argument_errors_are_one_line(tmp_path: Path) -> None:
     args = parse("claude", str(tmp_path / "missing"), "--dry-run")
-    with pytest.raises(CliError, match="does not exist"):
+    with pytest.raises(CliError, match="missing not found: no Claude Code transcripts to import there"):
+        args.handler(args)
+    args = parse("codex", str(tmp_path), "--dry-run")
+    with pytest.raises(CliError, match=f"no Codex transcripts under {tmp_path}: looked for ~/.codex/sessions/"):
         args.handler(args)
     args = parse("codex", str(tmp_path), "--dry-run", "--watch")
     with pytest.raises(CliError, match="--watch"):

@@ -194,6 +194,11 @@ def grouped_sql(group_by: GroupBy) -> str:
 
 
 _TOTAL_SQL: Final = f"SELECT {_AGGREGATES} FROM model_calls WHERE {_RANGE}"
+#: The calls outside the range: how many before it and after it, and the first one's time.
+_OUTSIDE_SQL: Final = """
+    SELECT count(*) FILTER (WHERE created_at < $1) AS before, min(created_at) AS first,
+           count(*) FILTER (WHERE $2::timestamptz IS NOT NULL AND created_at >= $2) AS after
+    FROM model_calls WHERE NOT (""" + _RANGE + ")"
 _UNTAGGED_SQL: Final = f"""
     SELECT {_AGGREGATES} FROM model_calls
     WHERE {_RANGE} AND NOT EXISTS (SELECT 1 FROM unnest(tags) AS tag WHERE starts_with(tag, $3))"""
@@ -213,7 +218,8 @@ async def cost_report(
         records = await conn.fetch(grouped_sql(group_by), *args)
         total = await conn.fetchrow(_TOTAL_SQL, resolved, until)
         untagged = await conn.fetchrow(_UNTAGGED_SQL, *args) if group_by.kind == "tag" else None
-    assert total is not None
+        outside = await conn.fetchrow(_OUTSIDE_SQL, resolved, until)
+    assert total is not None and outside is not None
     groups = [ReportRow.from_record(r, r["grp"]) for r in records]
     total_row = ReportRow.from_record(total, None)
     untagged_row = ReportRow.from_record(untagged, None) if untagged is not None and untagged["calls"] else None
@@ -223,6 +229,14 @@ async def cost_report(
             f"Each call is counted once in every {group_by.tag_key}: group it carries, so groups can add up to "
             "more than the total; the total counts each call once."
         )
+    if outside["before"]:
+        first = outside["first"].date().isoformat()
+        notes.append(
+            f"{outside['before']:,} call(s) are before this range (the first on {first}, by the calls' own times): "
+            f"`--since {first}` shows them."
+        )
+    if outside["after"]:
+        notes.append(f"{outside['after']:,} call(s) are after this range: leave out `--until` to show them.")
     if total_row.unpriced_calls:
         notes.append(
             f"{total_row.unpriced_calls} call(s) have no price (cost_status unpriced): they count as calls, not "

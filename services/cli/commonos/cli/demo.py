@@ -23,7 +23,7 @@ import nats.js.errors
 from rich.console import Console
 from rich.table import Table
 
-from commonos.cli.up import NATS_IDENTITY, start_system
+from commonos.cli.up import NATS_IDENTITY, price_scripted_calls, start_system
 from commonos.proto.subjects import EVENTS_STREAM
 from commonos.runtime.args import CliError
 from commonos.runtime.postgres import connect
@@ -102,9 +102,7 @@ def _cell(value: Any) -> str:
 
 def _demo(args: argparse.Namespace) -> int:
     os.environ.setdefault("COS_DATA_DIR", str(Path(".cos") / "demo"))
-    prices = Path("config/demo-prices.toml")
-    if prices.exists():
-        os.environ.setdefault("COS_PRICE_FILE", str(prices.resolve()))
+    price_scripted_calls()
     settings = Settings.from_env()
     console = Console()
     console.print("[bold]Starting CommonOS[/bold] (embedded NATS and PostgreSQL unless COS_*_URL are set)")

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from functools import cache
 from importlib.metadata import entry_points
 
+from commonos.proto.errors import OperationalError
 from commonos.runtime.args import CliError, Parser
 from commonos.runtime.settings import ConfigError
 
@@ -67,6 +68,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CliError, ConfigError) as exc:
         print("cos: error: " + " ".join(str(exc).splitlines()), file=sys.stderr)
         return 2
+    except OperationalError as exc:  # a server that cannot start or be reached: said in one line
+        print("cos: error: " + " ".join(str(exc).splitlines()), file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

@@ -19,11 +19,14 @@ from commonos.runtime.cli_support import cli_settings
 from commonos.runtime.settings import Settings
 
 
-def stream_configs(replicas: int) -> list[StreamConfig]:
-    """Every stream of the system: the events, the dead letters, billing's budget alerts."""
+def stream_configs(replicas: int, settings: Settings | None = None) -> list[StreamConfig]:
+    """Every stream of the system: the events (with COS_EVENTS_MAX_AGE / _MAX_BYTES when set), the dead
+    letters, billing's budget alerts."""
     from commonos.runtime.nats import alerts_stream_config, dlq_stream_config, events_stream_config
 
-    return [events_stream_config(replicas), dlq_stream_config(replicas), alerts_stream_config(replicas)]
+    s = settings or Settings()
+    events = events_stream_config(replicas, s.events_max_age_s, s.events_max_bytes)
+    return [events, dlq_stream_config(replicas), alerts_stream_config(replicas)]
 
 
 async def ensure_all(settings: Settings, nats_url: str) -> list[tuple[str, int, int]]:
@@ -34,7 +37,7 @@ async def ensure_all(settings: Settings, nats_url: str) -> list[tuple[str, int, 
     try:
         js = nc.jetstream()
         out = []
-        for config in stream_configs(settings.stream_replicas):
+        for config in stream_configs(settings.stream_replicas, settings):
             await cos_nats.ensure_stream(js, config)
             info = await js.stream_info(config.name or "")
             out.append((config.name or "", info.config.num_replicas or 1, info.state.messages))

@@ -21,6 +21,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -36,6 +37,7 @@ from rich.console import Console
 from rich.table import Table
 
 from commonos.cli.streams import ensure_all
+from commonos.proto.errors import ConfigError, OperationalError
 from commonos.runtime.args import CliError
 from commonos.runtime.embedded import NatsServer, PostgresCluster, ServerStartError, free_port
 from commonos.runtime.postgres import apply_schemas, connect
@@ -51,6 +53,11 @@ from commonos.runtime.system import (
     write_state,
 )
 
+
+class UpFailed(OperationalError):
+    """The system could not start: one line saying what and why (`cos` prints it and exits 1)."""
+
+
 #: Services `cos up` runs, each `python -m commonos.<module>`, if that module exists.
 SERVICES = ("journal_writer", "billing", "loop")
 DATABASE = "commonos"
@@ -60,6 +67,17 @@ NATS_PASSWORD_VARIABLE = re.compile(r"\$(NATS_([A-Z0-9_]+)_PASSWORD)\b")
 SERVICE_NATS_USERS = {"journal_writer": "journal-writer", "billing": "billing", "loop": "loop"}
 #: Where the users and permissions of every NATS deployment are, in the source tree.
 NATS_AUTH_CONF = Path(__file__).resolve().parents[4] / "deploy" / "nats" / "auth.conf"
+#: The prices of the demo's scripted model (it has no public price), in the source tree.
+DEMO_PRICES = Path(__file__).resolve().parents[4] / "config" / "demo-prices.toml"
+
+
+def price_scripted_calls() -> None:
+    """Bill the scripted model's calls as `make demo` does (config/demo-prices.toml) unless COS_PRICE_FILE says
+    otherwise, so that a first `cos chat` on `cos up` is priced, not `unpriced`."""
+    if DEMO_PRICES.is_file():
+        os.environ.setdefault("COS_PRICE_FILE", str(DEMO_PRICES))
+
+
 #: Our own NATS identity, set aside for the embedded server (whose users are ours).
 NATS_IDENTITY = ("COS_NATS_USER", "COS_NATS_PASSWORD", "COS_NATS_PASSWORD_FILE", "COS_NATS_CREDS")
 
@@ -88,7 +106,7 @@ class System:
         data = s.data_dir.resolve()
         owner = running_owner(s)
         if owner is not None and owner != os.getpid():
-            raise CliError(
+            raise UpFailed(
                 f"cos up is already running in {data} (pid {owner}): stop it first, or give this one another "
                 "COS_DATA_DIR"
             )
@@ -107,7 +125,8 @@ class System:
             self.components.append(Component("nats", nats_url, None, "configured"))
         database_url = s.database_url
         if not database_url:
-            port = ports.get("postgres") or free_port()
+            remembered = ports.get("postgres")
+            port = remembered if remembered and _port_free(remembered) else free_port()
             password = ensure_secret(s, "postgres")
             self.postgres = PostgresCluster(data / "postgres", port=port, password=password).start()
             database_url = self.postgres.dsn(DATABASE)
@@ -129,7 +148,7 @@ class System:
     def _start_nats(self, folder: Path, port: int | None) -> NatsServer:
         """nats-server with deploy/nats/auth.conf as it is, its passwords in the server's environment."""
         if not NATS_AUTH_CONF.is_file():
-            raise CliError(
+            raise UpFailed(
                 f"{NATS_AUTH_CONF} not found: cos up runs its nats-server with the users of deploy/nats/auth.conf "
                 "(run it from a source tree, or set COS_NATS_URL to a server of your own)"
             )
@@ -140,7 +159,7 @@ class System:
         env = {variable: ensure_secret(self.settings, f"nats-{user}") for variable, user in variables.items()}
         self.nats_passwords = {user: env[variable] for variable, user in variables.items()}
         if "admin" not in self.nats_passwords:
-            raise CliError(f"{NATS_AUTH_CONF} has no user admin ($NATS_ADMIN_PASSWORD): cos up needs one")
+            raise UpFailed(f"{NATS_AUTH_CONF} has no user admin ($NATS_ADMIN_PASSWORD): cos up needs one")
         write_private(folder / "auth.conf", auth)
         config = folder / "cos-up.conf"
         limit = self.settings.nats_max_payload
@@ -208,7 +227,7 @@ class System:
             state = _wait_ready(proc, port, deadline)
             self.components.append(Component(service.replace("_", "-"), f"http://127.0.0.1:{port}", proc.pid, state))
             if state != "ready":
-                raise CliError(f"{service} is {state}; see {logs / (service + '.log')}")
+                raise UpFailed(f"{service} is {state}; see {logs / (service + '.log')}")
 
     def stop(self) -> None:
         for proc, _ in self.children.values():
@@ -231,6 +250,30 @@ class System:
         for c in self.components:
             table.add_row(c.name, c.address, str(c.pid or ""), c.state)
         console.print(table)
+        for line in self.connect_lines():
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    def connect_lines(self) -> list[str]:
+        """How to reach the servers and what to try next, whole (a table cell may be cut to the terminal)."""
+        s = self.settings
+        lines = []
+        if self.postgres is not None:
+            password = secret_path(s, "postgres")
+            lines.append(
+                f'PostgreSQL: PGPASSWORD="$(cat {password})" psql -h 127.0.0.1 -p {self.postgres.port} '
+                f"-U postgres {DATABASE}"
+            )
+        elif self.endpoints is not None:
+            lines.append(f"PostgreSQL: {_redact(self.endpoints.database_url)}")
+        if self.nats is not None:
+            lines.append(
+                f"NATS: {self.nats.url} (users of deploy/nats/auth.conf; their passwords in "
+                f"{secret_path(s, 'nats-admin').parent}; `cos env --user subscriber` prints a subscriber's login)"
+            )
+        elif self.endpoints is not None:
+            lines.append(f"NATS: {_redact(self.endpoints.nats_url)}")
+        lines.append('Next, in another shell: cos chat "hello" · cos import claude · cos report cost · cos status')
+        return lines
 
 
 def all_schemas() -> list[str]:
@@ -253,6 +296,16 @@ def _with_login(url: str, user: str, password: str) -> str:
     return f"{scheme}://{user}:{password}@{rest}"
 
 
+def _port_free(port: int) -> bool:
+    """Whether nothing listens on 127.0.0.1:`port` now (a port remembered from the last start may be taken)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def _wait_ready(proc: subprocess.Popen[bytes], port: int, deadline: float) -> str:
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -273,10 +326,15 @@ def start_system(settings: Settings) -> System:
         endpoints = system.start_servers()
         asyncio.run(system.prepare())
         system.start_services()
-        write_state(settings, endpoints, {n: p.pid for n, (p, _) in system.children.items()})
+        write_state(
+            settings,
+            endpoints,
+            {n: p.pid for n, (p, _) in system.children.items()},
+            {n: port for n, (_, port) in system.children.items()},
+        )
     except ServerStartError as exc:
         system.stop()
-        raise CliError(_in_one_line(exc)) from None
+        raise UpFailed(_in_one_line(exc)) from None
     except BaseException:
         system.stop()
         raise
@@ -291,9 +349,13 @@ def _in_one_line(exc: ServerStartError) -> str:
 
 
 def _up(args: argparse.Namespace) -> int:
-    settings = Settings.from_env()
+    price_scripted_calls()
+    try:
+        settings = Settings.from_env()
+        system = start_system(settings)
+    except (CliError, ConfigError) as exc:  # a secret or setting it cannot use: cos up failed all the same
+        raise UpFailed(" ".join(str(exc).splitlines())) from None
     console = Console()
-    system = start_system(settings)
     try:
         system.print_state(console)
         if args.check:

@@ -130,7 +130,15 @@ def run_import(args: argparse.Namespace) -> int:
     source = SOURCES[args.source]
     root = Path(args.path).expanduser()
     if not root.exists():
-        raise CliError(f"{root} does not exist")
+        raise CliError(
+            f"{root} not found: no {source.label} transcripts to import there ({source.label} keeps them in "
+            f"{source.default_root}/{source.layout}); give the folder: cos import {source.command} PATH"
+        )
+    if not args.watch and not source.candidates(root):
+        raise CliError(
+            f"no {source.label} transcripts under {root}: looked for {source.default_root}/{source.layout} "
+            f"there; give the folder that holds them: cos import {source.command} PATH"
+        )
     if args.watch and args.dry_run:
         raise CliError("--watch publishes as transcripts grow; it cannot be combined with --dry-run")
     if args.interval_s <= 0 or args.settle_s < 0:

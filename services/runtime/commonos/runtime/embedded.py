@@ -236,7 +236,11 @@ class NatsServer:
 def postgres_bindir() -> Path:
     """Where `initdb` and `postgres` live: $COS_PG_BINDIR, Debian's newest, pg_config, or PATH."""
     env = os.environ.get("COS_PG_BINDIR")
-    candidates: list[Path] = [Path(env)] if env else []
+    if env:  # said explicitly: that folder or nothing, not another PostgreSQL found elsewhere
+        if (Path(env) / "initdb").exists() and (Path(env) / "postgres").exists():
+            return Path(env)
+        raise ServerStartError(f"COS_PG_BINDIR={env} holds no initdb and postgres: set it to PostgreSQL's bin folder")
+    candidates: list[Path] = []
     debian = sorted(
         Path("/usr/lib/postgresql").glob("*/bin"),
         key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0,

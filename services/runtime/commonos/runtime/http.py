@@ -4,9 +4,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from importlib import metadata
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+
+
+def _version() -> str:
+    try:
+        return metadata.version("commonos-events")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+#: The installed version of CommonOS, which `/healthz` states (`cos status` shows it per service).
+VERSION = _version()
 
 
 class Health:
@@ -72,7 +84,7 @@ class HttpServer:
 
     async def _healthz(self, request: web.Request) -> web.Response:
         if self.health.alive:
-            return web.json_response({"status": "ok"})
+            return web.json_response({"status": "ok", "version": VERSION})
         if self.health.failure is not None:
             return web.json_response({"status": "failed", "reason": self.health.failure}, status=503)
         return web.json_response({"status": "stalled"}, status=503)

@@ -31,7 +31,12 @@ class ConnectionLost(OperationalError):
     a message over max_payload). A service then exits non-zero so that its supervisor restarts it."""
 
 
-def events_stream_config(replicas: int = 1) -> StreamConfig:
+def events_stream_config(
+    replicas: int = 1, max_age_s: float | None = None, max_bytes: int | None = None
+) -> StreamConfig:
+    """COS_EVENTS. Its retention (`max_age_s`, `max_bytes`; 0 is unbounded) is unbounded by default; left
+    None, `ensure_stream` keeps what the stream has (an operator's limit is not undone by a service).
+    An event gone from the stream can no longer be replayed (`cos replay`) nor read by a late consumer."""
     return StreamConfig(
         name=EVENTS_STREAM,
         subjects=[EVENTS_ALL],
@@ -41,6 +46,8 @@ def events_stream_config(replicas: int = 1) -> StreamConfig:
         num_replicas=replicas,
         duplicate_window=DUPLICATE_WINDOW_S,
         allow_direct=True,
+        max_age=max_age_s,
+        max_bytes=None if max_bytes is None else (max_bytes if max_bytes > 0 else -1),
     )
 
 
@@ -158,20 +165,31 @@ async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
                 raise
         return
     config.num_replicas = max(config.num_replicas or 1, existing.num_replicas or 1)
+    # Limits left unset keep the stream's own (an operator's retention is not undone by a service).
+    if config.max_age is None:
+        config.max_age = existing.max_age
+    if config.max_bytes is None:
+        config.max_bytes = existing.max_bytes
     if (
         existing.num_replicas == config.num_replicas
         and existing.subjects == config.subjects
         and existing.duplicate_window == config.duplicate_window
+        and (existing.max_age or 0) == (config.max_age or 0)
+        and _bytes_limit(existing.max_bytes) == _bytes_limit(config.max_bytes)
     ):
         return
     try:
         await js.update_stream(config)
     except nats.errors.TimeoutError:
         log.warning(
-            "stream %s differs from this service's settings (replicas, subjects or duplicate window) and this "
-            "NATS user may not change it; going on with it as it is (an admin can: `cos streams ensure`)",
+            "stream %s differs from this service's settings (replicas, subjects, duplicate window or limits) and "
+            "this NATS user may not change it; going on with it as it is (an admin can: `cos streams ensure`)",
             name,
         )
+
+
+def _bytes_limit(value: int | None) -> int:
+    return -1 if value is None or value <= 0 else value
 
 
 async def ensure_streams(js: JetStreamContext, replicas: int = 1) -> None:

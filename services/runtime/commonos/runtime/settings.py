@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,42 @@ def _float(env: Mapping[str, str], name: str, default: float, lo: float, hi: flo
         raise ConfigError(f"{PREFIX}{name}={raw!r} is not a number") from None
     if not lo <= value <= hi:
         raise ConfigError(f"{PREFIX}{name}={value} is out of range ({lo} to {hi})")
+    return value
+
+
+_DURATION_UNITS: Final = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_SIZE_UNITS: Final = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+#: The shortest retention of COS_EVENTS JetStream accepts: its duplicate window (Nats-Msg-Id), 10 minutes.
+MIN_EVENTS_MAX_AGE_S: Final = 600.0
+MIN_EVENTS_MAX_BYTES: Final = 1024 * 1024
+
+
+def _duration(env: Mapping[str, str], name: str, lo: float) -> float | None:
+    """Seconds, from `3600`, `90s`, `15m`, `36h` or `30d`; 0 means unbounded; unset is None."""
+    raw = env.get(PREFIX + name, "").strip()
+    if not raw:
+        return None
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhd]?)", raw)
+    if match is None:
+        raise ConfigError(f"{PREFIX}{name}={raw!r} is not a duration (seconds, or a number ending in s, m, h or d)")
+    value = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+    if value != 0 and value < lo:
+        raise ConfigError(f"{PREFIX}{name}={raw!r} is shorter than {lo:.0f}s (0 means unbounded)")
+    return value
+
+
+def _size(env: Mapping[str, str], name: str, lo: int) -> int | None:
+    """Bytes, from `1048576`, `512M`, `20G` or `1T` (powers of 1024, an optional `iB`/`B`); 0 means
+    unbounded; unset is None."""
+    raw = env.get(PREFIX + name, "").strip()
+    if not raw:
+        return None
+    match = re.fullmatch(r"(\d+)\s*([KMGT]?)(?:i?B)?", raw, flags=re.IGNORECASE)
+    if match is None:
+        raise ConfigError(f"{PREFIX}{name}={raw!r} is not a size (bytes, or a number ending in K, M, G or T)")
+    value = int(match.group(1)) * _SIZE_UNITS[match.group(2).upper()]
+    if value != 0 and value < lo:
+        raise ConfigError(f"{PREFIX}{name}={raw!r} is smaller than {lo} bytes (0 means unbounded)")
     return value
 
 
@@ -123,6 +160,10 @@ class Settings:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     #: max_payload of the nats-server `cos up` starts (None: nats-server's default, 1 MiB).
     nats_max_payload: int | None = None
+    #: Retention of COS_EVENTS, applied by `cos streams ensure` and `cos up` (0: unbounded; None: not
+    #: configured, which leaves the stream's own as they are, unbounded when it is created).
+    events_max_age_s: float | None = None
+    events_max_bytes: int | None = None
     log_level: str = "INFO"
 
     @classmethod
@@ -163,6 +204,8 @@ class Settings:
                 if env.get(PREFIX + "NATS_MAX_PAYLOAD")
                 else None
             ),
+            events_max_age_s=_duration(env, "EVENTS_MAX_AGE", MIN_EVENTS_MAX_AGE_S),
+            events_max_bytes=_size(env, "EVENTS_MAX_BYTES", MIN_EVENTS_MAX_BYTES),
             log_level=level,
         )
 

@@ -81,8 +81,11 @@ def ensure_secret(settings: Settings, name: str) -> str:
     return value
 
 
-def write_state(settings: Settings, endpoints: Endpoints, pids: dict[str, int]) -> None:
-    """state.json, of this user's alone: its URLs carry the passwords of the servers `cos up` runs."""
+def write_state(
+    settings: Settings, endpoints: Endpoints, pids: dict[str, int], http_ports: dict[str, int] | None = None
+) -> None:
+    """state.json, of this user's alone: its URLs carry the passwords of the servers `cos up` runs;
+    `http_ports`: each service's `/healthz` `/readyz` `/metrics` port (what `cos status` asks)."""
     path = state_path(settings)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_private(
@@ -92,6 +95,7 @@ def write_state(settings: Settings, endpoints: Endpoints, pids: dict[str, int]) 
                 "nats_url": endpoints.nats_url,
                 "database_url": endpoints.database_url,
                 "pids": pids,
+                "http_ports": http_ports or {},
                 "owner_pid": os.getpid(),
             },
             indent=2,
@@ -126,6 +130,11 @@ def _running_state(settings: Settings) -> dict[str, Any] | None:
             "set COS_NATS_URL and COS_DATABASE_URL, or run `cos up` with a COS_DATA_DIR of your own"
         ) from None
     return state if _alive(int(state.get("owner_pid", 0))) else None
+
+
+def running_state(settings: Settings) -> dict[str, Any] | None:
+    """state.json of the `cos up` running in COS_DATA_DIR (URLs, pids, HTTP ports), or None."""
+    return _running_state(settings)
 
 
 def running_owner(settings: Settings) -> int | None:

@@ -94,6 +94,5 @@ SOURCE: Final = Source(
     candidates=claude_candidates,
     read=read_claude_file,
     owner_of=owner_of,
-    layout="projects/<project>/<session>.jsonl, and subagents' agent-*.jsonl beside them, in <project>/subagents/ "
-    "or in <project>/<session>/subagents/",
+    layout="projects/<project>/<session>.jsonl (with their subagents' agent-*.jsonl)",
 )

@@ -1,0 +1,279 @@
+"""`cos status`: what is running and how it is doing, in one look.
+
+The servers (NATS and PostgreSQL: where, and whether they answer), each service `cos up` started (its
+process, `/healthz`, `/readyz` and version), each consumer of the events stream (where it is and how far
+behind), the dead letters waiting, and when the last event was stored. It exits 1 when anything is
+unhealthy: a server that does not answer, a service not ready, a dead letter waiting, so that a script
+(or a person) can act on it; `--format json` gives the same for scripts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+from urllib.parse import urlparse
+
+from commonos.runtime.args import CliError
+from commonos.runtime.cli_support import cli_settings
+from commonos.runtime.settings import Settings
+from commonos.runtime.system import running_state
+
+
+@dataclass
+class Service:
+    name: str
+    pid: int | None
+    url: str | None
+    running: bool
+    health: str
+    ready: str
+    version: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.running and self.health == "ok" and self.ready == "ready"
+
+
+@dataclass
+class Consumer:
+    name: str
+    filter: str
+    delivered_seq: int
+    acknowledged_seq: int
+    #: Events not yet delivered to it, and delivered but not yet acknowledged: how far behind it is.
+    pending: int
+    unacknowledged: int
+
+
+@dataclass
+class Status:
+    data_dir: str
+    cos_up_pid: int | None
+    nats_url: str
+    nats: str = "not checked"
+    postgres_url: str = ""
+    postgres: str = "not checked"
+    services: list[Service] = field(default_factory=list)
+    consumers: list[Consumer] = field(default_factory=list)
+    events: int | None = None
+    last_event_stored_at: str | None = None
+    dead_letters: int | None = None
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def healthy(self) -> bool:
+        return not self.problems
+
+
+def _hide_password(url: str) -> str:
+    parsed = urlparse(url)
+    return url.replace(f":{parsed.password}@", ":***@") if parsed.password else url
+
+
+def _get(url: str) -> tuple[int, dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.status, json.loads(resp.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        try:
+            return exc.code, json.loads(exc.read() or b"{}")
+        except ValueError:
+            return exc.code, {}
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return 0, {"status": f"no answer ({getattr(exc, 'reason', exc)})"}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _services(state: dict[str, Any] | None) -> list[Service]:
+    if state is None:
+        return []
+    out = []
+    ports: dict[str, int] = state.get("http_ports") or {}
+    for name, pid in sorted((state.get("pids") or {}).items()):
+        port = ports.get(name)
+        url = f"http://127.0.0.1:{port}" if port else None
+        running = _alive(int(pid))
+        health, ready, version = "unknown", "unknown", None
+        if url is not None and running:
+            code, body = _get(f"{url}/healthz")
+            health = "ok" if code == 200 else str(body.get("reason") or body.get("status") or code)
+            version = body.get("version")
+            code, body = _get(f"{url}/readyz")
+            ready = "ready" if code == 200 else "; ".join(body.get("reasons") or [str(body.get("status") or code)])
+        out.append(Service(name, int(pid), url, running, health if running else "not running", ready, version))
+    return out
+
+
+async def _nats(settings: Settings, status: Status) -> None:
+    import nats.errors
+
+    from commonos.proto.subjects import DLQ_STREAM, EVENTS_STREAM
+    from commonos.runtime import nats as cos_nats
+
+    async def quiet(*args: Any) -> None:
+        return None
+
+    try:
+        nc = await cos_nats.connect(
+            settings, "cos-status", error_cb=quiet, disconnected_cb=quiet, max_reconnect_attempts=0, connect_timeout=3
+        )
+    except (nats.errors.Error, OSError, TimeoutError) as exc:
+        status.nats = f"no answer ({type(exc).__name__}: {exc})"
+        status.problems.append(f"NATS does not answer at {status.nats_url}")
+        return
+    try:
+        js = nc.jetstream()
+        status.nats = "ok"
+        try:
+            info = await js.stream_info(EVENTS_STREAM)
+            status.events = info.state.messages
+            if info.state.messages:
+                last = await js.get_msg(EVENTS_STREAM, info.state.last_seq)
+                status.last_event_stored_at = last.time.isoformat() if last.time is not None else None
+            for consumer in await js.consumers_info(EVENTS_STREAM):
+                config = consumer.config
+                filters = config.filter_subjects or ([config.filter_subject] if config.filter_subject else [])
+                status.consumers.append(
+                    Consumer(
+                        name=consumer.name,
+                        filter=", ".join(filters) or ">",
+                        delivered_seq=consumer.delivered.stream_seq if consumer.delivered else 0,
+                        acknowledged_seq=consumer.ack_floor.stream_seq if consumer.ack_floor else 0,
+                        pending=consumer.num_pending or 0,
+                        unacknowledged=consumer.num_ack_pending or 0,
+                    )
+                )
+            dlq = await js.stream_info(DLQ_STREAM)
+            status.dead_letters = dlq.state.messages
+            if dlq.state.messages:
+                status.problems.append(
+                    f"{dlq.state.messages} dead letter(s) waiting (cos dlq list; cos dlq replay once fixed)"
+                )
+        except nats.errors.Error as exc:
+            status.problems.append(f"the streams cannot be read: {type(exc).__name__}: {exc}")
+    finally:
+        await nc.close()
+
+
+async def _postgres(settings: Settings, status: Status) -> None:
+    import asyncpg
+
+    try:
+        conn = await asyncpg.connect(settings.database_url, timeout=3)
+    except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+        status.postgres = f"no answer ({type(exc).__name__}: {exc})"
+        status.problems.append(f"PostgreSQL does not answer at {status.postgres_url}")
+        return
+    try:
+        await conn.fetchval("SELECT 1")
+        status.postgres = "ok"
+    finally:
+        await conn.close()
+
+
+def collect(settings: Settings) -> Status:
+    """The status of the system `settings` name (the `cos up` of COS_DATA_DIR, or COS_NATS_URL/COS_DATABASE_URL)."""
+    state = running_state(settings)
+    settings = cli_settings(settings)
+    assert settings.nats_url is not None and settings.database_url is not None
+    status = Status(
+        data_dir=str(settings.data_dir.resolve()),
+        cos_up_pid=int(state["owner_pid"]) if state else None,
+        nats_url=_hide_password(settings.nats_url),
+        postgres_url=_hide_password(settings.database_url),
+    )
+
+    async def servers() -> None:
+        await asyncio.gather(_nats(settings, status), _postgres(settings, status))
+
+    asyncio.run(servers())
+    status.services = _services(state)
+    for service in status.services:
+        if not service.ok:
+            status.problems.append(f"{service.name}: {service.health if service.health != 'ok' else service.ready}")
+    for consumer in status.consumers:
+        if consumer.pending + consumer.unacknowledged > 10_000:
+            status.problems.append(f"consumer {consumer.name} is {consumer.pending:,} events behind")
+    return status
+
+
+def _print(status: Status) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+    where = f"cos up (pid {status.cos_up_pid}) in {status.data_dir}" if status.cos_up_pid else "configured servers"
+    console.print(f"CommonOS: {'healthy' if status.healthy else 'UNHEALTHY'} - {where}", markup=False)
+    console.print(f"NATS: {status.nats_url}: {status.nats}", markup=False)
+    console.print(f"PostgreSQL: {status.postgres_url}: {status.postgres}", markup=False)
+    if status.services:
+        table = Table(title="services")
+        for column in ("service", "pid", "address", "health", "ready", "version"):
+            table.add_column(column)
+        for s in status.services:
+            table.add_row(s.name, str(s.pid or ""), s.url or "", s.health, s.ready, s.version or "")
+        console.print(table)
+    if status.consumers:
+        table = Table(title="consumers of COS_EVENTS")
+        for column in ("consumer", "filter", "acknowledged up to", "behind", "unacknowledged"):
+            table.add_column(column, justify="left" if column in ("consumer", "filter") else "right")
+        for c in status.consumers:
+            table.add_row(c.name, c.filter, f"{c.acknowledged_seq:,}", f"{c.pending:,}", f"{c.unacknowledged:,}")
+        console.print(table)
+    if status.events is not None:
+        console.print(
+            f"events stored: {status.events:,}; last stored at {status.last_event_stored_at or 'never'}; "
+            f"dead letters waiting: {status.dead_letters if status.dead_letters is not None else '?'}",
+            markup=False,
+        )
+    for problem in status.problems:
+        console.print(f"problem: {problem}", markup=False)
+
+
+def _status(args: argparse.Namespace) -> int:
+    settings = Settings.from_env()
+    try:
+        status = collect(settings)
+    except CliError as exc:  # no system to talk to: that is the status
+        if args.format == "json":
+            print(json.dumps({"healthy": False, "problems": [str(exc)]}))
+        else:
+            print(f"CommonOS: not running - {exc}")
+        return 1
+    if args.format == "json":
+        body = asdict(status)
+        body["healthy"] = status.healthy
+        for service, raw in zip(status.services, body["services"], strict=True):
+            raw["ok"] = service.ok
+        print(json.dumps(body, indent=2, default=lambda v: v.isoformat() if isinstance(v, datetime) else str(v)))
+    else:
+        _print(status)
+    return 0 if status.healthy else 1
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "status",
+        help="what is running, where, how far behind each consumer is, dead letters (exit 1 when unhealthy)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--format", choices=("table", "json"), default="table", help="output format")
+    p.set_defaults(handler=_status)
