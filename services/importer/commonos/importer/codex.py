@@ -572,4 +572,5 @@ SOURCE: Final = Source(
     top_files=lambda root: list(codex_rollout_files(root)),
     candidates=codex_candidates,
     read=read_codex_trees,
+    layout="sessions/YYYY/MM/DD/rollout-*.jsonl",
 )
