@@ -30,6 +30,7 @@ COMMANDS = (
     "schema",
     "streams",
     "security",
+    "env",
 )
 
 
