@@ -7,6 +7,8 @@ tree, with nothing configured but COS_DATA_DIR (and HOME where it matters).
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -105,6 +107,17 @@ def test_the_first_five_minutes(tmp_path: Path) -> None:
         assert "journal-writer" in {c["name"] for c in body["consumers"]}
         for done in (status, chat, imported, table, state):
             no_traceback(done)
+
+        # A service that stops makes the status unhealthy, and says which.
+        os.kill(up.state["pids"]["loop"], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while (down := cos(up.data, "status")).returncode == 0 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert down.returncode == 1
+        assert lines(down.stdout)[0] == f"CommonOS: UNHEALTHY - cos up (pid {up.proc.pid}) in {up.data.resolve()}"
+        assert [line for line in lines(down.stdout) if line.startswith("problem: ")] == [
+            "problem: loop: no answer ([Errno 111] Connection refused)"
+        ]
     finally:
         up.stop()
         cleanup(root)
