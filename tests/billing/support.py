@@ -18,7 +18,7 @@ from commonos.accounting.pricing import Pricer
 from commonos.billing.cli import register
 from commonos.billing.config import BillingConfig
 from commonos.billing.service import serve
-from commonos.proto.cloudevents import MSG_ID, event_headers
+from commonos.proto.cloudevents import MSG_ID, event_headers, percent_decode
 from commonos.proto.events import ModelCallCompleted, encode_event
 from commonos.proto.subjects import ALERTS_STREAM, EVENTS_STREAM, subject_for
 from commonos.runtime.args import Parser
@@ -104,7 +104,7 @@ async def publish_copies(nats_url: str, events: Sequence[ModelCallCompleted], co
 
 
 async def stored_alerts(nats_url: str) -> list[dict[str, Any]]:
-    """Every message of the alerts stream, decoded, with its Nats-Msg-Id."""
+    """Every message of the alerts stream, decoded, with its Nats-Msg-Id and some CloudEvents headers."""
     nc = await nats.connect(nats_url)
     try:
         js = nc.jetstream()
@@ -116,7 +116,11 @@ async def stored_alerts(nats_url: str) -> list[dict[str, Any]]:
         for seq in range(info.state.first_seq, info.state.last_seq + 1):
             msg = await js.get_msg(ALERTS_STREAM, seq)
             body: dict[str, Any] = msgspec.json.decode(msg.data or b"")
-            body["msg_id"] = (msg.headers or {}).get(MSG_ID)
+            headers = msg.headers or {}
+            body["msg_id"] = headers.get(MSG_ID)
+            body["ce_id"] = headers.get("ce-id")
+            body["ce_subject"] = percent_decode(headers.get("ce-subject", ""))
+            body["ce_dataschema"] = headers.get("ce-dataschema")
             body["subject"] = msg.subject
             out.append(body)
         return out

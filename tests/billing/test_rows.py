@@ -21,7 +21,8 @@ from commonos.billing.budgets import (
     BudgetTracker,
     SpendKey,
     alert_for,
-    alert_msg_id,
+    alert_id,
+    alert_key,
     is_recent,
     period_bounds,
     spend_deltas,
@@ -362,8 +363,9 @@ def test_spend_deltas_and_the_call_that_crossed(pricer: Pricer) -> None:
         "client:acme",
     )
     again = alert_for(budgets[0], month, datetime(2026, 6, 1, tzinfo=UTC), Decimal("3"), None, AT)
-    assert again.alert_id == alert.alert_id  # derived from budget and period only
-    assert alert_msg_id(budgets[0], month.period_start) == "cos-budget-alert:acme:month:2026-05-01T00:00Z"
+    assert again.alert_id == alert.alert_id == alert.event_id  # derived from budget and period only
+    assert alert_key(budgets[0], month.period_start) == "cos-budget-alert:acme:month:2026-05-01T00:00Z"
+    assert alert.event_id == alert_id(budgets[0], month.period_start)
 
 
 # --- config ----------------------------------------------------------------------------------------------

@@ -364,7 +364,10 @@ async def test_a_budget_crossing_emits_exactly_one_alert_for_its_period(nats_url
     alert = monthly[0]
     month_start = this_month_start(today)
     assert alert["subject"] == ALERTS_BUDGET
-    assert alert["msg_id"] == f"cos-budget-alert:{name}:month:{month_start:%Y-%m-%dT%H:%MZ}"
+    # One id for the alert: Nats-Msg-Id = ce-id = event_id = alert_id, derived from the budget and the period.
+    assert alert["msg_id"] == alert["ce_id"] == alert["event_id"] == alert["alert_id"]
+    assert alert["ce_subject"] == name
+    assert alert["ce_dataschema"] == "https://commonos.dev/schemas/alerts/budget_exceeded/v1.json"
     assert (alert["type"], alert["tag"], alert["period"], alert["limit_usd"]) == (
         "budget_exceeded",
         "client:acme",
@@ -419,8 +422,10 @@ async def test_an_alert_republished_after_a_crash_is_dropped_by_jetstream(nats_u
     try:
         js = nc.jetstream()
         await ensure_stream(js, alerts_stream_config())
+        the_id = new_id()
         alert = BudgetAlert(
-            alert_id=new_id(),
+            event_id=the_id,
+            alert_id=the_id,
             budget="b",
             tag="client:acme",
             period=Period.DAY,
@@ -432,8 +437,8 @@ async def test_an_alert_republished_after_a_crash_is_dropped_by_jetstream(nats_u
             occurred_at=datetime.now(UTC),
         )
         sink = NatsAlertSink(js)
-        await sink.publish(alert, "cos-budget-alert:b:day:2026-11-30T00:00Z")
-        await sink.publish(alert, "cos-budget-alert:b:day:2026-11-30T00:00Z")
+        await sink.publish(alert)
+        await sink.publish(alert)
         assert (await js.stream_info(ALERTS_STREAM)).state.messages == 1
     finally:
         await nc.close()

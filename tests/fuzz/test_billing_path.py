@@ -20,7 +20,7 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from commonos.accounting.pricing import MAX_PRICE_MTOK, CostStatus, Pricer, parse_price_file
-from commonos.billing.budgets import BudgetAlert, BudgetStep, BudgetTracker, alert_msg_id, spend_deltas
+from commonos.billing.budgets import BudgetAlert, BudgetStep, BudgetTracker, spend_deltas
 from commonos.billing.config import Budget, MetricsConfig, Period
 from commonos.billing.metrics import TOKEN_TYPES, BillingMetrics
 from commonos.billing.projection import (
@@ -32,6 +32,7 @@ from commonos.billing.projection import (
 )
 from commonos.billing.service import alert_message
 from commonos.proto import events as ev
+from commonos.proto.cloudevents import percent_encode
 from commonos.proto.errors import DataError
 from tests.fuzz import strategies as fz
 
@@ -233,9 +234,10 @@ def check_budget_step(budgets: BudgetTracker, row: Any) -> None:
     now = datetime.now(UTC)
     alerts = budgets.due_alerts(deltas, spent, now)
     for budget, alert, _ in alerts:
-        body, headers = alert_message(alert, alert_msg_id(budget, alert.period_start))
+        body, headers = alert_message(alert)
         assert msgspec.json.decode(body, type=BudgetAlert) == alert
-        assert headers["ce-subject"] == budget.name
+        assert headers["ce-subject"] == percent_encode(budget.name)
+        assert headers["Nats-Msg-Id"] == headers["ce-id"] == str(alert.event_id)
         if alert.crossed_by_event_id is not None:
             assert alert.crossed_by_event_id == row.event_id
     if alerts:

@@ -52,6 +52,8 @@ def test_header_round_trip_with_characters_that_need_encoding() -> None:
         "type": "cos.session_created.v1",
         "time": "2026-11-30T10:00:00.123456Z",
         "subject": str(event.session_id),
+        "datacontenttype": "application/json",
+        "dataschema": "https://commonos.dev/schemas/events/session_created/v1.json",
     }
 
 

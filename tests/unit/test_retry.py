@@ -47,8 +47,9 @@ async def test_sleep_or_stop_sleeps_or_returns_at_the_stop() -> None:
 def test_message_headers_are_cloudevents_headers_percent_encoded() -> None:
     alert_id = uuid.uuid4()
     at = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+    schema = "https://commonos.dev/schemas/alerts/budget_exceeded/v1.json"
     headers = message_headers(
-        id=str(alert_id), type="cos.budget_exceeded.v1", source="urn:x", time=at, subject="café", msg_id="m-1"
+        id=str(alert_id), type="cos.budget_exceeded.v1", source="urn:x", time=at, subject="café", dataschema=schema
     )
     assert list(headers) == [
         "ce-specversion",
@@ -57,16 +58,21 @@ def test_message_headers_are_cloudevents_headers_percent_encoded() -> None:
         "ce-type",
         "ce-time",
         "ce-subject",
+        "ce-datacontenttype",
+        "ce-dataschema",
         "content-type",
         "Nats-Msg-Id",
     ]
     assert headers["ce-time"] == "2026-11-30T12:00:00Z"
     assert headers["ce-subject"] == "caf%C3%A9"
-    assert headers["Nats-Msg-Id"] == "m-1"
+    assert headers["ce-datacontenttype"] == headers["content-type"] == "application/json"
+    assert headers["ce-dataschema"] == schema
+    # JetStream deduplicates by the CloudEvents id.
+    assert headers["Nats-Msg-Id"] == headers["ce-id"] == str(alert_id)
     assert decode_headers(headers)["subject"] == "café"
-    # Without a message id, JetStream deduplicates by the CloudEvents id; a time is written as given.
+    # A time is written as given.
     later = at.astimezone(timezone(timedelta(hours=2)))
-    plain = message_headers(id="i", type="t", source="s", time=later, subject="x")
+    plain = message_headers(id="i", type="t", source="s", time=later, subject="x", dataschema=schema)
     assert plain["Nats-Msg-Id"] == "i" and plain["ce-time"] == "2026-11-30T14:00:00+02:00"
 
 

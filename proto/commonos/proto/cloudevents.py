@@ -1,9 +1,14 @@
 """CloudEvents 1.0 NATS protocol binding, binary content mode.
 
 Context attributes travel as `ce-<name>` headers; the body is the event's JSON. Header values are
-percent-encoded as the CloudEvents HTTP binding (§3.1.3.2), which the NATS binding follows, says:
-space, `"`, `%` and every character outside printable ASCII (U+0021–U+007E) become `%XX` of their
-UTF-8 bytes; a receiver decodes them.
+percent-encoded as the CloudEvents NATS binding (§3.1.3.2) says: space, `"`, `%` and every character
+outside printable ASCII (U+0021–U+007E) become `%XX` of their UTF-8 bytes; a receiver decodes them.
+
+Every message of ours (an event, an alert) carries `ce-specversion`, `ce-id`, `ce-source`, `ce-type`,
+`ce-time`, `ce-subject`, `ce-datacontenttype` (`application/json`), `ce-dataschema` (the `$id` of its
+type's JSON Schema, `commonos.proto.schemas`), `content-type` (`application/json`, for readers that look
+there) and `Nats-Msg-Id` = `ce-id`. Events stored before `ce-datacontenttype` and `ce-dataschema` were
+added lack them, so a reader does not require them.
 """
 
 from __future__ import annotations
@@ -14,8 +19,10 @@ from datetime import datetime
 from typing import Final
 from urllib.parse import unquote
 
+from commonos.proto.alerts import Alert, alert_type
 from commonos.proto.errors import DataError
 from commonos.proto.events import EventBase, event_type
+from commonos.proto.schemas import alert_schema_id, event_schema_id
 
 SPECVERSION: Final = "1.0"
 CONTENT_TYPE: Final = "application/json"
@@ -63,11 +70,11 @@ def _rfc3339(ts: datetime) -> str:
 
 
 def message_headers(
-    *, id: str, type: str, source: str, time: datetime, subject: str, msg_id: str | None = None
+    *, id: str, type: str, source: str, time: datetime, subject: str, dataschema: str
 ) -> dict[str, str]:
-    """The CloudEvents headers of any message of ours (an event, a budget alert): the attributes
-    percent-encoded, `content-type` JSON, and `Nats-Msg-Id` (`msg_id`, else the id) so that JetStream
-    drops a republish. `time` is written as it is (RFC 3339, `Z` for UTC)."""
+    """The CloudEvents headers of any message of ours (an event, an alert): the attributes percent-encoded,
+    `content-type` JSON too, and `Nats-Msg-Id` = the id, so that JetStream drops a republish. `time` is
+    written as it is (RFC 3339, `Z` for UTC)."""
     raw = {
         "ce-specversion": SPECVERSION,
         "ce-id": id,
@@ -75,21 +82,38 @@ def message_headers(
         "ce-type": type,
         "ce-time": _rfc3339(time),
         "ce-subject": subject,
+        "ce-datacontenttype": CONTENT_TYPE,
+        "ce-dataschema": dataschema,
     }
     headers = {k: percent_encode(v) for k, v in raw.items()}
     headers["content-type"] = CONTENT_TYPE
-    headers[MSG_ID] = id if msg_id is None else msg_id
+    headers[MSG_ID] = id
     return headers
 
 
 def event_headers(event: EventBase, source: str = DEFAULT_SOURCE) -> dict[str, str]:
     """Headers for publishing `event`; `Nats-Msg-Id` = event id lets JetStream drop a republish."""
+    type_name = event_type(event)
     return message_headers(
         id=str(event.event_id),
-        type=ce_type(event_type(event)),
+        type=ce_type(type_name),
         source=source,
         time=event.occurred_at,
         subject=str(event.session_id),
+        dataschema=event_schema_id(type_name),
+    )
+
+
+def alert_headers(alert: Alert, source: str = DEFAULT_SOURCE) -> dict[str, str]:
+    """Headers for publishing `alert`: as an event's, with `ce-subject` the budget's name."""
+    type_name = alert_type(alert)
+    return message_headers(
+        id=str(alert.event_id),
+        type=ce_type(type_name),
+        source=source,
+        time=alert.occurred_at,
+        subject=alert.budget,
+        dataschema=alert_schema_id(type_name),
     )
 
 

@@ -3,6 +3,12 @@
 Evolution rules (msgspec's schema-evolution guide): a new field gets a default; an existing
 field never changes type; a breaking change is a new tag (`<type>_v2`). Golden payloads of every
 published version stay decodable (tests/golden).
+
+The JSON Schema of each type (`commonos.proto.schemas`, exported to proto/schema/) is derived from these
+Structs and describes what producers send: every field of a Struct is always encoded, so every field is
+`required` there, whatever default the Struct keeps for decoding older payloads. A `dict[str, Any]` field
+that has a shape names the Struct describing it with `described_by` (the schema uses that Struct; decoding
+stays a plain dict for the code that reads it).
 """
 
 from __future__ import annotations
@@ -16,8 +22,9 @@ from typing import Annotated, Any, Final
 import msgspec
 
 from commonos.proto.errors import DataError
+from commonos.proto.graph.model import Graph
 from commonos.proto.ids import new_id
-from commonos.proto.messages import Message
+from commonos.proto.messages import TOOL_ARGS, Message
 from commonos.proto.tags import MAX_TAG_LENGTH, TAG_PATTERN
 
 # `(?!\n)` before `$`: Python's `$` also matches before a final newline; ECMA regexes (JSON Schema) agree.
@@ -35,6 +42,17 @@ AwareDatetime = Annotated[datetime, msgspec.Meta(tz=True)]
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+#: Key of `msgspec.Meta.extra` naming the Struct that describes a `dict[str, Any]` field in the JSON Schema.
+DESCRIBED_BY: Final = "described_by"
+
+
+def described_by(struct: type[msgspec.Struct], description: str | None = None) -> msgspec.Meta:
+    """Metadata for a JSON-object field decoded as a dict whose shape `struct` describes (in the schema only)."""
+    if description is None:
+        return msgspec.Meta(extra={DESCRIBED_BY: struct})
+    return msgspec.Meta(description=description, extra={DESCRIBED_BY: struct})
 
 
 class TurnStatus(StrEnum):
@@ -100,6 +118,16 @@ class SessionCreated(EventBase, frozen=True, kw_only=True, tag="session_created"
     parent_session_id: uuid.UUID | None = None
 
 
+class ContextSnapshot(msgspec.Struct, frozen=True, kw_only=True):
+    """What a session's model sees beside the conversation, frozen on its first turn."""
+
+    system_prompt: str
+    #: The profile's memory entries (`memory_changed` target `memory`) when the session started.
+    memory: tuple[str, ...]
+    #: What the profile's memory knew about the user (target `user`) when the session started.
+    user: tuple[str, ...]
+
+
 class TurnStarted(EventBase, frozen=True, kw_only=True, tag="turn_started"):
     """The whole TurnInfo, and the frozen context on a session's first turn."""
 
@@ -107,7 +135,8 @@ class TurnStarted(EventBase, frozen=True, kw_only=True, tag="turn_started"):
     parent_turn_id: uuid.UUID | None = None
     tags: tuple[Tag, ...] = ()
     depth: Count = 0
-    context_snapshot: dict[str, Any] | None = None
+    #: On a session's first turn only, else null.
+    context_snapshot: Annotated[dict[str, Any], described_by(ContextSnapshot)] | None = None
 
 
 class MessageAppended(EventBase, frozen=True, kw_only=True, tag="message_appended"):
@@ -134,7 +163,7 @@ class ToolCallRecorded(EventBase, frozen=True, kw_only=True, tag="tool_call_reco
     #: The model's id for the call (`tool_calls[].id`).
     call_id: str
     name: str
-    args: dict[str, Any] = {}
+    args: Annotated[dict[str, Any], msgspec.Meta(description=TOOL_ARGS)] = {}
     result: str | None = None
     is_error: bool = False
     risk: Risk = Risk.LOW
@@ -192,9 +221,13 @@ class ModelCallCompleted(EventBase, frozen=True, kw_only=True, tag="model_call_c
     usage_estimated: bool = False
 
 
+#: How a turn can end: every status but `running` (a consumer refuses a `turn_finished` still running).
+FINISHED_STATUSES: Final = tuple(s.value for s in TurnStatus if s is not TurnStatus.RUNNING)
+
+
 class TurnFinished(EventBase, frozen=True, kw_only=True, tag="turn_finished"):
     turn_id: uuid.UUID
-    status: TurnStatus
+    status: Annotated[TurnStatus, msgspec.Meta(extra_json_schema={"enum": list(FINISHED_STATUSES)})]
     error: str | None = None
 
 
@@ -211,7 +244,8 @@ class TranscriptImported(EventBase, frozen=True, kw_only=True, tag="transcript_i
     vendor: str
     source_ref: str | None = None
     tags: tuple[Tag, ...] = ()
-    graph: dict[str, Any]
+    #: The session graph (`commonos.proto.graph`), or the rows of this part.
+    graph: Annotated[dict[str, Any], described_by(Graph)]
     part: Seq = 1
     parts: Seq = 1
     self_contained: bool = True
@@ -258,8 +292,3 @@ def decode_event(payload: bytes | memoryview) -> Event:
         raise EventDecodeError(str(exc)) from exc
     except RecursionError:
         raise EventDecodeError("JSON nested too deeply") from None
-
-
-def event_json_schema() -> dict[str, Any]:
-    """JSON Schema of the whole event union (committed under proto/schema/)."""
-    return msgspec.json.schema(Event)

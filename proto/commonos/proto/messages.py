@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Final
 
 import msgspec
+
+#: The JSON Schema's word on a tool call's arguments: an object whose shape each tool defines.
+TOOL_ARGS: Final = (
+    "The tool's arguments as the model gave them: a JSON object whose keys are the tool's own parameters "
+    "(each tool has its own; any JSON values)."
+)
 
 
 class ToolCall(msgspec.Struct, frozen=True, kw_only=True):
     id: str
     name: str
-    args: dict[str, Any] = {}
+    args: Annotated[dict[str, Any], msgspec.Meta(description=TOOL_ARGS)] = {}
 
 
 class UserMessage(msgspec.Struct, frozen=True, kw_only=True, tag_field="role", tag="user"):

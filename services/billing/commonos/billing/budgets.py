@@ -10,7 +10,8 @@ In the consumer's transaction, after the batch's rows are inserted (:meth:`Budge
    budget added to the config later still counts the whole period.
 2. Each budget whose period has reached its limit (spent >= limit) and has no ``budget_alerts`` row gets one
    (``INSERT … ON CONFLICT DO NOTHING``) and, for the current or the previous period, an alert on
-   ``cos.alerts.budget`` whose ``Nats-Msg-Id`` is derived from the budget and the period. The publish waits
+   ``cos.alerts.budget`` whose id (``event_id`` = ``ce-id`` = ``Nats-Msg-Id``) is derived from the budget and
+   the period. The publish waits
    for JetStream's PubAck inside the transaction: if the transaction then fails, the batch is redelivered,
    the alert is published again with the same id and JetStream drops it as a duplicate; once committed, the
    row stops any further alert for that period. A crossing found for an older period (a replay of history)
@@ -36,6 +37,7 @@ import msgspec
 
 from commonos.billing.config import Budget, Period
 from commonos.billing.metrics import BUDGET_ALERTS, BUDGET_EXCEEDED, BUDGET_LIMIT, BUDGET_SPENT
+from commonos.proto.alerts import BudgetExceeded
 from commonos.proto.events import utcnow
 
 if TYPE_CHECKING:
@@ -50,7 +52,8 @@ __all__ = [
     "BudgetTracker",
     "SpendKey",
     "alert_for",
-    "alert_msg_id",
+    "alert_id",
+    "alert_key",
     "is_recent",
     "period_bounds",
     "spend_deltas",
@@ -128,25 +131,20 @@ def spend_deltas(budgets: Sequence[Budget], rows: Iterable[ModelCallRow]) -> dic
     return deltas
 
 
-class BudgetAlert(msgspec.Struct, frozen=True, kw_only=True, tag="budget_exceeded", tag_field="type"):
-    """The body published on ``cos.alerts.budget`` (JSON; amounts as exact decimal strings)."""
-
-    alert_id: uuid.UUID
-    budget: str
-    tag: str
-    period: Period
-    period_start: datetime
-    period_end: datetime
-    limit_usd: Decimal
-    spent_usd: Decimal
-    #: The call that took the spend to the limit, when it was in the batch that found the crossing.
-    crossed_by_event_id: uuid.UUID | None
-    occurred_at: datetime
+#: The body published on ``cos.alerts.budget`` (``commonos.proto.alerts``, schema'd like the events).
+BudgetAlert = BudgetExceeded
 
 
-def alert_msg_id(budget: Budget, period_start: datetime) -> str:
-    """``Nats-Msg-Id`` of the one alert of a budget and period: JetStream drops a republish of it."""
+def alert_key(budget: Budget, period_start: datetime) -> str:
+    """The one alert of a budget and period, named: its id is derived from this (and was its ``Nats-Msg-Id``
+    before alerts carried ``event_id``)."""
     return f"cos-budget-alert:{budget.name}:{budget.period}:{period_start.astimezone(UTC):%Y-%m-%dT%H:%MZ}"
+
+
+def alert_id(budget: Budget, period_start: datetime) -> uuid.UUID:
+    """``event_id`` (= ``ce-id`` = ``Nats-Msg-Id``) of the one alert of a budget and period: JetStream drops a
+    republish of it."""
+    return uuid.uuid5(_ALERT_NAMESPACE, alert_key(budget, period_start))
 
 
 def alert_for(
@@ -167,8 +165,10 @@ def alert_for(
                 if running >= budget.limit_usd:
                     crossed_by = event_id
                     break
+    the_id = alert_id(budget, key.period_start)
     return BudgetAlert(
-        alert_id=uuid.uuid5(_ALERT_NAMESPACE, alert_msg_id(budget, key.period_start)),
+        event_id=the_id,
+        alert_id=the_id,
         budget=budget.name,
         tag=budget.tag,
         period=budget.period,
@@ -182,8 +182,8 @@ def alert_for(
 
 
 class AlertSink(Protocol):
-    async def publish(self, alert: BudgetAlert, msg_id: str) -> None:
-        """Store the alert durably (JetStream PubAck) or raise; a republish with ``msg_id`` is dropped."""
+    async def publish(self, alert: BudgetAlert) -> None:
+        """Store the alert durably (JetStream PubAck) or raise; a republish (same ``event_id``) is dropped."""
 
 
 @dataclass(slots=True)
@@ -325,14 +325,14 @@ class BudgetTracker:
                     [publish for _, _, publish in alerts],
                 )
             }
-            for budget, alert, publish in alerts:
+            for _, alert, publish in alerts:
                 key_alerted = (alert.budget, alert.period_start)
                 if key_alerted not in recorded:
                     step.alerted.append((alert.budget, alert.period_start, False))  # an earlier batch did
                     continue
                 if publish:
                     assert self.sink is not None
-                    await self.sink.publish(alert, alert_msg_id(budget, alert.period_start))
+                    await self.sink.publish(alert)
                 step.alerted.append((alert.budget, alert.period_start, publish))
         return step
 

@@ -25,11 +25,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
-from enum import StrEnum
 from pathlib import Path
 
 import msgspec
 
+from commonos.proto.alerts import Period
 from commonos.proto.config_files import decode_toml, key_path
 from commonos.proto.tags import InvalidTag, parse_tag
 from commonos.runtime.settings import ConfigError
@@ -47,11 +47,6 @@ __all__ = [
 
 class BillingConfigError(ConfigError):
     """A billing configuration file that cannot be used; the message is one line."""
-
-
-class Period(StrEnum):
-    DAY = "day"
-    MONTH = "month"
 
 
 @dataclass(frozen=True, slots=True)

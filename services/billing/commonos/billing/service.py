@@ -14,11 +14,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from datetime import UTC
 from typing import Final
 
 import asyncpg
-import msgspec
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
@@ -28,7 +26,8 @@ from commonos.billing.config import BillingConfig, BillingConfigError, load_bill
 from commonos.billing.metrics import BillingMetrics
 from commonos.billing.projection import BillingProjection
 from commonos.billing.schema import SCHEMA
-from commonos.proto.cloudevents import ce_type, message_headers
+from commonos.proto.alerts import encode_alert
+from commonos.proto.cloudevents import alert_headers, ce_type
 from commonos.proto.subjects import ALERTS_BUDGET, ALERTS_STREAM
 from commonos.runtime import nats as cos_nats
 from commonos.runtime import service
@@ -45,7 +44,6 @@ CONSUMER_NAME: Final = "billing"
 ALERT_SOURCE: Final = "urn:commonos:billing"
 ALERT_TYPE: Final = ce_type("budget_exceeded")
 
-_alert_encoder: Final = msgspec.json.Encoder(decimal_format="string")
 #: What billing reads: model calls, and who owns sessions and which profiles are deleted (or re-created).
 BILLING_FILTERS: Final = BillingProjection.filter_subjects
 
@@ -61,17 +59,10 @@ async def apply_billing_schemas(conn: asyncpg.Connection) -> None:
     await apply_schemas(conn, billing_schemas())
 
 
-def alert_message(alert: BudgetAlert, msg_id: str, source: str = ALERT_SOURCE) -> tuple[bytes, dict[str, str]]:
-    """Body (JSON, amounts as exact decimal strings) and CloudEvents headers of a budget alert. Pure."""
-    headers = message_headers(
-        id=str(alert.alert_id),
-        type=ALERT_TYPE,
-        source=source,
-        time=alert.occurred_at.astimezone(UTC),
-        subject=alert.budget,
-        msg_id=msg_id,
-    )
-    return _alert_encoder.encode(alert), headers
+def alert_message(alert: BudgetAlert, source: str = ALERT_SOURCE) -> tuple[bytes, dict[str, str]]:
+    """Body (JSON, amounts as exact decimal strings) and CloudEvents headers of a budget alert, as an event's:
+    ``ce-id`` = ``Nats-Msg-Id`` = the body's ``event_id``, ``ce-subject`` the budget's name. Pure."""
+    return encode_alert(alert), alert_headers(alert, source)
 
 
 class NatsAlertSink:
@@ -93,8 +84,8 @@ class NatsAlertSink:
         self.source = source
         self.ack_timeout_s = ack_timeout_s
 
-    async def publish(self, alert: BudgetAlert, msg_id: str) -> None:
-        body, headers = alert_message(alert, msg_id, self.source)
+    async def publish(self, alert: BudgetAlert) -> None:
+        body, headers = alert_message(alert, self.source)
         check_fits(
             f"the budget alert of {alert.budget}",
             body,

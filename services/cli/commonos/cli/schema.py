@@ -1,4 +1,9 @@
-"""`cos schema export`: write the JSON Schema of every event into proto/schema/."""
+"""`cos schema export`: write the JSON Schema (2020-12) of every event and alert into proto/schema/.
+
+One file per type and version (`events/<type>/v1.json`, `alerts/<type>/v1.json`, each with its `$id`, which
+producers send as `ce-dataschema`) and one union per kind (`events.schema.json`, `alerts.schema.json`); see
+`commonos.proto.schemas`.
+"""
 
 from __future__ import annotations
 
@@ -7,25 +12,36 @@ import json
 from pathlib import Path
 from typing import Any
 
-from commonos.proto.events import event_json_schema
+from commonos.proto.schemas import schema_files
 
 
-def export(directory: Path) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / "events.schema.json"
-    path.write_text(json.dumps(event_json_schema(), indent=2, sort_keys=True) + "\n")
-    return path
+def render(document: dict[str, Any]) -> str:
+    """A schema file's text, as committed."""
+    return json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def export(directory: Path) -> list[Path]:
+    """Write every schema file under `directory`; the paths written, in order."""
+    written: list[Path] = []
+    for relative, document in schema_files().items():
+        path = directory / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(render(document), encoding="utf-8")
+        written.append(path)
+    return written
 
 
 def _export(args: argparse.Namespace) -> int:
-    path = export(args.dir)
-    print(f"wrote {path}")
+    paths = export(args.dir)
+    print(f"wrote {len(paths)} schema files under {args.dir}")
     return 0
 
 
 def register(sub: Any) -> None:
     schema = sub.add_parser("schema", help="event contracts")
     schema_sub = schema.add_subparsers(dest="schema_command", metavar="SUBCOMMAND", required=True)
-    ex = schema_sub.add_parser("export", help="write the JSON Schema of every event (default: proto/schema)")
+    ex = schema_sub.add_parser(
+        "export", help="write the JSON Schema of every event and alert type (default: proto/schema)"
+    )
     ex.add_argument("dir", nargs="?", type=Path, default=Path("proto/schema"))
     ex.set_defaults(handler=_export)
