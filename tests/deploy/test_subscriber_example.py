@@ -36,27 +36,31 @@ class Example:
     argv: list[str]
     cwd: str | None = None
 
-    def env(self, secured_nats: SecuredNats, password: str | None = None) -> dict[str, str]:
+    def env(self, secured_nats: SecuredNats, password: str | None = None, url: str | None = None) -> dict[str, str]:
         clean = {k: v for k, v in os.environ.items() if not k.startswith("COS_")}
         return clean | {
-            "COS_NATS_URL": secured_nats.url,
+            "COS_NATS_URL": secured_nats.url if url is None else url,
             "COS_NATS_USER": "subscriber",
             "COS_NATS_PASSWORD": nats_password("subscriber") if password is None else password,
         }
 
-    async def start(self, secured_nats: SecuredNats, *args: str, password: str | None = None) -> Process:
+    async def start(
+        self, secured_nats: SecuredNats, *args: str, password: str | None = None, url: str | None = None
+    ) -> Process:
         proc = await asyncio.create_subprocess_exec(
             *self.argv,
             *args,
-            env=self.env(secured_nats, password),
+            env=self.env(secured_nats, password, url),
             cwd=self.cwd,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )
         return Process(proc)
 
-    async def run(self, secured_nats: SecuredNats, *args: str, password: str | None = None) -> tuple[int, str, str]:
-        process = await self.start(secured_nats, *args, password=password)
+    async def run(
+        self, secured_nats: SecuredNats, *args: str, password: str | None = None, url: str | None = None
+    ) -> tuple[int, str, str]:
+        process = await self.start(secured_nats, *args, password=password, url=url)
         out, err = await asyncio.wait_for(process.proc.communicate(), 60)
         assert process.proc.returncode is not None
         return process.proc.returncode, out.decode(), err.decode()
@@ -250,3 +254,15 @@ async def test_from_time_is_the_store_time_and_occurred_after_the_event_time(
     )
     assert (code, err, out.splitlines()) == (0, "", wanted)
     assert 0 < len(wanted) < len(late)
+
+
+async def test_an_unreachable_server_is_one_line_within_ten_seconds(
+    secured_nats: SecuredNats, example: Example
+) -> None:
+    began = time.monotonic()
+    code, out, err = await example.run(secured_nats, "--durable", "x", url="nats://127.0.0.1:1")  # nothing listens
+    took = time.monotonic() - began
+    assert (code, out) == (1, "")
+    [line] = err.splitlines()
+    assert line.startswith("error: cannot reach NATS at nats://127.0.0.1:1") and "COS_NATS_URL" in line, line
+    assert took < 12.0, took
