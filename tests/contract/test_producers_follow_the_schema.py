@@ -118,10 +118,11 @@ def test_billings_budget_alert_follows_the_schema() -> None:
     start = datetime(2026, 11, 1, tzinfo=UTC)
     key = SpendKey("client:acme", Period.MONTH, start)
     delta = SpendDelta(datetime(2026, 12, 1, tzinfo=UTC), Decimal("0.0000001"), 1)
-    alert = alert_for(budget, key, delta.period_end, Decimal("1.0000001"), delta, datetime.now(UTC))
+    # Decimals as msgspec writes them: plain, or with an exponent (what str(Decimal) gives).
+    alert = alert_for(budget, key, delta.period_end, Decimal("1E+1"), delta, datetime.now(UTC))
     body, headers = alert_message(alert)
     case = {"headers": headers, "body": json.loads(body)}
-    assert case["body"]["spent_usd"] == "1.0000001"
+    assert (case["body"]["spent_usd"], case["body"]["limit_usd"]) == ("1E+1", "1")
     assert python_errors(case) == {headers["ce-dataschema"]: []}
     assert headers["ce-id"] == headers["Nats-Msg-Id"] == case["body"]["event_id"] == case["body"]["alert_id"]
     assert headers["ce-subject"] == "acme%20monthly%20%E2%82%AC"
