@@ -195,10 +195,10 @@ def grouped_sql(group_by: GroupBy) -> str:
 
 _TOTAL_SQL: Final = f"SELECT {_AGGREGATES} FROM model_calls WHERE {_RANGE}"
 #: The calls outside the range: how many before it and after it, and the first one's time.
-_OUTSIDE_SQL: Final = """
+_OUTSIDE_SQL: Final = f"""
     SELECT count(*) FILTER (WHERE created_at < $1) AS before, min(created_at) AS first,
            count(*) FILTER (WHERE $2::timestamptz IS NOT NULL AND created_at >= $2) AS after
-    FROM model_calls WHERE NOT (""" + _RANGE + ")"
+    FROM model_calls WHERE NOT ({_RANGE})"""
 _UNTAGGED_SQL: Final = f"""
     SELECT {_AGGREGATES} FROM model_calls
     WHERE {_RANGE} AND NOT EXISTS (SELECT 1 FROM unnest(tags) AS tag WHERE starts_with(tag, $3))"""
