@@ -39,7 +39,6 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, DeliverPolicy
 
 STREAM = "COS_EVENTS"
@@ -169,9 +168,9 @@ def start_of(config: ConsumerConfig) -> str:
     return {DeliverPolicy.NEW: "--new"}.get(policy, "from the first event")
 
 
-async def first_seq_at(js: JetStreamContext, when: datetime) -> int:
+async def first_seq_at(nc: Client, when: datetime) -> int:
     """The stream sequence of the first event stored at or after `when` (past the last one if none)."""
-    nc: Any = js._nc  # the request is allowed to the subscriber: $JS.API.STREAM.MSG.GET.COS_EVENTS
+    js = nc.jetstream()
     reply = await nc.request(
         f"$JS.API.STREAM.MSG.GET.{STREAM}", json.dumps({"start_time": rfc3339(when)}).encode(), timeout=5
     )
@@ -181,8 +180,9 @@ async def first_seq_at(js: JetStreamContext, when: datetime) -> int:
     return int((await js.stream_info(STREAM)).state.last_seq) + 1
 
 
-async def ensure_consumer(js: JetStreamContext, args: argparse.Namespace) -> ConsumerInfo:
+async def ensure_consumer(nc: Client, args: argparse.Namespace) -> ConsumerInfo:
     """Create the durable consumer, or find it as it was; never change its filter or start silently."""
+    js = nc.jetstream()
     wanted = wanted_config(args)
     try:
         existing: ConsumerInfo | None = await js.consumer_info(STREAM, args.durable)
@@ -212,12 +212,11 @@ async def ensure_consumer(js: JetStreamContext, args: argparse.Namespace) -> Con
     if wanted.deliver_policy == DeliverPolicy.BY_START_SEQUENCE:
         seq = int(args.from_seq)
     elif wanted.deliver_policy == DeliverPolicy.BY_START_TIME:
-        seq = await first_seq_at(js, args.from_time)
+        seq = await first_seq_at(nc, args.from_time)
     elif wanted.deliver_policy == DeliverPolicy.NEW:
         seq = int((await js.stream_info(STREAM)).state.last_seq) + 1
     else:
         seq = 1
-    nc: Any = js._nc
     reply = await nc.request(f"$JS.API.CONSUMER.RESET.{STREAM}.{args.durable}", json.dumps({"seq": seq}).encode(), 5)
     answer = json.loads(reply.data)
     if "error" in answer:
@@ -228,7 +227,7 @@ async def ensure_consumer(js: JetStreamContext, args: argparse.Namespace) -> Con
 
 async def read(nc: Client, args: argparse.Namespace, stop: asyncio.Event) -> None:
     js = nc.jetstream()
-    await ensure_consumer(js, args)
+    await ensure_consumer(nc, args)
     sub = await js.pull_subscribe_bind(args.durable, stream=STREAM)
     seen = 0
     last_event = time.monotonic()

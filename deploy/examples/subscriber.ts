@@ -55,6 +55,7 @@ const { values: opts } = parseArgs({
     max: { type: "string" },
     "idle-exit": { type: "string" },
     headers: { type: "boolean", default: false },
+    info: { type: "boolean", default: false },
   },
 });
 
@@ -189,6 +190,17 @@ function decode(msg: JsMsg): CosEvent | null {
   }
 }
 
+/** The stream's state and limits: how far back a replay can go, and the largest event. */
+async function showInfo(nc: NatsConnection): Promise<void> {
+  const { config, state } = await (await jetstreamManager(nc)).streams.info(STREAM);
+  const maxAge = config.max_age ? `${Math.round(config.max_age / 1e9)}s` : "unbounded";
+  const maxBytes = config.max_bytes > 0 ? `${config.max_bytes} bytes` : "unbounded";
+  const first = state.messages ? `${state.first_seq}` : "none";
+  console.log(`stream ${STREAM}: ${state.messages} events, first sequence ${first}, last sequence ${state.last_seq}`);
+  console.log(`retention: max_age ${maxAge}, max_bytes ${maxBytes}`);
+  console.log(`largest event (headers and body): ${nc.info?.max_payload} bytes`);
+}
+
 async function main(): Promise<number> {
   let stopping = false;
   let wake: (() => void) | null = null;
@@ -200,6 +212,10 @@ async function main(): Promise<number> {
   process.on("SIGINT", stop);
   const nc = await open();
   try {
+    if (opts.info) {
+      await showInfo(nc);
+      return 0;
+    }
     await ensureConsumer(nc);
     const consumer = await jetstream(nc).consumers.get(STREAM, opts.durable ?? "");
     const max = opts.max === undefined ? Infinity : Number(opts.max);

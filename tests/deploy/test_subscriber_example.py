@@ -19,7 +19,7 @@ import pytest
 from commonos.proto import events as ev
 from commonos.proto.events import event_type
 from commonos.proto.subjects import EVENTS_STREAM, subject_for
-from commonos.runtime.nats import ensure_streams
+from commonos.runtime.nats import ensure_stream, ensure_streams, events_stream_config
 from tests.deploy.conftest import DEPLOY, SecuredNats, nats_password
 from tests.deploy.node_examples import NodeExamples, install_node_examples
 from tests.deploy.system import publish_as_loop, sample_events
@@ -266,3 +266,21 @@ async def test_an_unreachable_server_is_one_line_within_ten_seconds(
     [line] = err.splitlines()
     assert line.startswith("error: cannot reach NATS at nats://127.0.0.1:1") and "COS_NATS_URL" in line, line
     assert took < 12.0, took
+
+
+async def test_info_prints_the_stream_s_size_retention_and_largest_event(
+    secured_nats: SecuredNats, example: Example
+) -> None:
+    events = sample_events()
+    await stored(secured_nats, events)
+    code, out, err = await example.run(secured_nats, "--info")
+    assert (code, err) == (0, "")
+    assert out.splitlines() == [
+        f"stream COS_EVENTS: {len(events)} events, first sequence 1, last sequence {len(events)}",
+        "retention: max_age unbounded, max_bytes unbounded",
+        "largest event (headers and body): 8388608 bytes",  # the test server's max_payload: 8MB
+    ]
+    admin = (await secured_nats.connect("admin")).jetstream()
+    await ensure_stream(admin, events_stream_config(1, max_age_s=7200, max_bytes=64 * 1024 * 1024))
+    code, out, _ = await example.run(secured_nats, "--info")
+    assert out.splitlines()[1] == "retention: max_age 7200s, max_bytes 67108864 bytes"
