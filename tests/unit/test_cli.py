@@ -31,6 +31,7 @@ COMMANDS = (
     "streams",
     "security",
     "env",
+    "status",
 )
 
 
@@ -89,7 +90,7 @@ def test_cos_import_loads_neither_nats_nor_the_loop() -> None:
         (["replay", "--batch-size", "x"], "invalid int"),
         (["billing", "reprice"], "--since"),
         (["dlq", "replay"], "--all"),
-        (["import", "claude", "/nonexistent/transcripts"], "does not exist"),
+        (["import", "claude", "/nonexistent/transcripts"], "not found: no Claude Code transcripts to import there"),
         (["import", "mystery"], "invalid choice"),
     ],
 )
