@@ -206,9 +206,8 @@ async def ensure_consumer(nc: Client, args: argparse.Namespace) -> ConsumerInfo:
             f"keep its position with --filter {have_filter!r}, give this reader another --durable name, "
             "or start this one over with --reset"
         )
-    # --reset: the new filter (an editable setting), then the position back to where this run starts.
-    if not same_filter:
-        await js.add_consumer(STREAM, have.evolve(filter_subject=args.filter, filter_subjects=None))
+    # --reset: the position back to where this run starts, then the new filter (an editable setting). The
+    # reset comes first: on a server without it (before nats-server 2.14) nothing has changed.
     if wanted.deliver_policy == DeliverPolicy.BY_START_SEQUENCE:
         seq = int(args.from_seq)
     elif wanted.deliver_policy == DeliverPolicy.BY_START_TIME:
@@ -217,10 +216,21 @@ async def ensure_consumer(nc: Client, args: argparse.Namespace) -> ConsumerInfo:
         seq = int((await js.stream_info(STREAM)).state.last_seq) + 1
     else:
         seq = 1
-    reply = await nc.request(f"$JS.API.CONSUMER.RESET.{STREAM}.{args.durable}", json.dumps({"seq": seq}).encode(), 5)
+    cannot = (
+        f"this NATS server cannot reset consumer {args.durable!r} ($JS.API.CONSUMER.RESET needs nats-server 2.14 or "
+        "newer): give this reader another --durable name, or ask an admin to delete the consumer"
+    )
+    try:
+        reply = await nc.request(
+            f"$JS.API.CONSUMER.RESET.{STREAM}.{args.durable}", json.dumps({"seq": seq}).encode(), 5
+        )
+    except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
+        raise Refused(cannot) from None
     answer = json.loads(reply.data)
     if "error" in answer:
         raise Refused(f"could not reset consumer {args.durable!r}: {answer['error'].get('description', answer)}")
+    if not same_filter:
+        await js.add_consumer(STREAM, have.evolve(filter_subject=args.filter, filter_subjects=None))
     info: ConsumerInfo = await js.consumer_info(STREAM, args.durable)
     return info
 

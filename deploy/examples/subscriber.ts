@@ -158,8 +158,8 @@ async function ensureConsumer(nc: NatsConnection): Promise<void> {
         "give this reader another --durable name, or start this one over with --reset",
     );
   }
-  // --reset: the new filter (an editable setting), then the position back to where this run starts.
-  if (!sameFilter) await jsm.consumers.update(STREAM, opts.durable ?? "", { filter_subject: opts.filter });
+  // --reset: the position back to where this run starts, then the new filter (an editable setting). The
+  // reset comes first: on a server without it (before nats-server 2.14) nothing has changed.
   let seq = 1;
   if (wanted.deliver_policy === DeliverPolicy.StartSequence) seq = wanted.opt_start_seq ?? 1;
   else if (wanted.deliver_policy === DeliverPolicy.New) seq = (await jsm.streams.info(STREAM)).state.last_seq + 1;
@@ -167,8 +167,17 @@ async function ensureConsumer(nc: NatsConnection): Promise<void> {
     const found = await request(nc, `$JS.API.STREAM.MSG.GET.${STREAM}`, { start_time: wanted.opt_start_time });
     seq = found.message ? Number(found.message.seq) : (await jsm.streams.info(STREAM)).state.last_seq + 1;
   }
-  const answer = await request(nc, `$JS.API.CONSUMER.RESET.${STREAM}.${opts.durable}`, { seq });
+  let answer: Record<string, any>;
+  try {
+    answer = await request(nc, `$JS.API.CONSUMER.RESET.${STREAM}.${opts.durable}`, { seq });
+  } catch {
+    throw new Refused(
+      `this NATS server cannot reset consumer '${opts.durable}' ($JS.API.CONSUMER.RESET needs nats-server 2.14 or ` +
+        "newer): give this reader another --durable name, or ask an admin to delete the consumer",
+    );
+  }
   if (answer.error) throw new Refused(`could not reset consumer '${opts.durable}': ${answer.error.description}`);
+  if (!sameFilter) await jsm.consumers.update(STREAM, opts.durable ?? "", { filter_subject: opts.filter });
 }
 
 function describe(msg: JsMsg, event: CosEvent | null): string {
