@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import urllib.error
 import urllib.request
@@ -24,7 +23,7 @@ from urllib.parse import urlparse
 from commonos.runtime.args import CliError
 from commonos.runtime.cli_support import cli_settings
 from commonos.runtime.settings import Settings
-from commonos.runtime.system import running_state
+from commonos.runtime.system import alive, running_state
 
 
 @dataclass
@@ -91,16 +90,6 @@ def _get(url: str) -> tuple[int, dict[str, Any]]:
         return 0, {"status": f"no answer ({getattr(exc, 'reason', exc)})"}
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _services(state: dict[str, Any] | None) -> list[Service]:
     if state is None:
         return []
@@ -109,7 +98,7 @@ def _services(state: dict[str, Any] | None) -> list[Service]:
     for name, pid in sorted((state.get("pids") or {}).items()):
         port = ports.get(name)
         url = f"http://127.0.0.1:{port}" if port else None
-        running = _alive(int(pid))
+        running = alive(int(pid))
         health, ready, version = "unknown", "unknown", None
         if url is not None and running:
             code, body = _get(f"{url}/healthz")

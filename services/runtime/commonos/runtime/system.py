@@ -107,7 +107,8 @@ def clear_state(settings: Settings) -> None:
     state_path(settings).unlink(missing_ok=True)
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process `pid` exists (one of another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -129,7 +130,7 @@ def _running_state(settings: Settings) -> dict[str, Any] | None:
             f"cannot read {path}: the system there is its owner's (the user who ran `cos up`); "
             "set COS_NATS_URL and COS_DATABASE_URL, or run `cos up` with a COS_DATA_DIR of your own"
         ) from None
-    return state if _alive(int(state.get("owner_pid", 0))) else None
+    return state if alive(int(state.get("owner_pid", 0))) else None
 
 
 def running_state(settings: Settings) -> dict[str, Any] | None:
