@@ -211,13 +211,16 @@ class _Chat:
             if deleted is not None:  # it stays deleted: publishing it would re-create it
                 raise CliError(f"{describe_deletion(deleted)}: it takes no chats")
             await journal.publish_profile(profile.id, profile.tags)
-            self._local_loop = Loop(
-                journal,
-                {profile.id: profile},
-                {profile.id: provider},
-                locks=NatsSessionLocks(js, replicas=self.settings.stream_replicas),
-                approver=NatsApprover(self.nc),
-            )
+            try:
+                self._local_loop = Loop(
+                    journal,
+                    {profile.id: profile},
+                    {profile.id: provider},
+                    locks=NatsSessionLocks(js, replicas=self.settings.stream_replicas),
+                    approver=NatsApprover(self.nc),
+                )
+            except ProfileError as exc:  # a hook that cannot be loaded
+                raise CliError(str(exc)) from None
         loop: Loop = self._local_loop
         try:
             result = await loop.run_turn(

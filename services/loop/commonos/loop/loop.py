@@ -8,6 +8,10 @@ or `interrupted` (the service is shutting down) — always with a `turn_finished
 Sizes: every message is one event of at most `Journal.message_limit` bytes. A text that cannot fit is
 refused before anything of its turn is recorded (`MessageTooLarge`); a tool result is cut to fit,
 saying so; a model's message that cannot fit ends its turn `failed`.
+
+Hooks: each profile's hooks (`commonos.loop.hooks`, listed in its config.toml) are called at every step with
+the turn's `TurnInfo`; one may refuse a tool call (recorded like a policy refusal) or replace a model call's
+request and so the history the turn goes on from. A hook that raises fails its turn, naming the hook.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import msgspec
 
 from commonos.loop import metrics
 from commonos.loop.approvals import Approver, new_request
+from commonos.loop.hooks import HookFactory, HookFailed, HookLoadError, TurnHooks, build_hooks
 from commonos.loop.journal import (
     ApprovalDecision,
     Journal,
@@ -35,7 +40,7 @@ from commonos.loop.journal import (
 )
 from commonos.loop.locks import SessionBusy, SessionLease, SessionLocks, default_owner
 from commonos.loop.profile_admin import delete_profile
-from commonos.loop.profiles import Policy, Profile
+from commonos.loop.profiles import Policy, Profile, ProfileError
 from commonos.loop.providers.base import ModelRequest, Provider, ProviderError
 from commonos.loop.registry import NoRegistry, TurnRegistry
 from commonos.loop.search import MessageSearch, NoSearch
@@ -142,6 +147,7 @@ class Loop:
         max_tokens: int = DEFAULT_MAX_TOKENS,
         registry: TurnRegistry | None = None,
         deletion_check_s: float = 1.0,
+        hook_factories: Mapping[str, HookFactory] | None = None,
     ) -> None:
         missing = set(profiles) - set(providers)
         if missing:
@@ -163,6 +169,13 @@ class Loop:
         #: status it holds is older than this (a turn's start always reads it).
         self.deletion_check_s = deletion_check_s
         self._statuses: dict[str, tuple[float, ProfileStatus]] = {}
+        #: Each profile's hooks (`commonos.loop.hooks`), built once; `hook_factories` adds hooks by name.
+        self.hooks: dict[str, TurnHooks] = {}
+        for profile in self.profiles.values():
+            try:
+                self.hooks[profile.id] = TurnHooks(build_hooks(profile, journal, hook_factories))
+            except HookLoadError as exc:
+                raise ProfileError(profile.config_path, f"hooks: {exc}") from None
 
     def profile(self, profile_id: str) -> Profile:
         try:
@@ -376,7 +389,9 @@ class Loop:
         started = time.monotonic()
         metrics.TURNS_RUNNING.inc()
         status, answer, error = TurnStatus.COMPLETED, "", None
+        hooks = self.hooks.get(profile.id) or TurnHooks()
         try:
+            await hooks.turn_started(turn)
             answer = await self._steps(profile, turn, system_prompt(snapshot), history, text, lease)
         except asyncio.CancelledError:
             status = TurnStatus.INTERRUPTED if self.shutting_down else TurnStatus.CANCELLED
@@ -386,7 +401,7 @@ class Loop:
             except JournalError as exc:
                 log.error("turn %s ended %s but its end was not recorded: %s", turn.turn_id, status.value, exc)
             raise
-        except (_TurnFailed, MessageTooLarge) as exc:
+        except (_TurnFailed, MessageTooLarge, HookFailed) as exc:
             status, error = TurnStatus.FAILED, str(exc)
         except ProviderError as exc:
             metrics.MODEL_ERRORS.labels(exc.provider).inc()
@@ -396,7 +411,7 @@ class Loop:
         except Exception as exc:
             log.exception("turn %s failed", turn.turn_id)
             status, error = TurnStatus.FAILED, f"{type(exc).__name__}: {exc}"
-        await self._finish(turn, status, error, started)
+        status, error = await self._finish(turn, status, error, started)
         return TurnResult(
             session_id=turn.session_id,
             turn_id=turn.turn_id,
@@ -405,23 +420,39 @@ class Loop:
             error=error,
         )
 
-    async def _finish(self, turn: TurnInfo, status: TurnStatus, error: str | None, started: float) -> None:
+    async def _finish(
+        self, turn: TurnInfo, status: TurnStatus, error: str | None, started: float
+    ) -> tuple[TurnStatus, str | None]:
+        """Run the `turn_finished` hooks, record the turn's end; the status and error recorded."""
+        hooks = self.hooks.get(turn.profile_id)
+        if hooks:
+            try:
+                await hooks.turn_finished(turn, status, error)
+            except HookFailed as exc:
+                # A completing turn fails; one that already failed or was cut short keeps its status.
+                if status is TurnStatus.COMPLETED:
+                    status, error = TurnStatus.FAILED, str(exc)
+                else:
+                    error = f"{error}; and {exc}" if error else str(exc)
         metrics.TURNS_RUNNING.dec()
         metrics.TURNS.labels(status.value).inc()
         metrics.TURN_SECONDS.observe(time.monotonic() - started)
         await self.journal.finish_turn(turn, status, error)
         await self.registry.finished(turn)
+        return status, error
 
     async def _steps(
         self, profile: Profile, turn: TurnInfo, system: str, history: list[Message], text: str, lease: SessionLease
     ) -> str:
         provider = self.providers[profile.id]
+        hooks = self.hooks.get(profile.id) or TurnHooks()
         offered = tuple(n for n in profile.tools if n != "delegate" or turn.depth < profile.max_delegation_depth)
         specs = tool_specs(self.tools, offered)
         messages = close_open_tool_calls(history)
         user = UserMessage(text=text)
-        await self.journal.append_message(turn, user)
+        seq = await self.journal.append_message(turn, user)
         messages.append(user)
+        await hooks.message_appended(turn, user, seq)
         for step in range(profile.max_steps):
             if lease.lost:
                 raise _TurnFailed("lost the session lock to another process")
@@ -434,6 +465,9 @@ class Loop:
                 tools=specs,
                 max_tokens=int(profile.provider_options.get("max_tokens", self.max_tokens)),
             )
+            if hooks:
+                request = await hooks.before_model_call(turn, request)
+                messages = list(request.messages)  # a hook may replace the history the turn goes on from
             response = await provider.complete(request)
             await self.journal.record_model_call(
                 turn,
@@ -447,15 +481,18 @@ class Loop:
                 ),
             )
             self._observe_model_call(response.provider, profile.model, response.latency_s, response.usage)
+            await hooks.after_model_call(turn, request, response)
             assistant = response.message
-            await self.journal.append_message(turn, assistant)
+            seq = await self.journal.append_message(turn, assistant)
             messages.append(assistant)
+            await hooks.message_appended(turn, assistant, seq)
             if not assistant.tool_calls:
                 return assistant.text or ""
             for call in assistant.tool_calls:
-                result = await self._call_tool(profile, turn, call)
-                await self.journal.append_message(turn, result)
+                result = await self._call_tool(profile, turn, call, hooks)
+                seq = await self.journal.append_message(turn, result)
                 messages.append(result)
+                await hooks.message_appended(turn, result, seq)
         raise _TurnFailed(f"no final answer within max_steps={profile.max_steps} model calls")
 
     @staticmethod
@@ -498,7 +535,10 @@ class Loop:
             tool_call_id=tool_call_id, call_id=call.id, status=answer.status, decided_by=answer.decided_by
         )
 
-    async def _call_tool(self, profile: Profile, turn: TurnInfo, call: ToolCall) -> ToolResultMessage:
+    async def _call_tool(
+        self, profile: Profile, turn: TurnInfo, call: ToolCall, hooks: TurnHooks | None = None
+    ) -> ToolResultMessage:
+        hooks = hooks if hooks is not None else TurnHooks()
         started_at = utcnow()
         tool_call_id = new_id()
         tool = self.tools.get(call.name)
@@ -508,7 +548,17 @@ class Loop:
             risk, outcome = Risk.LOW, "unknown"
         else:
             risk = tool.risk
-            decision = await self._decide(profile, turn, tool, call, tool_call_id)
+            refused = await hooks.before_tool_call(turn, call)
+            if refused is not None:
+                # Refused by a hook: recorded as the policy's refusals are, the hook as the decider.
+                decision = ApprovalDecision(
+                    tool_call_id=tool_call_id,
+                    call_id=call.id,
+                    status=ApprovalStatus.DENIED,
+                    decided_by=f"hook:{refused[0]}",
+                )
+            else:
+                decision = await self._decide(profile, turn, tool, call, tool_call_id)
             if decision is not None:
                 # Recorded before the tool runs: a risky action is never without its approval on record.
                 await self.journal.record_approval(turn, decision)
@@ -516,6 +566,9 @@ class Loop:
             if decision is None or decision.status is ApprovalStatus.APPROVED:
                 output = await self._run_tool(tool, profile, turn, call)
                 outcome = "error" if output.is_error else "ok"
+            elif refused is not None:
+                output = ToolOutput(f"not run: refused by hook {refused[0]!r}: {refused[1].reason}", is_error=True)
+                outcome = decision.status.value
             else:
                 output = ToolOutput(_refusal(decision), is_error=True)
                 outcome = decision.status.value
@@ -534,6 +587,7 @@ class Loop:
         )
         record = self._fit_result(turn, record)
         await self.journal.record_tool_call(turn, record)
+        await hooks.after_tool_call(turn, call, record)
         return ToolResultMessage(call_id=call.id, content=record.result or "", is_error=output.is_error)
 
     def _fit_result(self, turn: TurnInfo, record: ToolCallRecord) -> ToolCallRecord:
@@ -582,6 +636,8 @@ def _provisional(profile_id: str, session_id: uuid.UUID | None = None) -> TurnIn
 
 
 def _decider_kind(decided_by: str) -> str:
+    if decided_by.startswith("hook:"):
+        return "hook"
     return decided_by if decided_by in ("policy", "timeout") else "person"
 
 

@@ -9,6 +9,7 @@ tools = ["read_file", "shell"]       # the tools the model may call (default: al
 max_steps = 12                       # model calls per turn
 max_delegation_depth = 1             # how deep `delegate` may go (0: no delegation)
 workspace = "workspace"              # where the file and shell tools work, relative to the folder
+hooks = ["log"]                      # loop hooks, run in this order (commonos.loop.hooks; default: none)
 
 [provider_options]                   # the provider's own settings, below
 script = "script.toml"
@@ -112,6 +113,7 @@ class _ProfileConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_steps: int = 12
     max_delegation_depth: int = 1
     workspace: str = "workspace"
+    hooks: list[str] = []
     provider_options: dict[str, Any] = {}
     approval: _ApprovalConfig = msgspec.field(default_factory=_ApprovalConfig)
 
@@ -140,6 +142,8 @@ class Profile:
     workspace: Path = Path("workspace")
     provider_options: dict[str, Any] = field(default_factory=dict)
     approval: ApprovalPolicy = field(default_factory=ApprovalPolicy)
+    #: The names of the profile's loop hooks, in the order they run (`commonos.loop.hooks`).
+    hooks: tuple[str, ...] = ()
 
     @property
     def config_path(self) -> Path:
@@ -182,6 +186,7 @@ def load_profile(folder: Path) -> Profile:
         for name in names:
             if name not in BUILTIN_TOOLS:
                 raise ProfileError(path, f"{key}: unknown tool {name!r} (one of {', '.join(BUILTIN_TOOLS)})")
+    _check_hooks(path, config.hooks)
     if config.max_steps < 1:
         raise ProfileError(path, f"max_steps: must be at least 1, got {config.max_steps}")
     if config.max_delegation_depth < 0:
@@ -215,7 +220,22 @@ def load_profile(folder: Path) -> Profile:
         workspace=workspace if workspace.is_absolute() else folder / workspace,
         provider_options=dict(config.provider_options),
         approval=ApprovalPolicy(timeout_s=config.approval.timeout_s, tools=dict(config.approval.tools)),
+        hooks=tuple(config.hooks),
     )
+
+
+def _check_hooks(path: Path, names: list[str]) -> None:
+    """Every hook name known (built in, or an entry point of `commonos.hooks`), none twice."""
+    if not names:
+        return
+    from commonos.loop.hooks import hook_names  # hooks import this module
+
+    known = hook_names()
+    for i, name in enumerate(names):
+        if name not in known:
+            raise ProfileError(path, f"hooks[{i}]: unknown hook {name!r} (one of {', '.join(known)})")
+        if name in names[:i]:
+            raise ProfileError(path, f"hooks[{i}]: hook {name!r} is listed twice")
 
 
 def load_profiles(root: Path) -> dict[str, Profile]:
