@@ -122,7 +122,7 @@ KNOWN_KEYS = frozenset(
         *("budget", "metrics", "tag", "limit_usd", "period", "name"),
         *("tag_label_keys", "max_tag_values", "max_models", "max_providers"),
         *("tags", "system_prompt", "system_prompt_file", "tools", "max_steps", "max_delegation_depth"),
-        *("workspace", "provider_options", "approval", "timeout_s", "script", "max_tokens"),
+        *("workspace", "provider_options", "approval", "timeout_s", "script", "max_tokens", "hooks", "compaction"),
     }
 )
 UNKNOWN_KEYS = (
