@@ -75,7 +75,7 @@ def test_no_hooks_by_default_and_the_builtin_ones_by_name(tmp_path: Path) -> Non
 @pytest.mark.parametrize(
     ("hooks", "problem"),
     [
-        ('["log", "nope"]', "hooks[1]: unknown hook 'nope' (one of log)"),
+        ('["log", "nope"]', "hooks[1]: unknown hook 'nope' (one of log, compaction)"),
         ('["log", "log"]', "hooks[1]: hook 'log' is listed twice"),
         ('"log"', "hooks: expected an array, got a string"),
     ],
@@ -89,7 +89,7 @@ def test_a_bad_hook_name_is_one_line_naming_the_file_and_the_key(tmp_path: Path,
 
 
 def test_an_installed_hook_is_named_by_its_entry_point(tmp_path: Path, installed: None) -> None:
-    assert hook_names() == ("log", "cannot-build", "missing", "no-shell")
+    assert hook_names() == ("log", "compaction", "cannot-build", "missing", "no-shell")
     profile = _profile(tmp_path, '["log", "no-shell"]')
     assert profile.hooks == ("log", "no-shell")
 

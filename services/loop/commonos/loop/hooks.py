@@ -47,9 +47,10 @@ from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any, Final
 
-from commonos.loop.journal import Journal, ToolCallRecord
+from commonos.loop import metrics
+from commonos.loop.journal import Journal, ModelCall, ToolCallRecord
 from commonos.loop.profiles import Profile
-from commonos.loop.providers.base import ModelRequest, ModelResponse
+from commonos.loop.providers.base import ModelRequest, ModelResponse, Provider
 from commonos.proto.errors import DataError
 from commonos.proto.events import TurnStatus
 from commonos.proto.identity import TurnInfo
@@ -79,6 +80,29 @@ class HookSetup:
     name: str
     profile: Profile
     journal: Journal
+    #: The profile's model provider, for a hook that calls the model itself (record it with
+    #: `record_model_call`, as the loop records its own calls).
+    provider: Provider | None = None
+
+
+async def record_model_call(journal: Journal, turn: TurnInfo, response: ModelResponse, model: str) -> None:
+    """Record a model call of the turn as the loop records its own: a `model_call_completed` with the turn's
+    tags (what billing counts), and the call's metrics."""
+    await journal.record_model_call(
+        turn,
+        ModelCall(
+            provider=response.provider,
+            model=response.model,
+            usage=response.usage,
+            request_id=response.request_id,
+            latency_s=response.latency_s,
+            stop_reason=response.stop_reason,
+        ),
+    )
+    if response.latency_s is not None:
+        metrics.MODEL_SECONDS.labels(response.provider, model).observe(response.latency_s)
+    metrics.MODEL_TOKENS.labels(response.provider, "input").observe(response.usage.total_input_tokens)
+    metrics.MODEL_TOKENS.labels(response.provider, "output").observe(response.usage.output_tokens)
 
 
 @dataclass(frozen=True)
@@ -151,8 +175,14 @@ class LogHook(Hook):
         log.info("turn %s finished %s", turn.turn_id, status.value)
 
 
-#: Hooks a profile names without installing anything.
-BUILTIN_HOOKS: Final[Mapping[str, HookFactory]] = {"log": LogHook}
+def _compaction(setup: HookSetup) -> Hook:
+    from commonos.loop.compaction import CompactionHook  # it imports this module
+
+    return CompactionHook(setup)
+
+
+#: Hooks a profile names without installing anything (`compaction`: `commonos.loop.compaction`).
+BUILTIN_HOOKS: Final[Mapping[str, HookFactory]] = {"log": LogHook, "compaction": _compaction}
 
 
 class HookFailed(DataError):
@@ -195,7 +225,10 @@ def hook_factory(name: str) -> HookFactory:
 
 
 def build_hooks(
-    profile: Profile, journal: Journal, factories: Mapping[str, HookFactory] | None = None
+    profile: Profile,
+    journal: Journal,
+    factories: Mapping[str, HookFactory] | None = None,
+    provider: Provider | None = None,
 ) -> tuple[Hook, ...]:
     """The profile's hooks, built in the order its `hooks` lists them; `factories` (by name) come before the
     built-in and installed ones (tests use them). `HookLoadError` for one that cannot be built."""
@@ -203,7 +236,7 @@ def build_hooks(
     for name in profile.hooks:
         factory = (factories or {}).get(name) or hook_factory(name)
         try:
-            hook = factory(HookSetup(name=name, profile=profile, journal=journal))
+            hook = factory(HookSetup(name=name, profile=profile, journal=journal, provider=provider))
         except Exception as exc:
             raise HookLoadError(f"hook {name!r}: cannot be built: {type(exc).__name__}: {exc}") from None
         if not isinstance(hook, Hook):

@@ -27,13 +27,12 @@ import msgspec
 
 from commonos.loop import metrics
 from commonos.loop.approvals import Approver, new_request
-from commonos.loop.hooks import HookFactory, HookFailed, HookLoadError, TurnHooks, build_hooks
+from commonos.loop.hooks import HookFactory, HookFailed, HookLoadError, TurnHooks, build_hooks, record_model_call
 from commonos.loop.journal import (
     ApprovalDecision,
     Journal,
     JournalError,
     MessageTooLarge,
-    ModelCall,
     SessionNotFound,
     SessionRecord,
     ToolCallRecord,
@@ -173,7 +172,9 @@ class Loop:
         self.hooks: dict[str, TurnHooks] = {}
         for profile in self.profiles.values():
             try:
-                self.hooks[profile.id] = TurnHooks(build_hooks(profile, journal, hook_factories))
+                self.hooks[profile.id] = TurnHooks(
+                    build_hooks(profile, journal, hook_factories, self.providers[profile.id])
+                )
             except HookLoadError as exc:
                 raise ProfileError(profile.config_path, f"hooks: {exc}") from None
 
@@ -469,18 +470,7 @@ class Loop:
                 request = await hooks.before_model_call(turn, request)
                 messages = list(request.messages)  # a hook may replace the history the turn goes on from
             response = await provider.complete(request)
-            await self.journal.record_model_call(
-                turn,
-                ModelCall(
-                    provider=response.provider,
-                    model=response.model,
-                    usage=response.usage,
-                    request_id=response.request_id,
-                    latency_s=response.latency_s,
-                    stop_reason=response.stop_reason,
-                ),
-            )
-            self._observe_model_call(response.provider, profile.model, response.latency_s, response.usage)
+            await record_model_call(self.journal, turn, response, profile.model)
             await hooks.after_model_call(turn, request, response)
             assistant = response.message
             seq = await self.journal.append_message(turn, assistant)
@@ -494,13 +484,6 @@ class Loop:
                 messages.append(result)
                 await hooks.message_appended(turn, result, seq)
         raise _TurnFailed(f"no final answer within max_steps={profile.max_steps} model calls")
-
-    @staticmethod
-    def _observe_model_call(provider: str, model: str, latency_s: float | None, usage: Any) -> None:
-        if latency_s is not None:
-            metrics.MODEL_SECONDS.labels(provider, model).observe(latency_s)
-        metrics.MODEL_TOKENS.labels(provider, "input").observe(usage.total_input_tokens)
-        metrics.MODEL_TOKENS.labels(provider, "output").observe(usage.output_tokens)
 
     # -- tools ------------------------------------------------------------------------------------
 

@@ -17,6 +17,10 @@ script = "script.toml"
 [approval]
 timeout_s = 120                      # an unanswered approval is denied (timed_out)
 tools = { shell = "ask", write_file = "ask" }   # auto | ask | deny; default: ask for high-risk tools
+
+[compaction]                         # read by the `compaction` hook (commonos.loop.compaction), if listed
+max_tokens = 100000                  # compact when the estimated request would be larger
+context_window = 200000              # the model's context window, where known: the budget's ceiling
 ```
 
 `provider_options` by provider (any other key is an error):
@@ -103,6 +107,11 @@ _PROVIDER_OPTIONS: Final[dict[str, type[_ProviderOptions]]] = {
 PROVIDERS: Final = tuple(_PROVIDER_OPTIONS)
 
 
+class _CompactionConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    max_tokens: int = 100_000
+    context_window: int | None = None
+
+
 class _ProfileConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     tags: list[str] = []
     provider: str = "scripted"
@@ -116,6 +125,17 @@ class _ProfileConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     hooks: list[str] = []
     provider_options: dict[str, Any] = {}
     approval: _ApprovalConfig = msgspec.field(default_factory=_ApprovalConfig)
+    compaction: _CompactionConfig = msgspec.field(default_factory=_CompactionConfig)
+
+
+@dataclass(frozen=True)
+class CompactionPolicy:
+    """When the `compaction` hook compacts a session (`[compaction]` of config.toml)."""
+
+    #: Compact when a model request's estimated size (`commonos.loop.compaction.estimate_tokens`) exceeds this.
+    max_tokens: int = 100_000
+    #: The model's context window, where known: the budget is never above it (less the call's output tokens).
+    context_window: int | None = None
 
 
 @dataclass(frozen=True)
@@ -144,6 +164,8 @@ class Profile:
     approval: ApprovalPolicy = field(default_factory=ApprovalPolicy)
     #: The names of the profile's loop hooks, in the order they run (`commonos.loop.hooks`).
     hooks: tuple[str, ...] = ()
+    #: What the `compaction` hook reads, when the profile lists it.
+    compaction: CompactionPolicy = field(default_factory=CompactionPolicy)
 
     @property
     def config_path(self) -> Path:
@@ -191,6 +213,12 @@ def load_profile(folder: Path) -> Profile:
         raise ProfileError(path, f"max_steps: must be at least 1, got {config.max_steps}")
     if config.max_delegation_depth < 0:
         raise ProfileError(path, f"max_delegation_depth: must be 0 or more, got {config.max_delegation_depth}")
+    for key, value in (
+        ("compaction.max_tokens", config.compaction.max_tokens),
+        ("compaction.context_window", config.compaction.context_window),
+    ):
+        if value is not None and value < 1:
+            raise ProfileError(path, f"{key}: must be at least 1, got {value}")
     if not config.approval.timeout_s > 0:
         raise ProfileError(path, f"approval.timeout_s: must be positive, got {config.approval.timeout_s}")
     if config.system_prompt is not None and config.system_prompt_file is not None:
@@ -221,6 +249,9 @@ def load_profile(folder: Path) -> Profile:
         provider_options=dict(config.provider_options),
         approval=ApprovalPolicy(timeout_s=config.approval.timeout_s, tools=dict(config.approval.tools)),
         hooks=tuple(config.hooks),
+        compaction=CompactionPolicy(
+            max_tokens=config.compaction.max_tokens, context_window=config.compaction.context_window
+        ),
     )
 
 

@@ -63,3 +63,13 @@ class Provider(Protocol):
     async def close(self) -> None:
         """Release connections (at service shutdown)."""
         ...
+
+
+#: The system prompt of a compaction's summary call (`commonos.loop.compaction`); the scripted provider answers
+#: a call with it by its script's `summary`.
+COMPACTION_SYSTEM = (
+    "You compact a conversation between a user and an assistant that uses tools. Summarise the transcript "
+    "you are given so that the assistant can carry on from the summary alone: the user's goals and requests, "
+    "decisions taken, facts learnt (file names, values, results of tool calls), what is done and what is "
+    "still open. Be concise; answer with the summary only."
+)

@@ -9,9 +9,14 @@ tool_calls = [{ name = "shell", args = { command = "echo rain" } }]
 usage = { input_tokens = 812, output_tokens = 41, cache_read_tokens = 2048 }
 ```
 
+summary = "The user asked about rain."   # top level: the reply to a compaction's summary call
+
 The step is the number of assistant messages already in the conversation, so a reply depends only on
 the conversation, not on what ran before in the process. A step without `usage` gets an estimate
 (4 characters a token, `usage_estimated`). Past the last step the model says it has nothing scripted.
+A compaction's summary call (its system prompt is `COMPACTION_SYSTEM`) is answered with `summary`, not by
+a conversation; after a compaction, the conversation's first user message is the summary (`match` can name
+a word of it) and its steps count the assistant messages the compaction kept.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Any
 import msgspec
 
 from commonos.accounting.usage import TokenUsage
-from commonos.loop.providers.base import ModelRequest, ModelResponse
+from commonos.loop.providers.base import COMPACTION_SYSTEM, ModelRequest, ModelResponse
 from commonos.proto.config_files import ConfigProblem, convert, key_path, one_line, problem_of, toml_document
 from commonos.proto.errors import ConfigError
 from commonos.proto.messages import AssistantMessage, ToolCall, UserMessage, message_text
@@ -63,6 +68,8 @@ class Conversation(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 class Script(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     conversations: list[Conversation] = []
+    #: The reply to a compaction's summary call.
+    summary: str = "Nothing to summarise was scripted."
 
 
 def load_script(path: Path) -> Script:
@@ -125,7 +132,9 @@ class ScriptedProvider:
         first_user = next((m.text for m in request.messages if isinstance(m, UserMessage)), "")
         step_index = sum(isinstance(m, AssistantMessage) for m in request.messages)
         conversation = self._conversation(first_user)
-        if conversation is not None and step_index < len(conversation.steps):
+        if request.system == COMPACTION_SYSTEM:
+            step = Step(text=self.script.summary)
+        elif conversation is not None and step_index < len(conversation.steps):
             step = conversation.steps[step_index]
         else:
             step = Step(text="I have nothing more scripted to say.")
