@@ -4,6 +4,7 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import nats
@@ -115,3 +116,23 @@ async def nc(nats_url: str) -> AsyncIterator[Client]:
 @pytest.fixture
 def js(nc: Client) -> JetStreamContext:
     return nc.jetstream()
+
+
+@pytest.fixture
+async def streams(js: JetStreamContext) -> JetStreamContext:
+    """JetStream on the test's own nats-server, with CommonOS's streams."""
+    from commonos.runtime.nats import ensure_streams
+
+    await ensure_streams(js)
+    return js
+
+
+@pytest.fixture(params=["memory", "nats"])
+def journal(request: pytest.FixtureRequest) -> Any:
+    """Each Journal adapter of the loop: in memory, and on NATS (a real nats-server of the test's own)."""
+    from commonos.loop.memory import MemoryJournal
+    from commonos.loop.nats_journal import NatsJournal
+
+    if request.param == "memory":
+        return MemoryJournal()
+    return NatsJournal(request.getfixturevalue("streams"))

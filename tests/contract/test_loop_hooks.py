@@ -12,7 +12,6 @@ from typing import Any
 
 import msgspec
 import pytest
-from nats.js import JetStreamContext
 
 from commonos.accounting.usage import TokenUsage
 from commonos.loop.approvals import ApprovalAnswer, FixedApprover
@@ -36,7 +35,6 @@ from commonos.proto.events import (
 )
 from commonos.proto.identity import TurnInfo
 from commonos.proto.messages import AssistantMessage, Message, ToolCall, ToolResultMessage, UserMessage
-from commonos.runtime.nats import ensure_streams
 from tests.loop.helpers import of_type, write_profile
 
 SCRIPT = """
@@ -88,20 +86,6 @@ TOOLS_TURN = [
     "message_appended",  # the answer
     "turn_finished",
 ]
-
-
-@pytest.fixture
-async def streams(js: JetStreamContext) -> JetStreamContext:
-    await ensure_streams(js)
-    return js
-
-
-@pytest.fixture(params=["memory", "nats"])
-def journal(request: pytest.FixtureRequest) -> EventJournal:
-    """Each Journal adapter; NATS on a real nats-server of the test's own."""
-    if request.param == "memory":
-        return MemoryJournal()
-    return NatsJournal(request.getfixturevalue("streams"))
 
 
 async def stored(journal: EventJournal) -> list[Event]:

@@ -6,10 +6,7 @@ never split, and a profile that does not list the hook never compacts."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
@@ -29,9 +26,8 @@ from commonos.loop.providers import ModelRequest, ModelResponse, build_provider
 from commonos.loop.providers.base import COMPACTION_SYSTEM
 from commonos.proto import events as ev
 from commonos.proto.messages import AssistantMessage, ToolCall, ToolResultMessage, UserMessage
-from commonos.runtime.nats import ensure_streams
-from commonos.runtime.settings import Settings
 from tests.loop.helpers import of_type, write_profile
+from tests.support import journal_writer
 
 T1 = "first question " + "a" * 1600
 T2 = "second question " + "b" * 1600
@@ -92,19 +88,6 @@ class Recording:
 
     async def close(self) -> None:
         await self.inner.close()
-
-
-@pytest.fixture
-async def streams(js: JetStreamContext) -> JetStreamContext:
-    await ensure_streams(js)
-    return js
-
-
-@pytest.fixture(params=["memory", "nats"])
-def journal(request: pytest.FixtureRequest) -> EventJournal:
-    if request.param == "memory":
-        return MemoryJournal()
-    return NatsJournal(request.getfixturevalue("streams"))
 
 
 async def stored(journal: EventJournal) -> list[ev.Event]:
@@ -219,27 +202,6 @@ def test_the_split_never_falls_between_a_tool_call_and_its_results() -> None:
     assert split_point(entries[1:4], 10) is None
 
 
-@contextlib.asynccontextmanager
-async def writer(nats_url: str, dsn: str) -> AsyncIterator[None]:
-    from commonos.journal_writer.service import serve, writer_projections, writer_schemas
-
-    stop = asyncio.Event()
-    task = asyncio.create_task(
-        serve(
-            Settings(nats_url=nats_url, database_url=dsn, http_port=0),
-            writer_projections(),
-            writer_schemas(),
-            "journal-writer",
-            stop=stop,
-        )
-    )
-    try:
-        yield
-    finally:
-        stop.set()
-        assert await asyncio.wait_for(task, 30) == 0
-
-
 @pytest.mark.slow
 async def test_the_projection_shows_the_inactive_messages_and_the_summary(
     streams: JetStreamContext, nats_url: str, database_url: str, tmp_path: Path
@@ -252,7 +214,7 @@ async def test_the_projection_shows_the_inactive_messages_and_the_summary(
     loop, _ = make_loop(journal, tmp_path)
     session_id = await three_turns(loop)
     last = (await streams.stream_info("COS_EVENTS")).state.last_seq
-    async with writer(nats_url, database_url), billing(nats_url, database_url):
+    async with journal_writer(nats_url, database_url), billing(nats_url, database_url):
         await wait_for_position(database_url, "journal-writer", last, timeout_s=30)
         await wait_caught_up(streams, database_url, CONSUMER_NAME, table=POSITIONS, timeout_s=30)
     conn = await asyncpg.connect(database_url)

@@ -39,7 +39,6 @@ from commonos.proto.events import (
 )
 from commonos.proto.subjects import EVENTS_ALL
 from commonos.runtime.embedded import NatsServer
-from commonos.runtime.nats import ensure_streams
 from tests.harness import ExternalServer
 from tests.loop.helpers import of_type, write_profile
 
@@ -69,12 +68,6 @@ def assert_stored_once(events: list[Event]) -> None:
         by_session.setdefault(m.session_id, []).append(m.seq)
     for seqs in by_session.values():
         assert seqs == list(range(1, len(seqs) + 1))
-
-
-@pytest.fixture
-async def streams(js: JetStreamContext) -> JetStreamContext:
-    await ensure_streams(js)
-    return js
 
 
 @pytest.fixture
