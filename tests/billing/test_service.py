@@ -16,6 +16,7 @@ from decimal import Decimal
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+import msgspec
 import nats
 import pytest
 from prometheus_client import REGISTRY
@@ -607,3 +608,30 @@ async def test_billing_applies_its_schema_where_the_core_belongs_to_another_role
         await admin.execute(f"DROP OWNED BY {writer}, {biller}")
         await admin.execute(f"DROP ROLE {writer}; DROP ROLE {biller}")
         await admin.close()
+
+
+async def test_a_call_stored_under_another_event_id_is_not_billed_again(nats_url: str, database_url: str) -> None:
+    """One vendor request is one call, whichever event id names it: a transcript imported before the
+    OTLP gateway existed minted other ids for its calls than the gateway and today's importer do (issue
+    #17), and billing must not count a re-import or the same call's telemetry a second time."""
+    clock = Clock(now=recent_start())
+    first = model_call(clock.tick(), provider="anthropic", model="claude-sonnet-4-5", input_tokens=10)
+    first = msgspec.structs.replace(first, request_id="req_same")
+    # The same call under a new id, once in a later batch and twice within one batch.
+    again = msgspec.structs.replace(first, event_id=new_id())
+    twice = [msgspec.structs.replace(first, event_id=new_id()) for _ in range(2)]
+    # The same request id at another provider is another call; calls without a request id are all kept.
+    other_provider = msgspec.structs.replace(first, event_id=new_id(), provider="openai", model="o4-mini")
+    no_id = [model_call(clock.tick(), input_tokens=5) for _ in range(2)]
+    acks = await publish_all(nats_url, [first, *no_id])
+    async with billing(nats_url, database_url):
+        await wait_for_position(database_url, "billing", acks[-1].seq, table=POSITIONS)
+    acks = await publish_all(nats_url, [again, *twice, other_provider])
+    async with billing(nats_url, database_url, batch_size=10):
+        await wait_for_position(database_url, "billing", acks[-1].seq, table=POSITIONS)
+    conn = await connect(database_url)
+    try:
+        ids = {r["event_id"] for r in await conn.fetch("SELECT event_id FROM model_calls")}
+        assert ids == {first.event_id, other_provider.event_id, *(n.event_id for n in no_id)}
+    finally:
+        await conn.close()

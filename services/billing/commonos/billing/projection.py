@@ -2,7 +2,8 @@
 
 The first half is pure (event + :class:`Pricer` -> :class:`ModelCallRow`, rows -> column arrays) so the hot
 path can be benchmarked alone. :class:`BillingProjection` runs it inside the consumer's transaction: one
-``INSERT … SELECT FROM unnest(…) ON CONFLICT (event_id) DO NOTHING RETURNING event_id`` per batch, then the
+``INSERT … SELECT FROM unnest(…) ON CONFLICT (event_id) DO NOTHING RETURNING event_id`` per batch (a call whose
+vendor request id is already stored under another event id is not inserted: `same_request_once`), then the
 budget step for the rows that were really new. Metrics and the budgets' in-memory state are staged and only
 recorded once the consumer has committed (:meth:`BillingProjection.committed`), so a batch that is rolled
 back and retried is not counted twice.
@@ -250,6 +251,9 @@ FROM unnest(
     $14::text[], $15::float8[], $16::text[], $17::bool[], $18::numeric[],
     $19::numeric[], $20::text[], $21::text[], $22::text[], $23::text[], $24::text[], $25::timestamptz[]
 ) AS u(e, p, s, t, r, pv, m, it, ot, crt, cw5, cw1, rt, sp, lat, sr, ue, rc, c, cs, ps, pver, pd, tg, ca)
+-- One vendor request is one call, whichever event id names it (see `same_request_once`).
+WHERE u.r IS NULL OR NOT EXISTS (
+    SELECT 1 FROM model_calls m WHERE m.request_id = u.r AND m.provider = u.pv AND m.event_id <> u.e)
 ON CONFLICT (event_id) DO NOTHING
 RETURNING event_id
 """
@@ -264,6 +268,26 @@ def insert_arguments(rows: Sequence[ModelCallRow]) -> list[list[Any]]:
     # A vendor's text (model, request id, stop reason) may hold U+0000, which PostgreSQL text cannot:
     # stored escaped, losslessly, as every projection does (`proto.text`).
     return [[escape_nul(v) if isinstance(v, str) else v for v in column] for column in columns]
+
+
+def same_request_once(rows: Sequence[ModelCallRow]) -> list[ModelCallRow]:
+    """`rows` without a second row for a (provider, request id) that an earlier row with another event id has.
+
+    A vendor's request id names one call. Two sources can report the same call under different event ids:
+    a transcript imported by an older version (whose ids for Claude Code calls were minted from the
+    message, not the request) and the OTLP gateway or a re-import today. The first stored is billed; the
+    rest are duplicates, like a second copy of the same event id. :data:`INSERT_MODEL_CALLS` checks the
+    stored rows; this checks the batch, which that statement cannot see.
+    """
+    first: dict[tuple[str, str], uuid.UUID] = {}
+    kept: list[ModelCallRow] = []
+    for row in rows:
+        if row.request_id is not None:
+            event_id = first.setdefault((row.provider, row.request_id), row.event_id)
+            if event_id != row.event_id:
+                continue
+        kept.append(row)
+    return kept
 
 
 def new_rows(rows: Sequence[ModelCallRow], inserted: set[uuid.UUID]) -> list[ModelCallRow]:
@@ -353,7 +377,7 @@ class BillingProjection(Projection):
         # A deleted profile's model calls are refused (profile_deleted); its sessions are not recorded as anyone's.
         events = await self.deletions.screen(conn, events, refuse=(ModelCallCompleted,), skip=(SessionCreated,))
         await self.owners.check(conn, [e for e in events if isinstance(e, (ModelCallCompleted, SessionCreated))])
-        rows = [self.row_for(e) for e in events if isinstance(e, ModelCallCompleted)]
+        rows = same_request_once([self.row_for(e) for e in events if isinstance(e, ModelCallCompleted)])
         if not rows:
             return
         records = await conn.fetch(INSERT_MODEL_CALLS, *insert_arguments(rows))

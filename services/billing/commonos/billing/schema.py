@@ -49,6 +49,8 @@ CREATE TABLE IF NOT EXISTS model_calls (
 CREATE INDEX IF NOT EXISTS model_calls_tags ON model_calls USING gin (tags);
 CREATE INDEX IF NOT EXISTS model_calls_created ON model_calls (created_at);
 CREATE INDEX IF NOT EXISTS model_calls_session ON model_calls (session_id);
+-- A vendor request billed once whatever event id names it (projection.same_request_once).
+CREATE INDEX IF NOT EXISTS model_calls_request ON model_calls (request_id) WHERE request_id IS NOT NULL;
 
 -- Billing's own consumer positions, written in the same transaction as its rows.
 CREATE TABLE IF NOT EXISTS billing_positions (
