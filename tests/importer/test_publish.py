@@ -14,10 +14,10 @@ from commonos.importer.claude import read_claude, read_claude_file
 from commonos.importer.codex import read_codex
 from commonos.importer.events import (
     TreeState,
+    call_event_ids,
     events_for,
     has_usage,
     import_tags,
-    model_call_event_id,
     profile_id_for,
     settled_invocations,
     tag_value,
@@ -28,6 +28,7 @@ from commonos.importer.parts import part_budget
 from commonos.journal_writer.graph_projection import GraphEventInvalid, GraphProjection, graph_of, graph_rows
 from commonos.proto.events import ModelCallCompleted, TranscriptImported, decode_event, encode_event
 from commonos.proto.graph import GRAPH_LISTS, Graph, GraphInvalid, ModelInvocation, decode_graph, encode_graph, validate
+from commonos.proto.graph.ids import model_call_event_id, ordinal_call_event_id, request_call_event_id
 from commonos.proto.subjects import parse_subject, subject_for
 from commonos.proto.tags import parse_tags
 from commonos.proto.text import unescape_nul, unescape_nul_json
@@ -36,8 +37,10 @@ from tests.importer.parts import check_parts
 from tests.importer.transcripts import (
     CORPUS,
     ClaudeWriter,
+    CodexWriter,
     append_lines,
     needs_corpus,
+    read_lines,
     small_claude_home,
 )
 
@@ -121,9 +124,11 @@ def test_the_largest_tree_in_small_parts(corpus_trees: list[ImportedSession]) ->
 def test_model_calls_follow_the_token_convention(corpus_trees: list[ImportedSession]) -> None:
     claude = next(t for t in corpus_trees if t.vendor == "claude-code")
     calls = [e for e in events_for(claude) if isinstance(e, ModelCallCompleted)]
-    by_id = {model_call_event_id(m.id): m for m in claude.graph.model_invocations}
+    by_id = {event_id: m for m in claude.graph.model_invocations if (event_id := call_event_ids(claude).get(m.id))}
     for call in calls:
         invocation = by_id[call.event_id]
+        # The id the OTLP gateway gives the api_request of the same API request.
+        assert call.request_id and call.event_id == request_call_event_id("claude-code", call.request_id)
         assert call.provider == "anthropic" and call.model == invocation.model
         assert call.input_tokens == invocation.input_tokens and call.output_tokens == invocation.output_tokens
         assert call.cache_read_tokens == invocation.cache_read_tokens
@@ -294,3 +299,35 @@ def test_call_time_falls_back_to_the_session_start(tmp_path: Path) -> None:
     assert root is not None and root.started_at is not None
     assert {c.occurred_at for c in calls} == {root.started_at.astimezone(UTC)}
     assert all(c.occurred_at > datetime(2024, 1, 1, tzinfo=UTC) for c in calls)
+
+
+def test_model_call_ids_are_the_ones_the_otlp_gateway_mints(tmp_path: Path) -> None:
+    # The old function keeps its value: the ids of calls imported before the gateway existed do not move.
+    assert model_call_event_id("inv-1") == uuid.uuid5(
+        uuid.UUID("2b7c4e0a-5d3f-5c61-9f2e-8a1d7b6c9e40"), '["model_call_completed","inv-1"]'
+    )
+    # Claude Code: the API request id (what the gateway reads from api_request's request_id) ...
+    path = tmp_path / "claude" / "s.jsonl"
+    path.parent.mkdir()
+    append_lines(path, ClaudeWriter(path, session_id="s-1").exchange("Hello"))
+    tree = read_claude_file(path)[0]
+    calls = [e for e in events_for(tree) if isinstance(e, ModelCallCompleted)]
+    assert len(calls) == 2
+    assert all(c.request_id and c.event_id == request_call_event_id("claude-code", c.request_id) for c in calls)
+    # ... and a line without requestId keeps the invocation's id (the gateway, given one, could not match it).
+    lines = [{k: v for k, v in line.items() if k != "requestId"} for line in read_lines(path)]
+    bare = tmp_path / "bare" / "s.jsonl"
+    bare.parent.mkdir()
+    append_lines(bare, lines)
+    old = read_claude_file(bare)[0]
+    ids = {m.id: model_call_event_id(m.id) for m in old.graph.model_invocations if has_usage(m)}
+    assert call_event_ids(old) == ids and {c.event_id for c in events_for(old) if isinstance(c, ModelCallCompleted)}
+    # Codex: the n-th call with usage of the conversation, whatever the invocation's own id.
+    rollout = tmp_path / "codex" / "rollout-2025-01-01T00-00-00-0190aaaa-0000-7000-8000-000000000001.jsonl"
+    rollout.parent.mkdir()
+    writer = CodexWriter(rollout)
+    append_lines(rollout, writer.exchange("one") + writer.exchange("two"))
+    (codex,) = read_codex(tmp_path / "codex")
+    codex_calls = [e for e in events_for(codex) if isinstance(e, ModelCallCompleted)]
+    conversation = "0190aaaa-0000-7000-8000-000000000001"
+    assert [c.event_id for c in codex_calls] == [ordinal_call_event_id("codex", conversation, n) for n in (0, 1)]

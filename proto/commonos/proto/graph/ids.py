@@ -29,3 +29,44 @@ def mint_id(kind: str, *parts: str) -> str:
     digest[8] = (digest[8] & 0x3F) | 0x80  # RFC 4122 variant
     h = digest.hex()
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+# --- event ids of model calls ---------------------------------------------------------------------
+# Shared by the importer and the OTLP gateway, so that a call reaching us both ways is one event.
+# Changing this namespace would change every model call's event id, and a call imported (or received)
+# again would be billed again.
+_CALL_EVENT_NAMESPACE = uuid.UUID("2b7c4e0a-5d3f-5c61-9f2e-8a1d7b6c9e40")
+
+
+def _call_event_id(*parts: str) -> uuid.UUID:
+    return uuid.uuid5(_CALL_EVENT_NAMESPACE, msgspec.json.encode(list(parts)).decode())
+
+
+def model_call_event_id(invocation_id: str) -> uuid.UUID:
+    """The id of the ``model_call_completed`` of one model invocation (our id of it, `mint_id`).
+
+    UUIDv5, under the namespace ``2b7c4e0a-5d3f-5c61-9f2e-8a1d7b6c9e40``, of the JSON array
+    ``["model_call_completed", invocation_id]``: the importer's ids since its first release.
+    """
+    return _call_event_id("model_call_completed", invocation_id)
+
+
+def request_call_event_id(vendor: str, request_id: str) -> uuid.UUID:
+    """The id of the ``model_call_completed`` of the API request a vendor names `request_id`.
+
+    Claude Code names each API request (``req_…``) in its transcript lines (``requestId``) and in its
+    OpenTelemetry ``api_request`` events (``request_id``), so the importer and the OTLP gateway mint
+    the same id for one call: UUIDv5 (same namespace as `model_call_event_id`) of
+    ``["model_call_completed", "request", vendor, request_id]``.
+    """
+    return _call_event_id("model_call_completed", "request", vendor, request_id)
+
+
+def ordinal_call_event_id(vendor: str, session_key: str, ordinal: int) -> uuid.UUID:
+    """The id of the ``model_call_completed`` of the `ordinal`-th call (from 0) with usage of a vendor session.
+
+    For a vendor that names neither its calls nor its responses in its telemetry (Codex): the
+    `model_call_event_id` of ``mint_id("model_invocation", vendor, session_key, str(ordinal))``, the
+    invocation id the Codex importer gives the n-th call of a rollout whose usage precedes its items.
+    """
+    return model_call_event_id(mint_id("model_invocation", vendor, session_key, str(ordinal)))

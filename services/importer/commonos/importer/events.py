@@ -15,7 +15,10 @@ Per tree the importer publishes:
 * one ``model_call_completed`` per model invocation with usage, for billing.
 
 Every event id is deterministic: a part's id is a UUIDv5 of (vendor, root session, SHA-256 of the
-part's graph, and its place when there are several), a model call's of the invocation id. Importing
+part's graph, and its place when there are several); a model call's is the one the OTLP gateway
+mints for the same call (`call_event_ids`: Claude Code's API request id, the place of a Codex call
+among its conversation's calls with usage, else the invocation id), so a session received over
+OpenTelemetry and later imported from its transcript bills each call once. Importing
 an unchanged transcript again therefore publishes the same ids: JetStream drops them as duplicates
 within its duplicate window (10 minutes), and after it they are stored again but change nothing,
 every consumer being idempotent by event id or natural key; an invocation is never billed twice.
@@ -56,6 +59,7 @@ from commonos.proto.graph import (
     encode_graph,
     validate,
 )
+from commonos.proto.graph.ids import model_call_event_id, ordinal_call_event_id, request_call_event_id
 from commonos.proto.subjects import EVENTS_STREAM
 from commonos.runtime.limits import DEFAULT_MAX_PAYLOAD, message_bytes, with_stream_header
 
@@ -63,6 +67,9 @@ from commonos.runtime.limits import DEFAULT_MAX_PAYLOAD, message_bytes, with_str
 EVENT_SOURCE: Final = "urn:commonos:importer"
 #: Parts are sized as if numbered up to this: the digits of `part` and `parts` are counted too.
 _MAX_PARTS: Final = 999_999_999
+#: Vendors whose model calls' event ids the OTLP gateway mints too (`call_event_ids`).
+CLAUDE_CODE: Final = "claude-code"
+CODEX: Final = "codex"
 # Changing this namespace would change every imported event id, and re-importing would bill again.
 _EVENT_NAMESPACE: Final = uuid.UUID("2b7c4e0a-5d3f-5c61-9f2e-8a1d7b6c9e40")
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
@@ -115,9 +122,50 @@ def _event_id(*parts: str) -> uuid.UUID:
     return uuid.uuid5(_EVENT_NAMESPACE, msgspec.json.encode(list(parts)).decode())
 
 
-def model_call_event_id(invocation_id: str) -> uuid.UUID:
-    """The id of the ``model_call_completed`` of one invocation: re-imports never bill it twice."""
-    return _event_id("model_call_completed", invocation_id)
+def vendor_session_key(graph: Graph) -> str | None:
+    """The vendor's id of the tree's top-level session (Claude Code's session id, Codex's conversation id)."""
+    root = graph.root()
+    if root is None:
+        return None
+    return next(
+        (
+            v.vendor_id
+            for v in graph.vendor_ids
+            if v.our_type == "session" and v.our_id == root.id and v.vendor_id_kind == "session_id"
+        ),
+        None,
+    )
+
+
+def call_event_ids(imported: ImportedSession) -> dict[str, uuid.UUID]:
+    """The ``model_call_completed`` id of each invocation with usage, the one the OTLP gateway mints too.
+
+    * Claude Code: a call whose lines carry the API request id (``requestId``) is
+      ``request_call_event_id("claude-code", request_id)``, as the gateway names the ``api_request``
+      event of that request; a call without one keeps ``model_call_event_id(invocation id)``.
+    * Codex: the n-th invocation with usage of the rollout (from 0, in the rollout's order) is
+      ``ordinal_call_event_id("codex", conversation id, n)``; Codex's telemetry names no call, and the
+      gateway counts the conversation's ``response.completed`` events with token counts the same way.
+    * Any other vendor: ``model_call_event_id(invocation id)``.
+    """
+    graph = imported.graph
+    with_usage = [m for m in graph.model_invocations if has_usage(m)]
+    if imported.vendor == CLAUDE_CODE:
+        request_ids = {
+            v.our_id: v.vendor_id
+            for v in graph.vendor_ids
+            if v.our_type == "model_invocation" and v.vendor_id_kind == "request_id"
+        }
+        return {
+            m.id: request_call_event_id(CLAUDE_CODE, request_ids[m.id])
+            if m.id in request_ids
+            else model_call_event_id(m.id)
+            for m in with_usage
+        }
+    session_key = vendor_session_key(graph) if imported.vendor == CODEX else None
+    if session_key is not None:
+        return {m.id: ordinal_call_event_id(CODEX, session_key, n) for n, m in enumerate(with_usage)}
+    return {m.id: model_call_event_id(m.id) for m in with_usage}
 
 
 def _root(imported: ImportedSession) -> Session:
@@ -189,6 +237,7 @@ def model_call_events(
         for v in graph.vendor_ids
         if v.our_type == "model_invocation" and v.vendor_id_kind == "request_id"
     }
+    event_ids = call_event_ids(imported)
     events = []
     for invocation in graph.model_invocations:
         if (
@@ -200,7 +249,7 @@ def model_call_events(
         one_hour = invocation.cache_write_1h_tokens or 0
         events.append(
             ModelCallCompleted(
-                event_id=model_call_event_id(invocation.id),
+                event_id=event_ids[invocation.id],
                 occurred_at=call_time(graph, invocation),
                 profile_id=profile,
                 session_id=uuid.UUID(root.id),
@@ -370,7 +419,7 @@ def tree_events(
     parts, cut = part_events(imported, rows, max_payload=max_payload, selected=selected)
     only = settled_invocations(graph) if settled_only else None
     calls = model_call_events(imported, only=only, skip=state.billed if state is not None else ())
-    invocation_of = {model_call_event_id(m.id): m.id for m in graph.model_invocations}
+    invocation_of = {event_id: invocation for invocation, event_id in call_event_ids(imported).items()}
     return TreeEvents(parts=parts, calls=calls, rows=rows, invocation_of=invocation_of, cut_rows=cut)
 
 
