@@ -7,14 +7,60 @@ events: the log events and spans carry the same usage, and billing both would co
 
 Every event id is deterministic (derived from the source's own identifiers), so an exporter's retry of
 a request publishes the same ids again, and JetStream and the consumers drop them as duplicates.
+
+Logs (`map_logs`): each log record is routed by its event name (its ``event.name`` attribute, else
+the record's ``event_name``: Codex fills that one with its source location): ``codex.*`` to
+:mod:`~commonos.otlp_gateway.codex`; a record of Claude Code (its scope
+``com.anthropic.claude_code.*``, its resource's ``service.name`` ``claude-code``, or an event name
+``claude_code.*``) to :mod:`~commonos.otlp_gateway.claude_code`. Any other record is accepted and
+ignored (counted in `Mapped.ignored`), never an error. A resource whose attributes give an invalid
+tag (:mod:`~commonos.otlp_gateway.attributes`) has its vendor records refused with the reason; its
+other records are ignored as usual.
+
+Ids shared by every vendor module (`Emitter`):
+
+==========================  ===================================================================
+our id                      derived from
+==========================  ===================================================================
+session id                  ``mint_id("session", vendor, vendor session id)``: the importer's
+                            root session id of the same session's transcript
+``session_created`` id      `gateway_id` ``("session_created", vendor, vendor session id)``
+turn id                     `gateway_id` ``("turn", vendor, vendor session id, turn key)``
+``turn_started`` id         `gateway_id` ``("turn_started", vendor, vendor session id, turn key)``
+tool call id (ours)         `gateway_id` ``("tool_call", vendor, vendor session id, call id)``
+``tool_call_recorded`` id   `gateway_id` ``("tool_call_recorded", vendor, session id, call id)``
+``approval_decided`` id     `gateway_id` ``("approval_decided", vendor, session id, call id)``
+``model_call_completed``    per vendor: see its module
+==========================  ===================================================================
+
+A session and a turn are announced (``session_created``, ``turn_started``) in every request that has a
+record of theirs, before the first event that needs them: the journal-writer needs a tool call's turn
+and a turn's session, and inserts each with ``ON CONFLICT (id) DO NOTHING``, so the first announcement
+stored wins and the others change nothing (JetStream drops those within its duplicate window).
 """
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
-from typing import Protocol
+from datetime import datetime
+from typing import Any, Final, Protocol
 
-from commonos.proto.events import EventBase
+import msgspec
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
+
+from commonos.otlp_gateway.attributes import attributes, from_nanos, resource_tags, text, timestamp
+from commonos.proto.events import EventBase, SessionCreated, TurnStarted
+from commonos.proto.graph.ids import mint_id
+from commonos.proto.tags import InvalidTag
+
+#: Vendors of the log sources, as the importer names them (sessions, tags, sources).
+CLAUDE_CODE: Final = "claude-code"
+CODEX: Final = "codex"
+# Changing this namespace would change the ids of every session, turn and tool call event the gateway
+# ever published: a client's retry after the change would publish them again under new ids.
+_GATEWAY_NAMESPACE: Final = uuid.UUID("9d5c0f3e-7b1a-5e24-8c6d-2f4a1b3e5c70")
 
 
 @dataclass(frozen=True)
@@ -53,13 +99,24 @@ class Mapped:
 
 
 class CallOrdinals(Protocol):
-    """Where a source without call ids (Codex) keeps each session's calls in order, across requests.
+    """What a source without call or turn ids (Codex) needs remembered per session, across requests.
 
     ``ordinal`` returns the 0-based place of the call `fingerprint` identifies among the session's calls:
     the same fingerprint always gets the same ordinal (an exporter's retry), a new one the next.
+
+    ``begin_turn`` remembers that the session's turn `turn_key` started at `started` (idempotent: the
+    same key again changes nothing). ``turn_at`` returns the key of the session's turn that started
+    last at or before `at` (a tie: the one begun last), or None when none did. A record that names no
+    turn belongs to the turn it follows in time, so a retried request, or one arriving after the next
+    turn began, still finds the same turn. An implementation may forget all but a session's latest
+    turns (say 100): a record older than every remembered turn then gets None.
     """
 
     async def ordinal(self, vendor: str, session_key: str, fingerprint: str) -> int: ...
+
+    async def begin_turn(self, vendor: str, session_key: str, turn_key: str, started: datetime) -> None: ...
+
+    async def turn_at(self, vendor: str, session_key: str, at: datetime) -> str | None: ...
 
 
 class MemoryOrdinals:
@@ -67,7 +124,156 @@ class MemoryOrdinals:
 
     def __init__(self) -> None:
         self._seen: dict[tuple[str, str], dict[str, int]] = {}
+        self._turns: dict[tuple[str, str], dict[str, datetime]] = {}
 
     async def ordinal(self, vendor: str, session_key: str, fingerprint: str) -> int:
         seen = self._seen.setdefault((vendor, session_key), {})
         return seen.setdefault(fingerprint, len(seen))
+
+    async def begin_turn(self, vendor: str, session_key: str, turn_key: str, started: datetime) -> None:
+        self._turns.setdefault((vendor, session_key), {}).setdefault(turn_key, started)
+
+    async def turn_at(self, vendor: str, session_key: str, at: datetime) -> str | None:
+        turns = self._turns.get((vendor, session_key), {})
+        # Insertion order breaks ties: of turns started at the same moment, the one begun last.
+        started = [(moment, place, key) for place, (key, moment) in enumerate(turns.items()) if moment <= at]
+        return max(started)[2] if started else None
+
+
+# --- ids and the events every vendor shares -------------------------------------------------------
+
+
+def gateway_id(*parts: str) -> uuid.UUID:
+    """A deterministic event or row id: UUIDv5 of the JSON array of `parts` under the gateway's namespace."""
+    return uuid.uuid5(_GATEWAY_NAMESPACE, msgspec.json.encode(list(parts)).decode())
+
+
+def session_id_of(vendor: str, session_key: str) -> uuid.UUID:
+    """Our id of a vendor session: the importer's id of the same session's transcript tree."""
+    return uuid.UUID(mint_id("session", vendor, session_key))
+
+
+def tool_call_id_of(vendor: str, session_key: str, call_id: str) -> uuid.UUID:
+    return gateway_id("tool_call", vendor, session_key, call_id)
+
+
+@dataclass(frozen=True)
+class Record:
+    """One log record, read: its event name, attributes and time (None when it states none)."""
+
+    name: str
+    attributes: dict[str, Any]
+    time: datetime | None
+
+    @staticmethod
+    def of(record: LogRecord) -> Record:
+        attrs = attributes(record.attributes)
+        # The attribute first: Codex fills the record's event_name with its source location.
+        name = text(attrs.get("event.name")) or record.event_name or ""
+        # The record's own time: its `event.timestamp` (Codex leaves time_unix_nano 0), else the OTLP times.
+        time = (
+            timestamp(attrs.get("event.timestamp"))
+            or from_nanos(record.time_unix_nano)
+            or from_nanos(record.observed_time_unix_nano)
+        )
+        return Record(name, attrs, time)
+
+
+class Emitter:
+    """The events of one request, with each session and turn announced once, before what needs it."""
+
+    def __init__(self, source: Source, mapped: Mapped) -> None:
+        self.source = source
+        self.mapped = mapped
+        self._sessions: set[uuid.UUID] = set()
+        self._turns: set[uuid.UUID] = set()
+
+    def add(self, event: EventBase) -> None:
+        self.mapped.events.append(event)
+
+    def session(self, vendor: str, session_key: str, tags: tuple[str, ...], at: datetime) -> uuid.UUID:
+        """The session's id, announcing it (``session_created``) if this request did not yet."""
+        session_id = session_id_of(vendor, session_key)
+        if session_id not in self._sessions:
+            self._sessions.add(session_id)
+            self.add(
+                SessionCreated(
+                    event_id=gateway_id("session_created", vendor, session_key),
+                    occurred_at=at,
+                    profile_id=self.source.profile_id,
+                    session_id=session_id,
+                    source=vendor,
+                    tags=tags,
+                )
+            )
+        return session_id
+
+    def turn(self, vendor: str, session_key: str, turn_key: str, tags: tuple[str, ...], at: datetime) -> uuid.UUID:
+        """The turn's id, announcing its session and it (``turn_started``) if this request did not yet."""
+        session_id = self.session(vendor, session_key, tags, at)
+        turn_id = gateway_id("turn", vendor, session_key, turn_key)
+        if turn_id not in self._turns:
+            self._turns.add(turn_id)
+            self.add(
+                TurnStarted(
+                    event_id=gateway_id("turn_started", vendor, session_key, turn_key),
+                    occurred_at=at,
+                    profile_id=self.source.profile_id,
+                    session_id=session_id,
+                    turn_id=turn_id,
+                    tags=tags,
+                )
+            )
+        return turn_id
+
+
+# --- dispatch -------------------------------------------------------------------------------------
+
+
+def _vendor(record: Record, scope_name: str, service_name: str | None) -> str | None:
+    if record.name.startswith("codex."):
+        return CODEX
+    if (
+        scope_name.startswith("com.anthropic.claude_code")
+        or service_name == CLAUDE_CODE
+        or record.name.startswith("claude_code.")
+    ) and record.name:
+        return CLAUDE_CODE
+    return None
+
+
+def vendor_tags(tags: tuple[str, ...], vendor: str) -> tuple[str, ...]:
+    """A resource's tags and ``vendor:<vendor>``, each once."""
+    return tuple(dict.fromkeys((*tags, f"vendor:{vendor}")))
+
+
+async def map_logs(request: ExportLogsServiceRequest, source: Source, ordinals: CallOrdinals) -> Mapped:
+    """The events of an OTLP logs request: Claude Code's and Codex's records mapped, any other ignored."""
+    from commonos.otlp_gateway import claude_code, codex
+
+    mapped = Mapped()
+    emitter = Emitter(source, mapped)
+    for resource_logs in request.resource_logs:
+        resource = attributes(resource_logs.resource.attributes)
+        service_name = text(resource.get("service.name"))
+        by_vendor: dict[str, list[Record]] = {}
+        for scope in resource_logs.scope_logs:
+            for raw in scope.log_records:
+                record = Record.of(raw)
+                vendor = _vendor(record, scope.scope.name, service_name)
+                if vendor is None:
+                    mapped.ignored += 1
+                else:
+                    by_vendor.setdefault(vendor, []).append(record)
+        if not by_vendor:
+            continue
+        try:
+            tags = resource_tags(resource, source.tag_attributes)
+        except InvalidTag as exc:
+            mapped.reject(f"resource of {', '.join(sorted(by_vendor))}: {exc}", sum(map(len, by_vendor.values())))
+            continue
+        if CLAUDE_CODE in by_vendor:
+            claude_code.map_records(by_vendor[CLAUDE_CODE], vendor_tags(tags, CLAUDE_CODE), emitter)
+        if CODEX in by_vendor:
+            await codex.map_records(by_vendor[CODEX], vendor_tags(tags, CODEX), emitter, ordinals)
+    return mapped

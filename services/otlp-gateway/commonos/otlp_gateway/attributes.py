@@ -1,0 +1,186 @@
+"""OTLP attribute values as Python values, and the tags a resource's attributes give (pure: no I/O).
+
+Values. An OTLP ``AnyValue`` becomes the Python value it holds (`any_value`): a string, bool, int,
+float, bytes, a list of values (``array_value``) or a dict (``kvlist_value``). Clients are loose about
+types — Claude Code sends token counts as ints but a tool's ``duration_ms`` as the string ``"10"``,
+Codex sends every count as a string — so the readers (`integer`, `number`, `boolean`, `text`,
+`decimal`) accept a value of the right type or a string spelling one, and give None otherwise.
+
+Tags. A resource's attributes give the tags of every event of its records (`resource_tags`):
+
+==============================================  =====================  ================================
+resource attribute                              tag                    configured by
+==============================================  =====================  ================================
+``cos.tag.<key>=<value>``                       ``<key>:<value>``      always
+``<key>=<value>``, ``<key>`` in the list        ``<key>:<value>``      `Source.tag_attributes`: default
+                                                                       ``client,project,team``; the
+                                                                       gateway reads
+                                                                       ``COS_OTLP_TAG_ATTRIBUTES``
+                                                                       (`tag_attributes_from_env`)
+==============================================  =====================  ================================
+
+So ``OTEL_RESOURCE_ATTRIBUTES=client=acme,project=site,cos.tag.cost-center=cc42`` gives
+``client:acme``, ``cost-center:cc42``, ``project:site``. A bool or number value is written as text
+(``true``, ``42``); tags are sorted, each once. Every tag is checked by `commonos.proto.tags.parse_tag`:
+an invalid one raises `InvalidTag` naming the attribute, and the mapping refuses that resource's
+records with that reason (OTLP partial success). The vendor modules add ``vendor:<vendor>``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
+from typing import Any, Final
+
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+from commonos.proto.tags import InvalidTag, parse_tag
+
+#: Resource attributes with this prefix always map to a tag: ``cos.tag.<key>=<value>`` -> ``<key>:<value>``.
+TAG_PREFIX: Final = "cos.tag."
+#: Bare resource attribute keys mapped to tags when nothing else is configured.
+DEFAULT_TAG_ATTRIBUTES: Final = ("client", "project", "team")
+#: The environment variable listing the bare attribute keys (comma-separated; empty: none).
+TAG_ATTRIBUTES_ENV: Final = "COS_OTLP_TAG_ATTRIBUTES"
+
+_INTEGER: Final = re.compile(r"[+-]?[0-9]+")
+
+
+def any_value(value: AnyValue) -> Any:
+    """The Python value an OTLP ``AnyValue`` holds (None when it holds none)."""
+    kind = value.WhichOneof("value")
+    if kind is None:
+        return None
+    if kind == "array_value":
+        return [any_value(v) for v in value.array_value.values]
+    if kind == "kvlist_value":
+        return attributes(value.kvlist_value.values)
+    return getattr(value, kind)
+
+
+def attributes(pairs: Iterable[KeyValue]) -> dict[str, Any]:
+    """OTLP key-values as a dict (a key given twice keeps its last value)."""
+    return {pair.key: any_value(pair.value) for pair in pairs}
+
+
+def text(value: Any) -> str | None:
+    """A non-empty string, else None."""
+    return value if isinstance(value, str) and value else None
+
+
+def integer(value: Any) -> int | None:
+    """An int, or a string or integral float spelling one; None for anything else (bools included)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and _INTEGER.fullmatch(value.strip()):
+        return int(value.strip())
+    return None
+
+
+def count(value: Any) -> int:
+    """A token count: `integer`, and 0 for a missing or negative one."""
+    number = integer(value)
+    return number if number is not None and number > 0 else 0
+
+
+def number(value: Any) -> float | None:
+    """A finite float from a number or a string spelling one; None otherwise."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        result = float(value)
+    elif isinstance(value, str):
+        try:
+            result = float(value.strip())
+        except ValueError:
+            return None
+    else:
+        return None
+    return result if math.isfinite(result) else None
+
+
+def decimal(value: Any) -> Decimal | None:
+    """An exact decimal: a string as written, a float as its shortest repr (``0.1`` -> ``Decimal('0.1')``)."""
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        result = Decimal(value.strip()) if isinstance(value, str) else Decimal(repr(value))
+    except (InvalidOperation, ValueError, TypeError):
+        return None
+    return result if result.is_finite() else None
+
+
+def boolean(value: Any) -> bool | None:
+    """A bool, or the strings ``true`` / ``false`` (any case); None otherwise."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    return None
+
+
+def timestamp(value: Any) -> datetime | None:
+    """An RFC 3339 timestamp string (``2026-12-01T20:04:49.635Z``) as an aware datetime; None otherwise."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        moment = datetime.fromisoformat(value.strip().replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def from_nanos(nanos: int) -> datetime | None:
+    """Nanoseconds since the epoch (OTLP's ``time_unix_nano``) as an aware datetime; None for 0 (unset)."""
+    if nanos <= 0:
+        return None
+    return datetime.fromtimestamp(nanos // 1_000_000_000, UTC).replace(microsecond=(nanos // 1000) % 1_000_000)
+
+
+def _tag_value(value: Any) -> str | None:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float | str):
+        return str(value)
+    return None
+
+
+def resource_tags(
+    resource: Mapping[str, Any], tag_attributes: Sequence[str] = DEFAULT_TAG_ATTRIBUTES
+) -> tuple[str, ...]:
+    """The tags of a resource's attributes (see the module's table), sorted, each once.
+
+    Raises `InvalidTag` (its message naming the attribute) when an attribute gives an invalid tag,
+    or a value that is not a string, bool or number.
+    """
+    found: set[str] = set()
+    for key, value in resource.items():
+        if key.startswith(TAG_PREFIX):
+            tag_key = key[len(TAG_PREFIX) :]
+        elif key in tag_attributes:
+            tag_key = key
+        else:
+            continue
+        written = _tag_value(value)
+        tag = f"{tag_key}:{written if written is not None else ''}"
+        try:
+            if written is None:
+                raise InvalidTag(tag, "the attribute's value is not a string, bool or number")
+            found.add(parse_tag(tag))
+        except InvalidTag as exc:
+            raise InvalidTag(tag, f"{exc.rule} (resource attribute {key!r})") from None
+    return tuple(sorted(found))
+
+
+def tag_attributes_from_env(value: str | None) -> tuple[str, ...]:
+    """`COS_OTLP_TAG_ATTRIBUTES` parsed: unset -> the default keys; ``""`` -> none; else its comma-separated keys."""
+    if value is None:
+        return DEFAULT_TAG_ATTRIBUTES
+    return tuple(dict.fromkeys(key.strip() for key in value.split(",") if key.strip()))

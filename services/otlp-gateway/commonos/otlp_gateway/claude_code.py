@@ -1,0 +1,261 @@
+"""Claude Code's OpenTelemetry log events -> our events (pure: no I/O).
+
+Claude Code (``CLAUDE_CODE_ENABLE_TELEMETRY=1``, ``OTEL_LOGS_EXPORTER=otlp``) logs one record per event,
+scope ``com.anthropic.claude_code.events``, resource ``service.name=claude-code``; the event's name is
+its ``event.name`` attribute (``api_request``; the body says ``claude_code.api_request``, and a name
+written ``claude_code.api_request`` is read alike). Every record carries ``session.id``; those of a
+prompt's work carry its ``prompt.id``. Checked against Claude Code 2.1.332's recorded payloads
+(tests/fixtures/clients/claude-code-2.1.332).
+
+=====================================  ===================================================================
+Claude Code record / attribute         our event / field
+=====================================  ===================================================================
+``session.id``                         session ``mint_id("session", "claude-code", session.id)`` (the
+                                       importer's root session of the same transcript);
+                                       ``session_created`` (source ``claude-code``, tags = the
+                                       resource's tags + ``vendor:claude-code``) once per request
+``prompt.id``                          turn ``gateway_id("turn", "claude-code", session.id, prompt.id)``;
+                                       ``turn_started`` once per request, at the ``user_prompt``'s time
+                                       (else the first record of the prompt in the request)
+``user_prompt``                        ``turn_started`` (the prompt's text is not stored)
+``api_request``                        ``model_call_completed``, id
+                                       ``request_call_event_id("claude-code", request_id)``
+  ``request_id``                         ``request_id`` (and the event id, as the importer's)
+  ``model``                              ``model``; provider ``anthropic``
+  ``input_tokens``                       ``input_tokens`` (already without cache reads and writes)
+  ``output_tokens``                      ``output_tokens``
+  ``cache_read_tokens``                  ``cache_read_tokens``
+  ``cache_creation_5m_tokens``           ``cache_write_5m_tokens`` (when absent: ``cache_creation_tokens``
+                                         less the 1h ones)
+  ``cache_creation_1h_tokens``           ``cache_write_1h_tokens``
+  ``cost_usd``                           ``reported_cost_usd`` (Decimal of the number as sent)
+  ``duration_ms``                        ``latency_s`` (/ 1000)
+  ``speed``                              ``speed`` (``normal`` -> ``standard``, ``fast`` -> ``fast``)
+  ``prompt.id``                          ``turn_id``
+  record time                            ``occurred_at``
+``tool_result``                        ``tool_call_recorded`` (``call_id`` = ``tool_use_id``, ``name`` =
+                                       ``tool_name``, ``is_error`` = not ``success``, ``result`` = its
+                                       ``error`` when it failed, ``args`` = ``tool_parameters`` when it is
+                                       a JSON object (sent only with ``OTEL_LOG_TOOL_DETAILS=1``),
+                                       ``finished_at`` = the record's time, ``started_at`` = that less
+                                       ``duration_ms``; ``approval`` left empty, see below)
+``tool_decision``                      ``approval_decided`` (``tool_call_id`` = ours of ``tool_use_id``,
+                                       ``status`` ``approved`` for ``decision=accept``, else ``denied``;
+                                       ``decided_by`` ``policy`` for ``source=config``, ``hook`` for
+                                       ``hook``, ``user`` for ``user_*``, else the source as sent)
+any other (``assistant_response``,     ignored (counted), never an error
+``compaction``, ``plugin_loaded``, …)
+=====================================  ===================================================================
+
+Decisions:
+
+* **Turns are never finished.** Claude Code logs the start of a prompt's work (``user_prompt``) but
+  nothing at its end (no record says the agent is done, and ``assistant_response`` comes after every
+  response with text, tool calls or not). The gateway does not invent an end: the turns of a Claude
+  Code session received over OpenTelemetry stay ``running`` in the turns table. Their model calls
+  and tool calls are complete and billed all the same.
+* **Approvals are events of their own.** Every tool use has a ``tool_decision`` (``source=config``
+  when the permission settings decided), and it may arrive in another request than the
+  ``tool_result``; so it is an ``approval_decided`` (the approvals table keeps one per tool call, and
+  needs no tool call row), and the tool call's own ``approval`` column stays empty rather than
+  depending on how the client batched its records.
+* **Model call ids.** A call's event id is ``request_call_event_id("claude-code", request_id)``, which
+  the importer mints for the same call from its transcript's ``requestId``: a session received here
+  and later imported (or the other way round) is billed once, whichever comes first (the first event
+  stored wins; both carry the same tokens). Where they differ: the OTLP event has the turn, the
+  reported cost and the latency, the imported one the stop reason. Calls only one source has:
+  the ``/compact`` summary call is an ``api_request`` but no transcript line (only the gateway bills
+  it); a reply cut off mid-stream is neither. A record without ``request_id`` (no Claude Code release
+  we know) gets a gateway id of its session, prompt, ``event.sequence`` and time, which the importer
+  cannot match: such a call arriving both ways would be counted twice.
+* A subagent's calls carry their parent's ``session.id`` (and an ``agent_id``): they are the parent
+  session's, as the importer bills them on its root session too.
+* A mapped record without ``session.id`` or without a time is refused (partial success), with why.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+import msgspec
+
+from commonos.otlp_gateway.attributes import boolean, count, decimal, integer, number, text
+from commonos.otlp_gateway.mapping import CLAUDE_CODE, Emitter, Record, gateway_id, tool_call_id_of
+from commonos.proto.events import ApprovalDecided, ApprovalStatus, ModelCallCompleted, ToolCallRecorded
+from commonos.proto.graph.ids import request_call_event_id
+
+#: The pricing provider of Claude Code's models.
+PROVIDER: Final = "anthropic"
+#: Claude Code's ``speed`` values as ours (`commonos.proto.graph` speeds).
+SPEEDS: Final = {"normal": "standard", "standard": "standard", "fast": "fast", "ultrafast": "ultrafast"}
+#: A tool call's turn when its record names no prompt.
+NO_PROMPT: Final = "no-prompt"
+MAPPED: Final = frozenset({"user_prompt", "api_request", "tool_result", "tool_decision"})
+
+
+def event_name(record: Record) -> str:
+    """The record's event name without Claude Code's ``claude_code.`` prefix."""
+    return record.name.removeprefix("claude_code.")
+
+
+def decided_by(source: str | None) -> str:
+    if source == "config":
+        return "policy"
+    if source == "hook":
+        return "hook"
+    if source is not None and source.startswith("user"):
+        return "user"
+    return source or "unknown"
+
+
+def _args(value: Any) -> dict[str, Any]:
+    if isinstance(value, str):
+        try:
+            value = msgspec.json.decode(value)
+        except msgspec.DecodeError:
+            return {}
+    return value if isinstance(value, dict) else {}
+
+
+def map_records(records: list[Record], tags: tuple[str, ...], emitter: Emitter) -> None:
+    """Add the events of one resource's Claude Code records (in their order) to `emitter`."""
+    mapped = emitter.mapped
+    for record in records:
+        name = event_name(record)
+        if name not in MAPPED:
+            mapped.ignored += 1
+            continue
+        session_key = text(record.attributes.get("session.id"))
+        if session_key is None:
+            mapped.reject(f"claude_code.{name} without session.id")
+            continue
+        if record.time is None:
+            mapped.reject(f"claude_code.{name} without a time (event.timestamp or time_unix_nano)")
+            continue
+        call_id = text(record.attributes.get("tool_use_id"))
+        if name in ("tool_result", "tool_decision") and call_id is None:
+            mapped.reject(f"claude_code.{name} without tool_use_id")
+            continue
+        at = record.time
+        prompt = text(record.attributes.get("prompt.id"))
+        session_id = emitter.session(CLAUDE_CODE, session_key, tags, at)
+        if name == "user_prompt":
+            emitter.turn(CLAUDE_CODE, session_key, prompt or NO_PROMPT, tags, at)
+        elif name == "api_request" or call_id is None:
+            turn_id = emitter.turn(CLAUDE_CODE, session_key, prompt, tags, at) if prompt else None
+            emitter.add(model_call(record.attributes, session_key, session_id, turn_id, tags, at, emitter))
+        else:
+            turn_id = emitter.turn(CLAUDE_CODE, session_key, prompt or NO_PROMPT, tags, at)
+            if name == "tool_result":
+                emitter.add(tool_call(record.attributes, session_key, session_id, turn_id, call_id, at, emitter))
+            else:
+                emitter.add(approval(record.attributes, session_key, session_id, turn_id, call_id, at, emitter))
+
+
+def model_call(
+    attrs: dict[str, Any],
+    session_key: str,
+    session_id: uuid.UUID,
+    turn_id: uuid.UUID | None,
+    tags: tuple[str, ...],
+    at: datetime,
+    emitter: Emitter,
+) -> ModelCallCompleted:
+    request_id = text(attrs.get("request_id"))
+    if request_id is not None:
+        event_id = request_call_event_id(CLAUDE_CODE, request_id)
+    else:
+        sequence = integer(attrs.get("event.sequence"))
+        event_id = gateway_id(
+            "model_call_completed",
+            CLAUDE_CODE,
+            session_key,
+            text(attrs.get("prompt.id")) or "",
+            str(sequence) if sequence is not None else "",
+            at.isoformat(),
+        )
+    one_hour = count(attrs.get("cache_creation_1h_tokens"))
+    if "cache_creation_5m_tokens" in attrs:
+        five_minutes = count(attrs.get("cache_creation_5m_tokens"))
+    else:
+        five_minutes = max(0, count(attrs.get("cache_creation_tokens")) - one_hour)
+    duration = number(attrs.get("duration_ms"))
+    speed = text(attrs.get("speed"))
+    return ModelCallCompleted(
+        event_id=event_id,
+        occurred_at=at,
+        profile_id=emitter.source.profile_id,
+        session_id=session_id,
+        turn_id=turn_id,
+        provider=PROVIDER,
+        model=text(attrs.get("model")) or "unknown",
+        request_id=request_id,
+        input_tokens=count(attrs.get("input_tokens")),
+        output_tokens=count(attrs.get("output_tokens")),
+        cache_read_tokens=count(attrs.get("cache_read_tokens")),
+        cache_write_5m_tokens=five_minutes,
+        cache_write_1h_tokens=one_hour,
+        speed=SPEEDS.get(speed) if speed is not None else None,
+        latency_s=duration / 1000 if duration is not None and duration >= 0 else None,
+        tags=tags,
+        reported_cost_usd=decimal(attrs.get("cost_usd")),
+    )
+
+
+def _duration(attrs: dict[str, Any]) -> timedelta:
+    duration = number(attrs.get("duration_ms"))
+    return timedelta(milliseconds=duration) if duration is not None and duration > 0 else timedelta(0)
+
+
+def tool_call(
+    attrs: dict[str, Any],
+    session_key: str,
+    session_id: uuid.UUID,
+    turn_id: uuid.UUID,
+    call_id: str,
+    at: datetime,
+    emitter: Emitter,
+) -> ToolCallRecorded:
+    success = boolean(attrs.get("success"))
+    failed = success is False
+    return ToolCallRecorded(
+        event_id=gateway_id("tool_call_recorded", CLAUDE_CODE, session_key, call_id),
+        occurred_at=at,
+        profile_id=emitter.source.profile_id,
+        session_id=session_id,
+        turn_id=turn_id,
+        tool_call_id=tool_call_id_of(CLAUDE_CODE, session_key, call_id),
+        call_id=call_id,
+        name=text(attrs.get("tool_name")) or "unknown",
+        args=_args(attrs.get("tool_parameters")),
+        result=text(attrs.get("error")) if failed else None,
+        is_error=failed,
+        started_at=at - _duration(attrs),
+        finished_at=at,
+    )
+
+
+def approval(
+    attrs: dict[str, Any],
+    session_key: str,
+    session_id: uuid.UUID,
+    turn_id: uuid.UUID,
+    call_id: str,
+    at: datetime,
+    emitter: Emitter,
+) -> ApprovalDecided:
+    accepted = text(attrs.get("decision")) == "accept"
+    return ApprovalDecided(
+        event_id=gateway_id("approval_decided", CLAUDE_CODE, session_key, call_id),
+        occurred_at=at,
+        profile_id=emitter.source.profile_id,
+        session_id=session_id,
+        turn_id=turn_id,
+        tool_call_id=tool_call_id_of(CLAUDE_CODE, session_key, call_id),
+        call_id=call_id,
+        status=ApprovalStatus.APPROVED if accepted else ApprovalStatus.DENIED,
+        decided_at=at,
+        decided_by=decided_by(text(attrs.get("source"))),
+    )

@@ -1,0 +1,297 @@
+"""Codex's OpenTelemetry log events -> our events (pure: no I/O but the `CallOrdinals` it is given).
+
+Codex (``[otel]`` in ``~/.codex/config.toml``, ``exporter = { otlp-http = … }``) logs one record per
+event in the scope ``codex_otel.log_only``; the name is the ``event.name`` attribute (``codex.*``),
+the time its ``event.timestamp`` (``time_unix_nano`` is 0), and every record carries
+``conversation.id`` and ``model``. Checked against Codex 0.171.0's recorded payloads
+(tests/fixtures/clients/codex-0.171.0).
+
+======================================  ==================================================================
+Codex record / attribute                our event / field
+======================================  ==================================================================
+``conversation.id``                     session ``mint_id("session", "codex", conversation.id)`` (the
+                                        importer's session of the same rollout); ``session_created``
+                                        (source ``codex``, tags = the resource's + ``vendor:codex``) once
+                                        per request
+``codex.conversation_starts``           ``session_created`` only
+``codex.user_prompt``                   turn ``gateway_id("turn", "codex", conversation.id, <its time>)``,
+                                        ``turn_started`` at its time (the prompt's text is not stored)
+``codex.sse_event`` with                ``model_call_completed``, id ``ordinal_call_event_id("codex",
+``event.kind=response.completed``       conversation.id, n)``: the importer's for the n-th call with
+and token counts (some above 0)         usage of the rollout (see below)
+  ``input_token_count``                   ``input_tokens`` = it − ``cached_token_count`` −
+                                          ``cache_write_token_count`` (Codex's input is the whole prompt)
+  ``cached_token_count``                  ``cache_read_tokens``
+  ``cache_write_token_count``             ``cache_write_5m_tokens`` (as the importer counts it)
+  ``output_token_count``                  ``output_tokens`` (reasoning included, as our convention)
+  ``reasoning_token_count``               ``reasoning_tokens``; added to the output only when the figures
+                                          show it outside (reasoning > output, or ``tool_token_count`` =
+                                          input + output + reasoning), as the importer decides
+  ``model``                               ``model``; provider ``openai``
+  record time                             ``occurred_at``
+  the turn begun last before it           ``turn_id``
+``codex.tool_result``                   ``tool_call_recorded`` (``call_id``, ``tool_name``, ``arguments``
+                                        -> ``args`` (a JSON object; else ``{"input": …}``), ``output`` ->
+                                        ``result`` (cut to 16,000 characters, ``result_bytes`` then
+                                        the whole size), ``is_error`` = not ``success``, ``finished_at`` =
+                                        its time, ``started_at`` = that less ``duration_ms``)
+``codex.tool_decision``                 ``approval_decided`` (``approved``/``approved_for_session`` ->
+                                        ``approved``, else ``denied``; ``decided_by`` ``policy`` for
+                                        ``source=Config``, ``user`` for ``User``, else the source)
+anything else (``codex.api_request``,   ignored (counted), never an error; so is a ``response.completed``
+``codex.sse_event`` of other kinds,     without token counts (Codex logs each completed response twice,
+``codex.turn_ttft``, …)                 once without and once with them)
+======================================  ==================================================================
+
+Decisions:
+
+* **Model call ids.** Codex's telemetry names neither the request nor the response, so the gateway
+  counts: the n-th ``response.completed`` with token counts of a conversation (from 0) is the n-th call
+  with usage of its rollout, which the importer names ``ordinal_call_event_id("codex", conversation,
+  n)`` too. The place is kept by `CallOrdinals` keyed on a fingerprint (the record's time and counts),
+  so a retried request gets the same ids. Both sources carry the same tokens, and the first stored
+  wins. It fails where the order differs: requests of one conversation arriving out of order (an
+  exporter sending concurrently), a gateway that lost its ordinals store, or a rollout holding calls
+  Codex did not log (a fork copying its parent's history, whose copies are billed once from the
+  parent but still counted in the fork's places): then a call is counted twice (once per source).
+  Import or receive such sessions one way only.
+* **Turns** are the prompts: a record that names no turn belongs to the turn of the latest
+  ``codex.user_prompt`` at or before its time (`CallOrdinals.turn_at`, across requests). A model call
+  before any known prompt has no turn; a tool call before any gets the session's ``no-prompt`` turn
+  (a tool call needs one). Codex logs no end of a turn, and the gateway invents none: the turns stay
+  ``running``. A conversation resumed in a new process (``codex exec resume``) continues its session
+  and turns; a call Codex makes before the new prompt (a compaction) counts in the previous turn.
+* **Approvals** are ``approval_decided`` events (see :mod:`commonos.otlp_gateway.claude_code`: the
+  decision may come in another request than the result); the tool call's ``approval`` stays empty.
+* A mapped record without ``conversation.id`` or without a time is refused (partial success), with why.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+from typing import Any, Final, NamedTuple
+
+import msgspec
+
+from commonos.otlp_gateway.attributes import boolean, count, number, text
+from commonos.otlp_gateway.mapping import CODEX, CallOrdinals, Emitter, Record, gateway_id, tool_call_id_of
+from commonos.proto.events import ApprovalDecided, ApprovalStatus, ModelCallCompleted, ToolCallRecorded
+from commonos.proto.graph.ids import ordinal_call_event_id
+
+#: The pricing provider of Codex's models.
+PROVIDER: Final = "openai"
+#: A tool call's turn when no prompt of its conversation is known before it.
+NO_PROMPT: Final = "no-prompt"
+#: A tool's output kept in `result` (characters); beyond it the result is cut and `result_bytes` says how big.
+MAX_RESULT_CHARS: Final = 16_000
+APPROVED: Final = frozenset({"approved", "approved_for_session", "accept", "accepted"})
+MAPPED: Final = frozenset(
+    {"codex.conversation_starts", "codex.user_prompt", "codex.sse_event", "codex.tool_result", "codex.tool_decision"}
+)
+_COUNTS: Final = (
+    "input_token_count",
+    "output_token_count",
+    "cached_token_count",
+    "cache_write_token_count",
+    "reasoning_token_count",
+)
+
+
+def has_usage(attrs: dict[str, Any]) -> bool:
+    """A ``response.completed`` record with token counts, some above 0: one model call."""
+    return text(attrs.get("event.kind")) == "response.completed" and any(count(attrs.get(k)) > 0 for k in _COUNTS)
+
+
+def decided_by(source: str | None) -> str:
+    lowered = (source or "").lower()
+    if lowered == "config":
+        return "policy"
+    if lowered == "user":
+        return "user"
+    return lowered or "unknown"
+
+
+def turn_key(started: datetime) -> str:
+    """A Codex turn's key: its prompt's time (Codex gives the prompt no id)."""
+    return started.isoformat()
+
+
+def _turn_start(key: str, fallback: datetime) -> datetime:
+    try:
+        return datetime.fromisoformat(key)
+    except ValueError:
+        return fallback
+
+
+async def map_records(records: list[Record], tags: tuple[str, ...], emitter: Emitter, ordinals: CallOrdinals) -> None:
+    """Add the events of one resource's Codex records (in their order) to `emitter`."""
+    mapped = emitter.mapped
+    for record in records:
+        attrs = record.attributes
+        name = record.name
+        if name not in MAPPED or (name == "codex.sse_event" and not has_usage(attrs)):
+            mapped.ignored += 1
+            continue
+        conversation = text(attrs.get("conversation.id"))
+        if conversation is None:
+            mapped.reject(f"{name} without conversation.id")
+            continue
+        if record.time is None:
+            mapped.reject(f"{name} without a time (event.timestamp or time_unix_nano)")
+            continue
+        call_id = text(attrs.get("call_id"))
+        if name in ("codex.tool_result", "codex.tool_decision") and call_id is None:
+            mapped.reject(f"{name} without call_id")
+            continue
+        at = record.time
+        session_id = emitter.session(CODEX, conversation, tags, at)
+        if name == "codex.conversation_starts":
+            continue
+        if name == "codex.user_prompt":
+            key = turn_key(at)
+            await ordinals.begin_turn(CODEX, conversation, key, at)
+            emitter.turn(CODEX, conversation, key, tags, at)
+            continue
+        key_at = await ordinals.turn_at(CODEX, conversation, at)
+        if name == "codex.sse_event" or call_id is None:
+            turn_id = emitter.turn(CODEX, conversation, key_at, tags, _turn_start(key_at, at)) if key_at else None
+            emitter.add(await model_call(attrs, conversation, session_id, turn_id, tags, at, emitter, ordinals))
+            continue
+        key = key_at or NO_PROMPT
+        turn_id = emitter.turn(CODEX, conversation, key, tags, _turn_start(key, at))
+        if name == "codex.tool_result":
+            emitter.add(tool_call(attrs, conversation, session_id, turn_id, call_id, at, emitter))
+        else:
+            emitter.add(approval(attrs, conversation, session_id, turn_id, call_id, at, emitter))
+
+
+class Usage(NamedTuple):
+    """A call's tokens in our disjoint buckets."""
+
+    input_tokens: int
+    output_tokens: int
+    cache_read_tokens: int
+    cache_write_5m_tokens: int
+    reasoning_tokens: int
+
+
+def usage(attrs: dict[str, Any]) -> Usage:
+    """A call's tokens in our disjoint buckets (see the module's table)."""
+    cached = count(attrs.get("cached_token_count"))
+    written = count(attrs.get("cache_write_token_count"))
+    whole_input = count(attrs.get("input_token_count"))
+    output = count(attrs.get("output_token_count"))
+    reasoning = count(attrs.get("reasoning_token_count"))
+    total = count(attrs.get("tool_token_count"))
+    if reasoning and (reasoning > output or total == whole_input + output + reasoning):
+        output += reasoning  # the figures show reasoning reported beside the output, not in it
+    return Usage(max(0, whole_input - cached - written), output, cached, written, reasoning)
+
+
+def fingerprint(attrs: dict[str, Any], at: datetime) -> str:
+    """What tells one call from another of its conversation: its time and its counts."""
+    return "|".join([at.isoformat(), *(str(count(attrs.get(k))) for k in (*_COUNTS, "tool_token_count"))])
+
+
+async def model_call(
+    attrs: dict[str, Any],
+    conversation: str,
+    session_id: uuid.UUID,
+    turn_id: uuid.UUID | None,
+    tags: tuple[str, ...],
+    at: datetime,
+    emitter: Emitter,
+    ordinals: CallOrdinals,
+) -> ModelCallCompleted:
+    ordinal = await ordinals.ordinal(CODEX, conversation, fingerprint(attrs, at))
+    tokens = usage(attrs)
+    return ModelCallCompleted(
+        event_id=ordinal_call_event_id(CODEX, conversation, ordinal),
+        occurred_at=at,
+        profile_id=emitter.source.profile_id,
+        session_id=session_id,
+        turn_id=turn_id,
+        provider=PROVIDER,
+        model=text(attrs.get("model")) or text(attrs.get("slug")) or "unknown",
+        input_tokens=tokens.input_tokens,
+        output_tokens=tokens.output_tokens,
+        cache_read_tokens=tokens.cache_read_tokens,
+        cache_write_5m_tokens=tokens.cache_write_5m_tokens,
+        reasoning_tokens=tokens.reasoning_tokens,
+        tags=tags,
+    )
+
+
+def _args(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        try:
+            decoded = msgspec.json.decode(value)
+        except msgspec.DecodeError:
+            return {"input": value}
+        return decoded if isinstance(decoded, dict) else {"input": decoded}
+    return value if isinstance(value, dict) else {"input": value}
+
+
+def _result(value: Any) -> tuple[str | None, int | None]:
+    """The output kept, and its whole size in bytes when it was cut."""
+    if not isinstance(value, str):
+        return None, None
+    if len(value) <= MAX_RESULT_CHARS:
+        return value, None
+    return value[:MAX_RESULT_CHARS], len(value.encode())
+
+
+def tool_call(
+    attrs: dict[str, Any],
+    conversation: str,
+    session_id: uuid.UUID,
+    turn_id: uuid.UUID,
+    call_id: str,
+    at: datetime,
+    emitter: Emitter,
+) -> ToolCallRecorded:
+    duration = number(attrs.get("duration_ms"))
+    result, whole = _result(attrs.get("output"))
+    return ToolCallRecorded(
+        event_id=gateway_id("tool_call_recorded", CODEX, conversation, call_id),
+        occurred_at=at,
+        profile_id=emitter.source.profile_id,
+        session_id=session_id,
+        turn_id=turn_id,
+        tool_call_id=tool_call_id_of(CODEX, conversation, call_id),
+        call_id=call_id,
+        name=text(attrs.get("tool_name")) or "unknown",
+        args=_args(attrs.get("arguments")),
+        result=result,
+        result_bytes=whole,
+        is_error=boolean(attrs.get("success")) is False,
+        started_at=at - timedelta(milliseconds=duration if duration is not None and duration > 0 else 0),
+        finished_at=at,
+    )
+
+
+def approval(
+    attrs: dict[str, Any],
+    conversation: str,
+    session_id: uuid.UUID,
+    turn_id: uuid.UUID,
+    call_id: str,
+    at: datetime,
+    emitter: Emitter,
+) -> ApprovalDecided:
+    decision = (text(attrs.get("decision")) or "").lower()
+    return ApprovalDecided(
+        event_id=gateway_id("approval_decided", CODEX, conversation, call_id),
+        occurred_at=at,
+        profile_id=emitter.source.profile_id,
+        session_id=session_id,
+        turn_id=turn_id,
+        tool_call_id=tool_call_id_of(CODEX, conversation, call_id),
+        call_id=call_id,
+        status=ApprovalStatus.APPROVED if decision in APPROVED else ApprovalStatus.DENIED,
+        decided_at=at,
+        decided_by=decided_by(text(attrs.get("source"))),
+    )

@@ -1,0 +1,103 @@
+"""OTLP values as Python values, the loose readers, and the tags of a resource (pure)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import pytest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+from commonos.otlp_gateway.attributes import (
+    DEFAULT_TAG_ATTRIBUTES,
+    any_value,
+    attributes,
+    boolean,
+    count,
+    decimal,
+    from_nanos,
+    integer,
+    number,
+    resource_tags,
+    tag_attributes_from_env,
+    text,
+    timestamp,
+)
+from commonos.proto.tags import InvalidTag
+from tests.otlp_gateway.logs import any_value as to_any
+from tests.otlp_gateway.logs import kvs
+
+
+def test_any_value_of_every_kind() -> None:
+    value = {"s": "x", "b": True, "i": 7, "d": 1.5, "y": b"\x00", "a": [1, "two"], "kv": {"k": "v"}}
+    assert attributes(kvs(value)) == value
+    assert any_value(AnyValue()) is None
+
+
+def test_loose_readers_take_strings_spelling_the_type() -> None:
+    assert integer(5) == 5 and integer("42") == 42 and integer(" 7 ") == 7 and integer(3.0) == 3
+    assert integer(True) is None and integer("4.5") is None and integer(4.5) is None and integer(None) is None
+    assert count("10") == 10 and count(-3) == 0 and count(None) == 0 and count("x") == 0
+    assert number("10") == 10.0 and number(2) == 2.0 and number("nan") is None and number(False) is None
+    assert boolean("true") is True and boolean("FALSE") is False and boolean(True) is True and boolean("1") is None
+    assert text("a") == "a" and text("") is None and text(3) is None
+
+
+def test_decimals_are_exact() -> None:
+    assert decimal(0.1) == Decimal("0.1")
+    assert decimal(0.17142960000000002) == Decimal("0.17142960000000002")  # the double as sent, not rounded
+    assert decimal("0.0692151") == Decimal("0.0692151") and decimal(2) == Decimal(2)
+    assert decimal("abc") is None and decimal(float("inf")) is None and decimal(True) is None and decimal(None) is None
+
+
+def test_times() -> None:
+    assert timestamp("2026-12-01T20:04:49.635Z") == datetime(2026, 12, 1, 20, 4, 49, 635000, tzinfo=UTC)
+    assert timestamp("2026-12-01T20:04:49") == datetime(2026, 12, 1, 20, 4, 49, tzinfo=UTC)
+    assert timestamp("yesterday") is None and timestamp(5) is None
+    assert from_nanos(1796155489522000000) == datetime(2026, 12, 1, 20, 4, 49, 522000, tzinfo=UTC)
+    assert from_nanos(0) is None
+
+
+def test_resource_tags_from_cos_tag_and_the_configured_keys() -> None:
+    resource = {
+        "service.name": "claude-code",
+        "client": "acme",
+        "project": "site",
+        "team": "web",
+        "cos.tag.cost-center": "cc42",
+        "cos.tag.billable": True,
+        "env": "dev",
+    }
+    assert resource_tags(resource) == ("billable:true", "client:acme", "cost-center:cc42", "project:site", "team:web")
+    # Only cos.tag.* when no bare key is configured; another list of bare keys.
+    assert resource_tags(resource, ()) == ("billable:true", "cost-center:cc42")
+    assert resource_tags(resource, ("env",)) == ("billable:true", "cost-center:cc42", "env:dev")
+    assert resource_tags({}) == ()
+
+
+@pytest.mark.parametrize(
+    ("resource", "rule"),
+    [
+        ({"client": "acme corp"}, "no spaces"),
+        ({"cos.tag.Client": "acme"}, "upper case in the key"),
+        ({"project": "a/b"}, "bad character in the value"),
+        ({"cos.tag.": "x"}, "empty key"),
+        ({"team": ""}, "no value"),
+        ({"client": [1, 2]}, "not a string, bool or number"),
+    ],
+)
+def test_an_invalid_tag_names_the_attribute(resource: dict[str, object], rule: str) -> None:
+    with pytest.raises(InvalidTag) as raised:
+        resource_tags(resource)
+    message = str(raised.value)
+    assert rule in message and f"resource attribute {next(iter(resource))!r}" in message
+
+
+def test_tag_attributes_from_the_environment() -> None:
+    assert tag_attributes_from_env(None) == DEFAULT_TAG_ATTRIBUTES == ("client", "project", "team")
+    assert tag_attributes_from_env("") == ()
+    assert tag_attributes_from_env(" client , cost_center,client,") == ("client", "cost_center")
+
+
+def test_the_test_builder_round_trips() -> None:
+    assert any_value(to_any({"a": [True, 2.5]})) == {"a": [True, 2.5]}

@@ -1,0 +1,151 @@
+"""The OTLP logs the real CLIs sent (`make clients`), mapped: exactly the fake model's usage, once; the importer's ids.
+
+For every recorded scenario of Claude Code and Codex, the scenario's OTLP logs payloads are mapped in
+file order with one `MemoryOrdinals` (what the gateway would do receiving them), and:
+
+* the model calls are the calls the fake model server answered (its ``usage.jsonl``), call by call,
+  each exactly once, with exactly its ``expected`` tokens in our buckets; a reply cut off mid-stream
+  (``stalled``: the CLI never received its usage, and logs no call) is the only call missing;
+* mapping the payloads again (an exporter's retry) gives the same events: nothing new;
+* the ``model_call_completed`` ids are those the importer mints from the same scenario's transcripts,
+  and the session is the importer's root session: a session received over OTLP and imported too is
+  billed once. Where a call is in one source only, `ONLY_OTLP` says which and why.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from commonos.importer.claude import read_claude
+from commonos.importer.codex import read_codex
+from commonos.importer.events import events_for
+from commonos.otlp_gateway.mapping import MemoryOrdinals
+from commonos.proto.events import ModelCallCompleted
+from commonos.proto.graph.ids import request_call_event_id
+from tests.clients.support import Recorded, recorded
+from tests.otlp_gateway.logs import SOURCE, mapped, recorded_logs
+
+BUCKETS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "cache_write_1h_tokens")
+
+#: Calls the gateway bills that no transcript holds, per scenario: (cli, scenario) -> {request id: why}.
+#: Nothing else may differ: every call the importer bills has the id the gateway gives it.
+ONLY_OTLP: dict[tuple[str, str], dict[str, str]] = {
+    ("claude-code", "compaction"): {
+        "req_fake06001compaction": "the /compact summary call: Claude Code logs its api_request but writes no "
+        "transcript line for it, so only the gateway can bill it (the importer reports it as usage without a "
+        "transcript line, never as a call)",
+    },
+}
+
+
+def ids(items: list[Recorded]) -> list[str]:
+    return [item.id for item in items]
+
+
+SCENARIOS = recorded()
+
+
+def buckets(call: ModelCallCompleted) -> dict[str, int]:
+    return {
+        "input_tokens": call.input_tokens,
+        "output_tokens": call.output_tokens,
+        "cache_read_tokens": call.cache_read_tokens,
+        "cache_write_tokens": call.cache_write_5m_tokens + call.cache_write_1h_tokens,
+        "cache_write_1h_tokens": call.cache_write_1h_tokens,
+    }
+
+
+def expected(call: dict[str, Any]) -> dict[str, int]:
+    return {k: int(call["expected"].get(k) or 0) for k in BUCKETS}
+
+
+async def replay(item: Recorded) -> tuple[list[ModelCallCompleted], list[Any], MemoryOrdinals]:
+    """The model calls of a scenario's payloads mapped in file order, and every event."""
+    ordinals = MemoryOrdinals()
+    events: list[Any] = []
+    for name, request in recorded_logs(item.folder):
+        result = await mapped(request, ordinals)
+        assert (result.rejected, result.errors) == (0, []), f"{item.id} {name}"
+        events += result.events
+    return [e for e in events if isinstance(e, ModelCallCompleted)], events, ordinals
+
+
+def test_every_scenario_has_logs() -> None:
+    assert {item.cli for item in SCENARIOS} == {"claude-code", "codex"}
+    for item in SCENARIOS:
+        assert recorded_logs(item.folder), f"{item.id}: no OTLP logs payload recorded"
+
+
+@pytest.mark.parametrize("item", SCENARIOS, ids=ids(SCENARIOS))
+async def test_the_model_calls_are_the_servers_once_with_its_tokens(item: Recorded) -> None:
+    calls, _, ordinals = await replay(item)
+    answered = [c for c in item.calls() if not c.get("stalled")]
+    assert len({c.event_id for c in calls}) == len(calls), f"{item.id}: a call mapped twice"
+    if item.cli == "claude-code":
+        # Matched by the API request id the server returned.
+        by_request = {str(c.request_id): c for c in calls}
+        assert sorted(by_request) == sorted(c["request_id"] for c in answered), item.id
+        for call in answered:
+            mapped_call = by_request[call["request_id"]]
+            assert buckets(mapped_call) == expected(call), f"{item.id} call {call['call']}"
+            assert mapped_call.model == call["model"] and mapped_call.reasoning_tokens == 0
+    else:
+        # Codex names no call: the n-th call logged is the n-th the server answered (and the tokens say so).
+        assert [buckets(c) for c in calls] == [expected(c) for c in answered], item.id
+        for mapped_call, call in zip(calls, answered, strict=True):
+            assert mapped_call.reasoning_tokens == int(call["expected"]["reasoning_tokens"] or 0)
+            assert mapped_call.model == call["model"]
+    totals = {k: sum(buckets(c)[k] for c in calls) for k in BUCKETS}
+    assert totals == {k: sum(expected(c)[k] for c in answered) for k in BUCKETS}, item.id
+    # A retry of every payload (same ordinals: the gateway's store) adds nothing.
+    again: list[Any] = []
+    for _, request in recorded_logs(item.folder):
+        again += (await mapped(request, ordinals)).events
+    first_ids = {e.event_id for e in (await replay(item))[1]}
+    assert {e.event_id for e in again} == first_ids, item.id
+    assert [c for c in again if isinstance(c, ModelCallCompleted)] == calls
+
+
+def test_a_stalled_call_is_the_only_one_missing() -> None:
+    stalled = [(item.id, c["call"]) for item in SCENARIOS for c in item.calls() if c.get("stalled")]
+    assert stalled == [("claude-code-2.1.332/interrupted", 0), ("codex-0.171.0/interrupted", 0)]
+
+
+def imported_calls(item: Recorded) -> tuple[list[ModelCallCompleted], set[uuid.UUID]]:
+    """The importer's model calls of the scenario's transcripts, and its trees' root sessions."""
+    trees = list(read_claude(item.tree) if item.cli == "claude-code" else read_codex(item.tree))
+    calls = [e for tree in trees for e in events_for(tree) if isinstance(e, ModelCallCompleted)]
+    roots = {uuid.UUID(root.id) for tree in trees if (root := tree.graph.root()) is not None}
+    return calls, roots
+
+
+@pytest.mark.parametrize("item", SCENARIOS, ids=ids(SCENARIOS))
+async def test_the_gateway_and_the_importer_mint_the_same_ids(item: Recorded) -> None:
+    otlp, events, _ = await replay(item)
+    imported, roots = imported_calls(item)
+    otlp_by_id = {c.event_id: c for c in otlp}
+    imported_by_id = {c.event_id: c for c in imported}
+    only_otlp = ONLY_OTLP.get((item.cli, item.name), {})
+    assert set(imported_by_id) <= set(otlp_by_id), f"{item.id}: calls the importer names otherwise"
+    extra = {otlp_by_id[i].request_id for i in set(otlp_by_id) - set(imported_by_id)}
+    assert extra == set(only_otlp), f"{item.id}: calls only the gateway has"
+    for event_id, imported_call in imported_by_id.items():
+        assert buckets(otlp_by_id[event_id]) == buckets(imported_call), f"{item.id}: one id, other tokens"
+        assert otlp_by_id[event_id].session_id == imported_call.session_id
+    # The OTLP session is the imported transcript's root session (one per scenario; resumed ones continue it).
+    sessions = {e.session_id for e in events}
+    assert sessions == roots == {c.session_id for c in otlp}, item.id
+    if item.cli == "claude-code":
+        assert all(c.event_id == request_call_event_id("claude-code", str(c.request_id)) for c in otlp)
+
+
+def test_the_only_otlp_calls_are_in_the_servers_log() -> None:
+    # Each exception names a call the fake server answered, so the id test's exception list cannot drift.
+    logged = Counter(c.get("request_id") for item in SCENARIOS for c in item.calls())
+    for calls in ONLY_OTLP.values():
+        assert all(logged[request_id] == 1 for request_id in calls)
+    assert SOURCE.profile_id == "otlp-test"
