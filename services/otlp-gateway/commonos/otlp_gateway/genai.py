@@ -87,28 +87,27 @@ Event ids. Every id is deterministic, so a retried request publishes the same ev
 "session_created", session_id)``; tool call ids ``mint_id("tool_call", "otel", profile, trace_id,
 span_id)``. Ids are hex as OTLP/JSON writes them.
 
-Tags: the resource's: ``cos.tag.<key>=<value>`` gives ``<key>:<value>``, and so does ``<key>=<value>`` for
-a key in `Source.tag_attributes` (default ``client``, ``project``, ``team``); a resource whose attributes
-give an invalid tag (`commonos.proto.tags`) has all its spans refused with the reason.
+Tags: the resource's (`commonos.otlp_gateway.attributes.resource_tags`: ``cos.tag.<key>=<value>``, and the
+bare keys of `Source.tag_attributes`); a resource whose attributes give an invalid tag has all its spans
+refused with the reason.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Final, NamedTuple
 
 import msgspec
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
+from commonos.otlp_gateway.attributes import attributes, from_nanos, integer, resource_tags
 from commonos.otlp_gateway.mapping import Mapped, Source
 from commonos.proto import events as ev
 from commonos.proto.graph.ids import mint_id
-from commonos.proto.tags import InvalidTag, parse_tag
+from commonos.proto.tags import InvalidTag
 
 __all__ = ["MODEL_OPERATIONS", "SOURCE", "map_spans", "provider_name"]
 
@@ -240,7 +239,7 @@ class _Mapper:
         for resource_spans in request.resource_spans:
             spans = [s for scope in resource_spans.scope_spans for s in scope.spans]
             try:
-                tags = _resource_tags(_attributes(resource_spans.resource.attributes), self.source.tag_attributes)
+                tags = resource_tags(attributes(resource_spans.resource.attributes), self.source.tag_attributes)
             except InvalidTag as exc:
                 self.mapped.reject(str(exc), len(spans))
                 continue
@@ -317,7 +316,7 @@ class _Mapper:
             return known
         session = self.session_of(agent)
         if agent.ours:
-            depth = _integer(agent.attrs.get("cos.turn.depth"))
+            depth = integer(agent.attrs.get("cos.turn.depth"))
             turn = _Turn(_parse_uuid(agent.attrs["cos.turn_id"], "cos.turn_id"), session.id, None, max(depth or 0, 0))
             self._turns[agent.key] = turn
             return turn
@@ -572,7 +571,7 @@ def _parse(span: Span, tags: tuple[str, ...]) -> _Span:
         span=span.span_id.hex(),
         parent=parent,
         name=span.name,
-        attrs=_attributes(span.attributes),
+        attrs=attributes(span.attributes),
         start_ns=span.start_time_unix_nano,
         end_ns=span.end_time_unix_nano,
         error=span.status.code == Status.STATUS_CODE_ERROR,
@@ -588,7 +587,7 @@ def _where(span: _Span) -> str:
 def _timed(span: _Span) -> bool:
     """Whether the span has a start and an end, not before its start."""
     return (
-        _from_nanos(span.start_ns) is not None and _from_nanos(span.end_ns) is not None and span.end_ns >= span.start_ns
+        from_nanos(span.start_ns) is not None and from_nanos(span.end_ns) is not None and span.end_ns >= span.start_ns
     )
 
 
@@ -600,7 +599,7 @@ def _times(span: _Span) -> float:
 
 
 def _at(nanos: int) -> datetime:
-    moment = _from_nanos(nanos)
+    moment = from_nanos(nanos)
     assert moment is not None  # checked by `_times` first
     return moment
 
@@ -663,7 +662,7 @@ def _buckets(span: _Span, usage: dict[str, Any]) -> _Tokens:
             counts[bucket] = 0
             continue
         key, value = usage[bucket]
-        number = _integer(value)
+        number = integer(value)
         if number is None or number < 0:
             raise _Refused(f"{_where(span)}: {key} is {str(value)[:32]!r}, not a count")
         counts[bucket] = number
@@ -717,73 +716,3 @@ def _result(value: Any) -> tuple[str | None, int | None]:
     if len(value) <= MAX_RESULT_CHARS:
         return value, None
     return value[:MAX_RESULT_CHARS], len(value.encode("utf-8", "surrogatepass"))
-
-
-# --- OTLP values ---------------------------------------------------------------------------------------
-# Private until the gateway's shared attribute helpers (attributes.py) are committed.
-
-_TAG_PREFIX: Final = "cos.tag."
-
-
-def _any_value(value: AnyValue) -> Any:
-    """The Python value an OTLP ``AnyValue`` holds (None when it holds none)."""
-    kind = value.WhichOneof("value")
-    if kind is None:
-        return None
-    if kind == "array_value":
-        return [_any_value(v) for v in value.array_value.values]
-    if kind == "kvlist_value":
-        return _attributes(value.kvlist_value.values)
-    return getattr(value, kind)
-
-
-def _attributes(pairs: Iterable[KeyValue]) -> dict[str, Any]:
-    """OTLP key-values as a dict (a key given twice keeps its last value)."""
-    return {pair.key: _any_value(pair.value) for pair in pairs}
-
-
-def _integer(value: Any) -> int | None:
-    """An int, or a string or integral float spelling one; None for anything else (bools included)."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str):
-        try:
-            return int(value.strip())
-        except ValueError:
-            return None
-    return None
-
-
-def _from_nanos(nanos: int) -> datetime | None:
-    """Nanoseconds since the epoch as an aware datetime; None for 0 (unset)."""
-    if nanos <= 0:
-        return None
-    return datetime.fromtimestamp(nanos // 1_000_000_000, UTC).replace(microsecond=(nanos // 1000) % 1_000_000)
-
-
-def _resource_tags(resource: Mapping[str, Any], tag_attributes: Sequence[str]) -> tuple[str, ...]:
-    """The tags of a resource's attributes, sorted, each once; `InvalidTag` naming the attribute otherwise."""
-    found: set[str] = set()
-    for key, value in resource.items():
-        if key.startswith(_TAG_PREFIX):
-            tag_key = key[len(_TAG_PREFIX) :]
-        elif key in tag_attributes:
-            tag_key = key
-        else:
-            continue
-        if isinstance(value, bool):
-            written: str | None = "true" if value else "false"
-        else:
-            written = str(value) if isinstance(value, int | float | str) else None
-        tag = f"{tag_key}:{written if written is not None else ''}"
-        try:
-            if written is None:
-                raise InvalidTag(tag, "the attribute's value is not a string, bool or number")
-            found.add(parse_tag(tag))
-        except InvalidTag as exc:
-            raise InvalidTag(tag, f"{exc.rule} (resource attribute {key!r})") from None
-    return tuple(sorted(found))
