@@ -68,9 +68,11 @@ walking up its parents in the request. The walk stops at:
    the same rule, so the placeholder of rule 2 is the same turn when the root arrives later), started
    and finished with the root span.
 
-Limits of what the spans say: a span whose walk crosses a missing span that is *not* its agent (other
-spans between the agent and it, split across requests) gets the turn of that missing span (a turn that
-stays running when the span is not an agent); a delegated agent that arrives before its parent agent is
+Limits of what the spans say: a span whose walk stops at a missing span that is *not* its agent (a
+non-agent root, or spans between its agent and it, split across requests) gets the turn of that missing
+span, which stays running unless that span arrives as an agent, or as a root with GenAI spans below it in
+its request (a request of other spans alone maps to nothing: a ``turn_finished`` of a turn that may not
+exist would be dead-lettered); a delegated agent that arrives before its parent agent is
 recorded as a top-level turn (nothing in a span says its missing parent is an agent); a span that names
 no session itself, split from the ancestor that does, falls back to the trace's session. Instrumentations
 that set ``gen_ai.conversation.id`` on every span avoid the last one. None of these changes a count: each
