@@ -9,7 +9,9 @@ file order with one `MemoryOrdinals` (what the gateway would do receiving them),
 * mapping the payloads again (an exporter's retry) gives the same events: nothing new;
 * the ``model_call_completed`` ids are those the importer mints from the same scenario's transcripts,
   and the session is the importer's root session: a session received over OTLP and imported too is
-  billed once. Where a call is in one source only, `ONLY_OTLP` says which and why.
+  billed once. Where a call is in one source only, `ONLY_OTLP` says which and why;
+* on real servers, the journal-writer and billing accept all of it (nothing dead-lettered), and billing
+  holds each answered call once though both sources and a retry published it.
 """
 
 from __future__ import annotations
@@ -18,16 +20,21 @@ import uuid
 from collections import Counter
 from typing import Any
 
+import asyncpg
+import nats
 import pytest
 
 from commonos.importer.claude import read_claude
 from commonos.importer.codex import read_codex
-from commonos.importer.events import events_for
-from commonos.otlp_gateway.mapping import MemoryOrdinals
+from commonos.importer.events import events_for, profile_id_for
+from commonos.otlp_gateway.mapping import MemoryOrdinals, Source, map_logs
 from commonos.proto.events import ModelCallCompleted
 from commonos.proto.graph.ids import request_call_event_id
+from commonos.runtime.dlq import list_dead_letters
+from tests.billing.support import billing
 from tests.clients.support import Recorded, recorded
 from tests.otlp_gateway.logs import SOURCE, mapped, recorded_logs
+from tests.support import journal_writer, publish_all, wait_caught_up
 
 BUCKETS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "cache_write_1h_tokens")
 
@@ -149,3 +156,64 @@ def test_the_only_otlp_calls_are_in_the_servers_log() -> None:
     for calls in ONLY_OTLP.values():
         assert all(logged[request_id] == 1 for request_id in calls)
     assert SOURCE.profile_id == "otlp-test"
+
+
+# --- what the journal-writer and billing make of it -----------------------------------------------
+
+
+async def test_the_journal_writer_and_billing_accept_it_and_bill_each_call_once(
+    nats_url: str, database_url: str
+) -> None:
+    """Every scenario's gateway events published, then the importer's calls of the same transcripts, then
+    the gateway's again (a retry): nothing dead-lettered, the sessions, turns, tool calls and approvals
+    stored, and billing holds exactly the fake server's answered calls, once each.
+
+    Each vendor's events come from the profile the importer uses by default (``claude-code``, ``codex``):
+    billing refuses a session's calls from another profile than the one that created it, so a session
+    is counted once across both paths only when the gateway's token and the import share a profile.
+    """
+    gateway: list[Any] = []
+    importer: list[Any] = []
+    for item in SCENARIOS:
+        source = Source(profile_id=profile_id_for(item.cli))
+        ordinals = MemoryOrdinals()
+        for _, request in recorded_logs(item.folder):
+            result = await map_logs(request, source, ordinals)
+            assert result.rejected == 0
+            gateway += result.events
+        importer += imported_calls(item)[0]
+    await publish_all(nats_url, [*gateway, *importer, *gateway])
+    async with journal_writer(nats_url, database_url), billing(nats_url, database_url):
+        nc = await nats.connect(nats_url)
+        try:
+            js = nc.jetstream()
+            await wait_caught_up(js, database_url, "journal-writer")
+            await wait_caught_up(js, database_url, "billing", table="billing_positions")
+            assert await list_dead_letters(js) == []
+        finally:
+            await nc.close()
+    conn = await asyncpg.connect(database_url)
+    try:
+        counts = {t: await conn.fetchval(f"SELECT count(*) FROM {t}") for t in ("sessions", "tool_calls", "approvals")}
+        turns = await conn.fetch("SELECT status FROM turns")
+        rows = await conn.fetch(
+            "SELECT request_id, input_tokens, output_tokens, cache_read_tokens, cache_write_5m_tokens,"
+            " cache_write_1h_tokens, profile_id FROM model_calls"
+        )
+    finally:
+        await conn.close()
+    assert counts == {"sessions": len(SCENARIOS), "tool_calls": 6, "approvals": 6}
+    assert turns and {r["status"] for r in turns} == {"running"}  # no CLI logs the end of a turn
+    stored = Counter(
+        (
+            r["input_tokens"],
+            r["output_tokens"],
+            r["cache_read_tokens"],
+            r["cache_write_5m_tokens"] + r["cache_write_1h_tokens"],
+            r["cache_write_1h_tokens"],
+        )
+        for r in rows
+    )
+    answered = Counter(tuple(expected(c).values()) for item in SCENARIOS for c in item.calls() if not c.get("stalled"))
+    assert sum(answered.values()) == len(answered), "the server's usage repeats: the match would be ambiguous"
+    assert stored == answered

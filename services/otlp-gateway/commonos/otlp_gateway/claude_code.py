@@ -59,15 +59,22 @@ Decisions:
   ``tool_result``; so it is an ``approval_decided`` (the approvals table keeps one per tool call, and
   needs no tool call row), and the tool call's own ``approval`` column stays empty rather than
   depending on how the client batched its records.
-* **Model call ids.** A call's event id is ``request_call_event_id("claude-code", request_id)``, which
-  the importer mints for the same call from its transcript's ``requestId``: a session received here
-  and later imported (or the other way round) is billed once, whichever comes first (the first event
-  stored wins; both carry the same tokens). Where they differ: the OTLP event has the turn, the
-  reported cost and the latency, the imported one the stop reason. Calls only one source has:
-  the ``/compact`` summary call is an ``api_request`` but no transcript line (only the gateway bills
-  it); a reply cut off mid-stream is neither. A record without ``request_id`` (no Claude Code release
-  we know) gets a gateway id of its session, prompt, ``event.sequence`` and time, which the importer
+* **Model call ids, and which source wins.** A call's event id is
+  ``request_call_event_id("claude-code", request_id)``, which the importer mints for the same call from
+  its transcript's ``requestId``: a session received here and later imported (or the other way round)
+  is billed once, whichever comes first. The first event stored wins (JetStream drops the second within
+  its duplicate window, billing's ``ON CONFLICT (event_id)`` after it; both carry the request id, and
+  billing also keeps one call per provider and request id whatever its event id). Both carry the same
+  tokens (tested on the recorded sessions); only the other fields differ: the OTLP event has the turn,
+  the reported cost and the latency, the imported one the stop reason. Calls only one source has: the
+  ``/compact`` summary call is an ``api_request`` but no transcript line (only the gateway bills it);
+  a reply cut off mid-stream is neither. A record without ``request_id`` (no Claude Code release we
+  know) gets a gateway id of its session, prompt, ``event.sequence`` and time, which the importer
   cannot match: such a call arriving both ways would be counted twice.
+* **One profile for both paths.** The session id is the importer's, and a session belongs to the
+  profile that first published it: billing refuses (dead-letters, ``profile_mismatch``) a session's
+  calls from another profile. To receive a session here and import it too, give the gateway's token
+  the profile the import uses (``claude-code`` by default, or ``cos import claude --profile``).
 * A subagent's calls carry their parent's ``session.id`` (and an ``agent_id``): they are the parent
   session's, as the importer bills them on its root session too.
 * A mapped record without ``session.id`` or without a time is refused (partial success), with why.

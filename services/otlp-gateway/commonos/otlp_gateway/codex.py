@@ -45,16 +45,21 @@ anything else (``codex.api_request``,   ignored (counted), never an error; so is
 
 Decisions:
 
-* **Model call ids.** Codex's telemetry names neither the request nor the response, so the gateway
-  counts: the n-th ``response.completed`` with token counts of a conversation (from 0) is the n-th call
-  with usage of its rollout, which the importer names ``ordinal_call_event_id("codex", conversation,
-  n)`` too. The place is kept by `CallOrdinals` keyed on a fingerprint (the record's time and counts),
-  so a retried request gets the same ids. Both sources carry the same tokens, and the first stored
-  wins. It fails where the order differs: requests of one conversation arriving out of order (an
-  exporter sending concurrently), a gateway that lost its ordinals store, or a rollout holding calls
-  Codex did not log (a fork copying its parent's history, whose copies are billed once from the
-  parent but still counted in the fork's places): then a call is counted twice (once per source).
-  Import or receive such sessions one way only.
+* **Model call ids, and which source wins.** Codex's telemetry names neither the request nor the
+  response, so the gateway counts: the n-th ``response.completed`` with token counts of a conversation
+  (from 0) is the n-th call with usage of its rollout, which the importer names
+  ``ordinal_call_event_id("codex", conversation, n)`` too. The place is kept by `CallOrdinals` keyed
+  on a fingerprint (the record's time and counts), so a retried request gets the same ids. Both
+  sources carry the same tokens (tested on the recorded sessions), and the first stored wins
+  (JetStream's duplicate window, then billing's ``ON CONFLICT (event_id)``); the OTLP event has the
+  turn, neither has a request id. It fails where the order differs: requests of one conversation
+  arriving out of order (an exporter sending concurrently), a gateway that lost its ordinals store, or
+  a rollout holding calls with usage that Codex did not log under that conversation (were a forked
+  session's rollout to copy its parent's calls, as none of the recorded scenarios shows): then a call
+  is counted twice (once per source). Import or receive such sessions one way only.
+* **One profile for both paths**, as for Claude Code: billing refuses a session's calls from another
+  profile than the one that first published it; give the gateway's token the import's profile
+  (``codex`` by default).
 * **Turns** are the prompts: a record that names no turn belongs to the turn of the latest
   ``codex.user_prompt`` at or before its time (`CallOrdinals.turn_at`, across requests). A model call
   before any known prompt has no turn; a tool call before any gets the session's ``no-prompt`` turn
