@@ -1,0 +1,3 @@
+from commonos.otlp_gateway.service import main
+
+raise SystemExit(main())

@@ -1,0 +1,357 @@
+"""The OTLP/HTTP receiver: `POST /v1/traces`, `/v1/logs`, `/v1/metrics` (https://opentelemetry.io/docs/specs/otlp/).
+
+For each request, in order:
+
+1. the bearer token (`Authorization: Bearer <token>`) names the profile; none or an unknown one is 401 with a
+   `WWW-Authenticate` challenge, before the body is read;
+2. Content-Type `application/x-protobuf` or `application/json` (else 415), Content-Encoding gzip or none
+   (else 415); a body over the limit, as sent or inflated, is 413; one that cannot be decoded 400 (with a
+   google.rpc.Status body);
+3. spans and log records are mapped to our events (`mapping.map_traces`, `mapping.map_logs`); metrics only
+   update `cos_otlp_client_metric`, never events;
+4. the events are published and the answer is 200 only once JetStream acknowledged every one of them.
+   While NATS is unavailable (disconnected, or the acknowledgements not all there within the publish
+   timeout) the answer is 503 with Retry-After: OTLP exporters retry 429/502/503/504, and a retried
+   request mints the same event ids, which JetStream drops as duplicates.
+
+A 200 carries the Export*ServiceResponse in the request's encoding, with `partial_success` (the records
+refused and why) when some were refused; error responses carry a google.rpc.Status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final
+
+import nats.errors
+from aiohttp import web
+from google.protobuf.message import Message  # type: ignore[import-untyped]
+from nats.aio.client import Client
+from nats.js.api import PubAck
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
+    ExportLogsPartialSuccess,
+    ExportLogsServiceRequest,
+    ExportLogsServiceResponse,
+)
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTracePartialSuccess,
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+
+from commonos.otlp_gateway.auth import REALM, TokenIndex, bearer_token
+from commonos.otlp_gateway.decode import (
+    BadRequest,
+    TooLarge,
+    UnsupportedMediaType,
+    decode_body,
+    encode_message,
+    encoding_of,
+    parse_request,
+    status_body,
+)
+from commonos.otlp_gateway.mapping import CallOrdinals, Mapped, Source
+from commonos.otlp_gateway.metrics import GatewayMetrics
+from commonos.otlp_gateway.settings import GatewaySettings
+from commonos.proto.errors import OperationalError
+from commonos.proto.events import EventBase, event_type
+from commonos.runtime.publisher import EventPublisher, EventTooLarge, PublishError
+
+log = logging.getLogger(__name__)
+
+MapLogs = Callable[[ExportLogsServiceRequest, Source, CallOrdinals], Awaitable[Mapped]]
+MapTraces = Callable[[ExportTraceServiceRequest, Source], Mapped]
+
+#: gRPC status codes of the google.rpc.Status bodies.
+_INVALID_ARGUMENT: Final = 3
+_UNAUTHENTICATED: Final = 16
+_UNAVAILABLE: Final = 14
+_RESOURCE_EXHAUSTED: Final = 8
+_UNIMPLEMENTED: Final = 12
+_INTERNAL: Final = 13
+
+_CHUNK: Final = 64 * 1024
+
+
+async def _real_map_logs(request: ExportLogsServiceRequest, source: Source, ordinals: CallOrdinals) -> Mapped:
+    map_logs: MapLogs = importlib.import_module("commonos.otlp_gateway.mapping").map_logs
+    return await map_logs(request, source, ordinals)
+
+
+def _real_map_traces(request: ExportTraceServiceRequest, source: Source) -> Mapped:
+    map_traces: MapTraces = importlib.import_module("commonos.otlp_gateway.mapping").map_traces
+    return map_traces(request, source)
+
+
+class Unavailable(OperationalError):
+    """NATS cannot take the request's events now: 503 with Retry-After."""
+
+
+@dataclass
+class _Refusal(Exception):
+    status: int
+    reason: str
+    grpc_code: int
+    text: str
+
+
+def _count_spans(request: ExportTraceServiceRequest) -> int:
+    return sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+
+
+def _count_logs(request: ExportLogsServiceRequest) -> int:
+    return sum(len(sl.log_records) for rl in request.resource_logs for sl in rl.scope_logs)
+
+
+class OtlpReceiver:
+    """The OTLP routes and what they need: tokens, the publisher, the ordinals, the metrics.
+
+    `map_logs` and `map_traces` default to the real mappings (`commonos.otlp_gateway.mapping`); tests may
+    give others. `nc` tells whether NATS is connected (requests are refused with 503 while it is not).
+    """
+
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        tokens: TokenIndex,
+        publisher: EventPublisher,
+        ordinals: CallOrdinals,
+        metrics: GatewayMetrics,
+        *,
+        nc: Client | None = None,
+        map_logs: MapLogs = _real_map_logs,
+        map_traces: MapTraces = _real_map_traces,
+    ) -> None:
+        self.settings = settings
+        self.tokens = tokens
+        self.publisher = publisher
+        self.ordinals = ordinals
+        self.metrics = metrics
+        self.nc = nc if nc is not None else publisher.nc
+        self.map_logs = map_logs
+        self.map_traces = map_traces
+
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_post("/v1/traces", self.traces)
+        app.router.add_post("/v1/logs", self.logs)
+        app.router.add_post("/v1/metrics", self.metrics_route)
+
+    # --- the three signals ---------------------------------------------------------------------------
+
+    async def traces(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, "traces")
+
+    async def logs(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, "logs")
+
+    async def metrics_route(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, "metrics")
+
+    async def _handle(self, request: web.Request, signal: str) -> web.StreamResponse:
+        started = time.monotonic()
+        encoding = "protobuf"
+        try:
+            # The encoding of an error's body: the request's when it is one we know.
+            encoding = encoding_of(request.headers.get("Content-Type"))
+        except UnsupportedMediaType:
+            encoding = "protobuf"
+        label = encoding if request.headers.get("Content-Type") else "none"
+        try:
+            try:
+                response = await self._process(request, signal)
+            except _Refusal as refusal:
+                if refusal.reason == "unsupported_media_type":
+                    label = "other"
+                response = self._refuse(refusal, encoding)
+            label = label if label in ("protobuf", "json") else "other"
+            self.metrics.requests.labels(signal, label, str(response.status)).inc()
+            return response
+        finally:
+            self.metrics.request_seconds.labels(signal).observe(time.monotonic() - started)
+
+    def _refuse(self, refusal: _Refusal, encoding: str) -> web.Response:
+        self.metrics.refused.labels(refusal.reason).inc()
+        body, content_type = status_body(refusal.grpc_code, refusal.text, encoding)
+        headers = {"Content-Type": content_type}
+        if refusal.status == 401:
+            headers["WWW-Authenticate"] = f'Bearer realm="{REALM}"'
+        if refusal.status == 503:
+            headers["Retry-After"] = str(self.settings.retry_after_s)
+        return web.Response(status=refusal.status, body=body, headers=headers)
+
+    async def _process(self, request: web.Request, signal: str) -> web.Response:
+        if not self.tokens.loaded.is_set():
+            raise _Refusal(503, "unavailable", _UNAVAILABLE, "the gateway is starting: its tokens are not loaded yet")
+        token = self.tokens.lookup(bearer_token(request.headers.get("Authorization")))
+        if token is None:
+            raise _Refusal(
+                401,
+                "unauthenticated",
+                _UNAUTHENTICATED,
+                "a valid bearer token is required (Authorization: Bearer <token>; `cos otlp token create`)",
+            )
+        try:
+            encoding = encoding_of(request.headers.get("Content-Type"))
+            data = decode_body(
+                await self._read_body(request), request.headers.get("Content-Encoding"), self.settings.max_body_bytes
+            )
+            message: Message
+            if signal == "traces":
+                message = parse_request(ExportTraceServiceRequest(), data, encoding)
+            elif signal == "logs":
+                message = parse_request(ExportLogsServiceRequest(), data, encoding)
+            else:
+                message = parse_request(ExportMetricsServiceRequest(), data, encoding)
+        except UnsupportedMediaType as exc:
+            raise _Refusal(415, "unsupported_media_type", _UNIMPLEMENTED, str(exc)) from None
+        except TooLarge as exc:
+            raise _Refusal(413, "too_large", _RESOURCE_EXHAUSTED, str(exc)) from None
+        except BadRequest as exc:
+            raise _Refusal(400, "bad_request", _INVALID_ARGUMENT, str(exc)) from None
+
+        source = Source(profile_id=token.profile_id, tag_attributes=self.settings.tag_attributes)
+        if isinstance(message, ExportMetricsServiceRequest):
+            points = self.metrics.client.record(message, token.profile_id)
+            self.metrics.records.labels(signal, "accepted").inc(points)
+            return self._ok(ExportMetricsServiceResponse(), encoding)
+        if not self._connected():
+            raise _Refusal(503, "unavailable", _UNAVAILABLE, "NATS is unavailable: retry later")
+        try:
+            if isinstance(message, ExportTraceServiceRequest):
+                total = _count_spans(message)
+                mapped = self.map_traces(message, source)
+            else:
+                assert isinstance(message, ExportLogsServiceRequest)
+                total = _count_logs(message)
+                mapped = await asyncio.wait_for(
+                    self.map_logs(message, source, self.ordinals), self.settings.publish_timeout_s
+                )
+            events = self._fitting(mapped)
+            await self._publish(events, signal)
+        except (Unavailable, OperationalError, nats.errors.Error, TimeoutError) as exc:
+            log.warning("%s request not stored (%s: %s): answered 503", signal, type(exc).__name__, exc)
+            raise _Refusal(503, "unavailable", _UNAVAILABLE, "NATS is unavailable: retry later") from None
+        rejected = min(mapped.rejected, total)
+        ignored = min(mapped.ignored, total - rejected)
+        self.metrics.records.labels(signal, "accepted").inc(max(total - rejected - ignored, 0))
+        if rejected:
+            self.metrics.records.labels(signal, "rejected").inc(rejected)
+        if ignored:
+            self.metrics.records.labels(signal, "ignored").inc(ignored)
+        response: Message
+        error = "; ".join(mapped.errors)
+        if signal == "traces":
+            response = ExportTraceServiceResponse()
+            if rejected or error:
+                response.partial_success.CopyFrom(
+                    ExportTracePartialSuccess(rejected_spans=rejected, error_message=error)
+                )
+        else:
+            response = ExportLogsServiceResponse()
+            if rejected or error:
+                response.partial_success.CopyFrom(
+                    ExportLogsPartialSuccess(rejected_log_records=rejected, error_message=error)
+                )
+        return self._ok(response, encoding)
+
+    def _ok(self, message: Message, encoding: str) -> web.Response:
+        body, content_type = encode_message(message, encoding)
+        return web.Response(status=200, body=body, headers={"Content-Type": content_type})
+
+    def _connected(self) -> bool:
+        return self.nc is None or (self.nc.is_connected and not self.nc.is_closed)
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        limit = self.settings.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            raise TooLarge(f"the body is over {limit} bytes")
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.content.iter_chunked(_CHUNK):
+            size += len(chunk)
+            if size > limit:
+                raise TooLarge(f"the body is over {limit} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _fitting(self, mapped: Mapped) -> list[EventBase]:
+        """The events that fit one NATS message; one that cannot is refused (its record counted rejected)."""
+        out = []
+        for event in mapped.events:
+            try:
+                self.publisher.prepare(event)
+            except EventTooLarge as exc:
+                mapped.reject(f"an event of this request cannot be stored: {exc}")
+                continue
+            out.append(event)
+        return out
+
+    async def _publish(self, events: Sequence[EventBase], signal: str) -> None:
+        if not events:
+            return
+        try:
+            acks: list[PubAck] = await asyncio.wait_for(
+                self.publisher.publish_many(events), self.settings.publish_timeout_s
+            )
+        except (TimeoutError, PublishError) as exc:
+            raise Unavailable(f"{len(events)} events not acknowledged: {exc}") from None
+        if len(acks) != len(events):
+            raise Unavailable(f"{len(events) - len(acks)} of {len(events)} events not acknowledged")
+        now = datetime.now(UTC)
+        for event, ack in zip(events, acks, strict=True):
+            if not ack.duplicate:
+                self.metrics.events_published.labels(event_type(event)).inc()
+            self.metrics.lag_seconds.labels(signal).observe(max((now - event.occurred_at).total_seconds(), 0.0))
+
+
+def make_app(receiver: OtlpReceiver, **kwargs: Any) -> web.Application:
+    app = web.Application(**kwargs)
+    receiver.add_routes(app)
+    return app
+
+
+class OtlpServer:
+    """The receiver on its own port (COS_OTLP_PORT). Request bodies are not inflated by aiohttp: the
+    receiver does it, within the body limit."""
+
+    def __init__(self, receiver: OtlpReceiver, host: str, port: int, shutdown_timeout_s: float = 10.0) -> None:
+        self.receiver = receiver
+        self.host = host
+        self.port = port
+        self.shutdown_timeout_s = shutdown_timeout_s
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> int:
+        self._runner = web.AppRunner(
+            make_app(self.receiver),
+            access_log=None,
+            auto_decompress=False,
+            shutdown_timeout=self.shutdown_timeout_s,
+        )
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        addresses = self._runner.addresses
+        if addresses:
+            self.port = int(addresses[0][1])
+        return self.port
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        return f"http://{host}:{self.port}"
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None

@@ -1,0 +1,76 @@
+"""The gateway's own settings (`COS_OTLP_*`), beside the common ones of `commonos.runtime.settings`.
+
+    COS_OTLP_HOST              address the OTLP/HTTP receiver listens on (default 127.0.0.1; 0.0.0.0 in a container)
+    COS_OTLP_PORT              its port (default 4318, every OTLP/HTTP receiver's)
+    COS_OTLP_MAX_BODY_BYTES    largest request body, before and after gunzip (default 16 MiB): 413 above it
+    COS_OTLP_TAG_ATTRIBUTES    bare resource attribute keys mapped to tags (default client,project,team)
+    COS_OTLP_PUBLISH_TIMEOUT_S how long a request waits for JetStream's acknowledgements before 503 (default 5)
+    COS_OTLP_RETRY_AFTER_S     the Retry-After of a 503 (default 5)
+
+The service's `/metrics` `/healthz` `/readyz` port is COS_HTTP_PORT (default 9464), as for every service.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from commonos.proto.errors import ConfigError
+
+#: Every OTLP/HTTP receiver's port.
+DEFAULT_OTLP_PORT: Final = 4318
+#: The gateway's `/metrics` `/healthz` `/readyz` port (COS_HTTP_PORT), beside the loop's 9461, the
+#: journal-writer's 9462 and billing's 9463.
+DEFAULT_HTTP_PORT: Final = 9464
+DEFAULT_MAX_BODY_BYTES: Final = 16 * 1024 * 1024
+DEFAULT_TAG_ATTRIBUTES: Final = ("client", "project", "team")
+_ATTRIBUTE_KEY: Final = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
+
+
+def _number(env: Mapping[str, str], name: str, default: float, lo: float, hi: float) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number") from None
+    if not lo <= value <= hi:
+        raise ConfigError(f"{name}={raw} is out of range ({lo:g} to {hi:g})")
+    return value
+
+
+def parse_tag_attributes(raw: str) -> tuple[str, ...]:
+    """`client,project,team` -> the keys; an empty string means none (only `cos.tag.<key>` attributes map)."""
+    keys = tuple(k.strip() for k in raw.split(",") if k.strip())
+    for key in keys:
+        if not _ATTRIBUTE_KEY.fullmatch(key):
+            raise ConfigError(f"COS_OTLP_TAG_ATTRIBUTES: {key!r} is not an attribute key (letters, digits, _ . -)")
+    return keys
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatewaySettings:
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_OTLP_PORT
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    tag_attributes: tuple[str, ...] = DEFAULT_TAG_ATTRIBUTES
+    #: A request's events not all acknowledged by JetStream within this: 503 (the exporter retries).
+    publish_timeout_s: float = 5.0
+    retry_after_s: int = 5
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> GatewaySettings:
+        env = os.environ if env is None else env
+        raw_attributes = env.get("COS_OTLP_TAG_ATTRIBUTES")
+        return cls(
+            host=env.get("COS_OTLP_HOST", "").strip() or "127.0.0.1",
+            port=int(_number(env, "COS_OTLP_PORT", DEFAULT_OTLP_PORT, 0, 65535)),
+            max_body_bytes=int(_number(env, "COS_OTLP_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, 1024, 1024**3)),
+            tag_attributes=(DEFAULT_TAG_ATTRIBUTES if raw_attributes is None else parse_tag_attributes(raw_attributes)),
+            publish_timeout_s=_number(env, "COS_OTLP_PUBLISH_TIMEOUT_S", 5.0, 0.1, 300.0),
+            retry_after_s=int(_number(env, "COS_OTLP_RETRY_AFTER_S", 5, 1, 3600)),
+        )
