@@ -9,6 +9,10 @@ Every message of ours (an event, an alert) carries `ce-specversion`, `ce-id`, `c
 type's JSON Schema, `commonos.proto.schemas`), `content-type` (`application/json`, for readers that look
 there) and `Nats-Msg-Id` = `ce-id`. Events stored before `ce-datacontenttype` and `ce-dataschema` were
 added lack them, so a reader does not require them.
+
+An event published inside an OpenTelemetry span (a producer with telemetry on: `commonos.runtime.telemetry`)
+also carries the W3C Trace Context headers `traceparent` (`00-<trace id>-<span id>-<flags>`) and, when the
+span has one, `tracestate`; they are optional, not CloudEvents attributes, and no check here reads them.
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ from commonos.proto.schemas import alert_schema_id, event_schema_id
 SPECVERSION: Final = "1.0"
 CONTENT_TYPE: Final = "application/json"
 MSG_ID: Final = "Nats-Msg-Id"
+#: W3C Trace Context headers an event may carry (optional; written and read by `commonos.runtime.telemetry`).
+TRACEPARENT: Final = "traceparent"
+TRACESTATE: Final = "tracestate"
 DEFAULT_SOURCE: Final = "urn:commonos:unknown"
 REQUIRED: Final = ("ce-specversion", "ce-id", "ce-source", "ce-type")
 #: What every event of ours carries, and a consumer checks against the body.

@@ -10,6 +10,8 @@
   exception from a projection is a bug and stops the consumer: no good event is thrown away.
 * A database that cannot be reached is not poison: the consumer reports not-ready, retries with
   backoff and acknowledges nothing meanwhile.
+* With OpenTelemetry on (`commonos.runtime.telemetry`), a batch whose events carry a `traceparent` is
+  applied inside a `process COS_EVENTS` span linked to (and, for one trace, a child of) their producers' spans.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from commonos.proto.cloudevents import HeaderError, check_event_headers
 from commonos.proto.events import Event, EventDecodeError, decode_event, event_type
 from commonos.proto.subjects import EVENTS_STREAM, SubjectError, parse_subject
+from commonos.runtime import telemetry
 from commonos.runtime.dlq import REPLAY_FOR, dead_letter
 from commonos.runtime.errors import DataError, EventRejected
 from commonos.runtime.fetcher import ConsumerGone, PullFetcher
@@ -527,38 +530,9 @@ class BatchConsumer:
             # Until this batch commits, it is lag too.
             LAG.labels(self.name).set(msgs[-1].metadata.num_pending + len(msgs))
         if deliveries:
-            backoff = self._backoff()
-            while True:
-                try:
-                    await self._commit(deliveries)
-                    break
-                except (*_DATABASE_DOWN, TimeoutError) as exc:
-                    if is_poison(exc):
-                        raise
-                    # A connection cut in the middle of a statement can be left unusable ("another operation
-                    # is in progress"): the retry starts on fresh connections.
-                    await self.pool.expire_connections()
-                    DB_UP.labels(self.name).set(0)
-                    DB_RETRIES.labels(self.name).inc()
-                    self.health.beat()
-                    self.health.set_ready("database", False, f"PostgreSQL unreachable: {type(exc).__name__}")
-                    log.warning("%s: batch not committed (%s); retrying", self.name, exc)
-                    if stop is not None and stop.is_set():
-                        return False  # abandon: nothing was acked, the events come back
-                    for d in deliveries:
-                        await _quietly(d.msg.in_progress())
-                    await self._pause(stop, backoff)
-                except (nats.errors.Error, nats.js.errors.Error) as exc:
-                    # The dead-letter stream did not acknowledge: roll back and try the batch again.
-                    self._check_connection()
-                    self.health.set_ready("nats", False, f"dead-lettering failed: {type(exc).__name__}")
-                    log.warning("%s: dead-lettering failed (%s); retrying", self.name, exc)
-                    if stop is not None and stop.is_set():
-                        return False
-                    await self._pause(stop, backoff)
-            DB_UP.labels(self.name).set(1)
-            self.health.set_ready("database", True)
-            self.health.set_ready("nats", True)
+            with self._batch_span(deliveries):
+                if not await self._commit_until_done(deliveries, stop):
+                    return False
         for d in deliveries:
             await _quietly(d.msg.ack())
         for msg in skipped:
@@ -571,6 +545,50 @@ class BatchConsumer:
             BATCH_SIZE.labels(self.name).observe(len(deliveries))
             BATCH_SECONDS.labels(self.name).observe(time.perf_counter() - started)
             LAST_COMMIT.labels(self.name).set(time.time())
+        return True
+
+    def _batch_span(self, deliveries: list[Delivery]) -> contextlib.AbstractContextManager[object]:
+        """With OpenTelemetry on, the batch's span, joining the traces its events were published in."""
+        if telemetry.active() is None:
+            return contextlib.nullcontext()
+        return telemetry.consumer_batch_span(
+            self.name, EVENTS_STREAM, [d.msg.headers for d in deliveries if not d.foreign]
+        )
+
+    async def _commit_until_done(self, deliveries: list[Delivery], stop: asyncio.Event | None) -> bool:
+        """Commit a batch, riding out PostgreSQL and dead-letter outages; False if stopped first (nothing acked)."""
+        backoff = self._backoff()
+        while True:
+            try:
+                await self._commit(deliveries)
+                break
+            except (*_DATABASE_DOWN, TimeoutError) as exc:
+                if is_poison(exc):
+                    raise
+                # A connection cut in the middle of a statement can be left unusable ("another operation
+                # is in progress"): the retry starts on fresh connections.
+                await self.pool.expire_connections()
+                DB_UP.labels(self.name).set(0)
+                DB_RETRIES.labels(self.name).inc()
+                self.health.beat()
+                self.health.set_ready("database", False, f"PostgreSQL unreachable: {type(exc).__name__}")
+                log.warning("%s: batch not committed (%s); retrying", self.name, exc)
+                if stop is not None and stop.is_set():
+                    return False  # abandon: nothing was acked, the events come back
+                for d in deliveries:
+                    await _quietly(d.msg.in_progress())
+                await self._pause(stop, backoff)
+            except (nats.errors.Error, nats.js.errors.Error) as exc:
+                # The dead-letter stream did not acknowledge: roll back and try the batch again.
+                self._check_connection()
+                self.health.set_ready("nats", False, f"dead-lettering failed: {type(exc).__name__}")
+                log.warning("%s: dead-lettering failed (%s); retrying", self.name, exc)
+                if stop is not None and stop.is_set():
+                    return False
+                await self._pause(stop, backoff)
+        DB_UP.labels(self.name).set(1)
+        self.health.set_ready("database", True)
+        self.health.set_ready("nats", True)
         return True
 
     async def _commit(self, deliveries: list[Delivery]) -> None:

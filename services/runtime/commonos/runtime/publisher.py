@@ -1,4 +1,8 @@
-"""Publishing events to JetStream: continue only after the PubAck; a retry reuses the event id."""
+"""Publishing events to JetStream: continue only after the PubAck; a retry reuses the event id.
+
+An event published inside a span (OpenTelemetry on, `commonos.runtime.telemetry`) carries that span's W3C
+`traceparent` (and `tracestate`) header, so whoever consumes it can join the trace.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from commonos.proto.cloudevents import event_headers
 from commonos.proto.errors import DataError, OperationalError
 from commonos.proto.events import EventBase, encode_event, event_type
 from commonos.proto.subjects import EVENTS_STREAM, subject_for
+from commonos.runtime import telemetry
 from commonos.runtime.limits import MessageTooLarge, check_fits, server_max_payload, with_stream_header
 from commonos.runtime.nats import client_of
 from commonos.runtime.retry import Backoff
@@ -99,10 +104,12 @@ class EventPublisher:
         return server_max_payload(self.nc)
 
     def prepare(self, event: EventBase) -> tuple[str, bytes, dict[str, str]]:
-        """Subject, body and headers of `event`; raises EventTooLarge if they cannot fit one message."""
+        """Subject, body and headers of `event` (with the current span's `traceparent`, if any); raises
+        EventTooLarge if they cannot fit one message."""
         subject = subject_for(event)
         payload = encode_event(event)
         headers = event_headers(event, self.source)
+        telemetry.inject(headers)
         try:
             check_fits(
                 f"event {event.event_id} ({event_type(event)})",

@@ -21,7 +21,8 @@ from nats.js import JetStreamContext
 from nats.js.api import StreamConfig
 
 from commonos.runtime import nats as cos_nats
-from commonos.runtime.consumer import BatchConsumer, ConsumerOptions, Projection
+from commonos.runtime import telemetry
+from commonos.runtime.consumer import BatchConsumer, ConsumerOptions, Projection, projection_of
 from commonos.runtime.http import Health, HttpServer
 from commonos.runtime.lifecycle import install_stop_signals
 from commonos.runtime.nats import ConnectionLost
@@ -169,6 +170,27 @@ async def serve(
     Returns 1 when the NATS connection was lost for good (the service must be restarted), else 0.
     """
     _, database_url = settings.require_urls()
+    # OpenTelemetry when OTEL_EXPORTER_OTLP_ENDPOINT asks for it (service.name commonos-journal-writer,
+    # commonos-billing), flushed as the service stops.
+    tel = telemetry.setup(f"commonos-{projection_of(name)}")
+    try:
+        return await _serve(settings, name, schemas, projections, stop, streams, pool_size, logger, database_url)
+    finally:
+        if tel is not None:
+            await tel.aclose()
+
+
+async def _serve(
+    settings: Settings,
+    name: str,
+    schemas: Sequence[str],
+    projections: Sequence[Projection] | ProjectionFactory,
+    stop: asyncio.Event | None,
+    streams: Sequence[StreamConfig],
+    pool_size: int | None,
+    logger: logging.Logger,
+    database_url: str,
+) -> int:
     async with service_context(settings, name, stop, streams) as ctx:
         if not await apply_schemas_when_reachable(database_url, schemas, ctx.health, ctx.stop, logger):
             return 1 if ctx.lost else 0
