@@ -286,7 +286,7 @@ class EventJournal(ABC):
         )
 
     async def record_tool_call(self, turn: TurnInfo, record: ToolCallRecord) -> None:
-        await self._emit(self._tool_call_event(turn, record))
+        await self._emit(self._tool_call_event(turn, record, event_id=record.event_id))
 
     async def record_approval(self, turn: TurnInfo, decision: ApprovalDecision) -> None:
         await self._emit(
@@ -306,6 +306,7 @@ class EventJournal(ABC):
         u = call.usage
         await self._emit(
             ModelCallCompleted(
+                event_id=call.event_id,
                 profile_id=turn.profile_id,
                 session_id=turn.session_id,
                 turn_id=turn.turn_id,

@@ -42,6 +42,7 @@ it would anywhere else.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
@@ -85,24 +86,23 @@ class HookSetup:
     provider: Provider | None = None
 
 
-async def record_model_call(journal: Journal, turn: TurnInfo, response: ModelResponse, model: str) -> None:
+async def record_model_call(journal: Journal, turn: TurnInfo, response: ModelResponse, model: str) -> uuid.UUID:
     """Record a model call of the turn as the loop records its own: a `model_call_completed` with the turn's
-    tags (what billing counts), and the call's metrics."""
-    await journal.record_model_call(
-        turn,
-        ModelCall(
-            provider=response.provider,
-            model=response.model,
-            usage=response.usage,
-            request_id=response.request_id,
-            latency_s=response.latency_s,
-            stop_reason=response.stop_reason,
-        ),
+    tags (what billing counts), and the call's metrics. Returns the event's id."""
+    call = ModelCall(
+        provider=response.provider,
+        model=response.model,
+        usage=response.usage,
+        request_id=response.request_id,
+        latency_s=response.latency_s,
+        stop_reason=response.stop_reason,
     )
+    await journal.record_model_call(turn, call)
     if response.latency_s is not None:
         metrics.MODEL_SECONDS.labels(response.provider, model).observe(response.latency_s)
     metrics.MODEL_TOKENS.labels(response.provider, "input").observe(response.usage.total_input_tokens)
     metrics.MODEL_TOKENS.labels(response.provider, "output").observe(response.usage.output_tokens)
+    return call.event_id
 
 
 @dataclass(frozen=True)

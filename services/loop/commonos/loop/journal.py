@@ -83,6 +83,8 @@ class ToolCallRecord(msgspec.Struct, frozen=True, kw_only=True):
     result_bytes: int | None = None
     #: Our id for the call; the approval of the call refers to it.
     tool_call_id: uuid.UUID = msgspec.field(default_factory=new_id)
+    #: The id of the call's `tool_call_recorded` event.
+    event_id: uuid.UUID = msgspec.field(default_factory=new_id)
 
     @property
     def duration_s(self) -> float:
@@ -107,6 +109,8 @@ class ModelCall(msgspec.Struct, frozen=True, kw_only=True):
     request_id: str | None = None
     latency_s: float | None = None
     stop_reason: str | None = None
+    #: The id of the call's `model_call_completed` event.
+    event_id: uuid.UUID = msgspec.field(default_factory=new_id)
 
 
 class MemoryChange(msgspec.Struct, frozen=True, kw_only=True):

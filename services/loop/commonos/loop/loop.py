@@ -25,7 +25,7 @@ from typing import Any, Final
 
 import msgspec
 
-from commonos.loop import metrics
+from commonos.loop import metrics, tracing
 from commonos.loop.approvals import Approver, new_request
 from commonos.loop.hooks import HookFactory, HookFailed, HookLoadError, TurnHooks, build_hooks, record_model_call
 from commonos.loop.journal import (
@@ -238,6 +238,21 @@ class Loop:
         profile = self.profile(request.profile_id)
         session_tags = self._check_request(request)
         await self._check_alive(profile.id, request.session_id)
+        # The turn's `invoke_agent` span when OpenTelemetry is on (`commonos.loop.tracing`).
+        with tracing.invoke_agent(profile.id, self.providers[profile.id].name, profile.model) as span:
+            result = await self._start_turn(profile, request, session_tags, span, on_start)
+            span.finished(result.status.value, result.error)
+            return result
+
+    async def _start_turn(
+        self,
+        profile: Profile,
+        request: TurnRequest,
+        session_tags: tuple[str, ...],
+        span: tracing.TurnSpan,
+        on_start: Callable[[TurnInfo], None] | None,
+    ) -> TurnResult:
+        """`run_turn` once the request is checked: its session (made or loaded), its lock, the turn."""
         record: SessionRecord | None = None
         history: list[Message] = []
         user = UserMessage(text=request.text)
@@ -277,6 +292,7 @@ class Loop:
                 turn_id=new_id(),
                 tags=tuple(resolve_tags(profile.tags, record.tags)),
             )
+            span.started(turn)
             return await self._turn(profile, turn, record, history, request.text, lease, on_start)
         finally:
             await asyncio.shield(lease.release())
@@ -335,6 +351,15 @@ class Loop:
             await self._still_there(profile.id)
         except _TurnFailed as exc:
             raise ToolFailed(f"not delegated: {exc}") from None
+        with tracing.invoke_agent(profile.id, self.providers[profile.id].name, profile.model) as span:
+            result = await self._child_turn(profile, parent, goal, span)
+            span.finished(result.status.value, result.error)
+        if result.status is not TurnStatus.COMPLETED:
+            raise ToolFailed(f"the helper's turn {result.status.value}: {result.error or 'no answer'}")
+        return result.text
+
+    async def _child_turn(self, profile: Profile, parent: TurnInfo, goal: str, span: tracing.TurnSpan) -> TurnResult:
+        """The child turn of `delegate`, in a new session under the parent's."""
         session_id = await self.journal.create_session(
             NewSession(
                 profile_id=profile.id,
@@ -352,14 +377,12 @@ class Loop:
             parent_session_id=parent.session_id,
         )
         child = parent.child(session_id)
+        span.started(child)
         lease = await self._acquire(session_id)
         try:
-            result = await self._turn(profile, child, record, [], goal, lease)
+            return await self._turn(profile, child, record, [], goal, lease)
         finally:
             await asyncio.shield(lease.release())
-        if result.status is not TurnStatus.COMPLETED:
-            raise ToolFailed(f"the helper's turn {result.status.value}: {result.error or 'no answer'}")
-        return result.text
 
     # -- one turn ---------------------------------------------------------------------------------
 
@@ -469,8 +492,10 @@ class Loop:
             if hooks:
                 request = await hooks.before_model_call(turn, request)
                 messages = list(request.messages)  # a hook may replace the history the turn goes on from
-            response = await provider.complete(request)
-            await record_model_call(self.journal, turn, response, profile.model)
+            with tracing.chat(turn, provider.name, request) as chat:
+                response = await provider.complete(request)
+                chat.completed(response)
+                chat.recorded(await record_model_call(self.journal, turn, response, profile.model))
             await hooks.after_model_call(turn, request, response)
             assistant = response.message
             seq = await self.journal.append_message(turn, assistant)
@@ -521,6 +546,13 @@ class Loop:
     async def _call_tool(
         self, profile: Profile, turn: TurnInfo, call: ToolCall, hooks: TurnHooks | None = None
     ) -> ToolResultMessage:
+        """One tool call, in its `execute_tool` span when OpenTelemetry is on."""
+        with tracing.execute_tool(turn, call) as span:
+            return await self._tool_call(profile, turn, call, hooks, span)
+
+    async def _tool_call(
+        self, profile: Profile, turn: TurnInfo, call: ToolCall, hooks: TurnHooks | None, span: tracing.ToolSpan
+    ) -> ToolResultMessage:
         hooks = hooks if hooks is not None else TurnHooks()
         started_at = utcnow()
         tool_call_id = new_id()
@@ -570,6 +602,7 @@ class Loop:
         )
         record = self._fit_result(turn, record)
         await self.journal.record_tool_call(turn, record)
+        span.tool_recorded(record, record.event_id, outcome)
         await hooks.after_tool_call(turn, call, record)
         return ToolResultMessage(call_id=call.id, content=record.result or "", is_error=output.is_error)
 

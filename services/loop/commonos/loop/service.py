@@ -20,6 +20,7 @@ import contextlib
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
 import msgspec
@@ -35,8 +36,9 @@ from commonos.loop.locks import LockUnavailable, NatsSessionLocks, SessionBusy, 
 from commonos.loop.loop import BadRequest, Loop, TurnRequest, UnknownProfile
 from commonos.loop.nats_journal import NatsJournal
 from commonos.loop.profile_admin import DeleteReply, DeleteRequest, ProfileAdminError
-from commonos.loop.profiles import ProfileError, load_profiles
+from commonos.loop.profiles import Profile, ProfileError, load_profiles
 from commonos.loop.providers import build_provider
+from commonos.loop.providers.base import Provider
 from commonos.loop.registry import NatsTurnRegistry
 from commonos.loop.search import MessageSearch, NoSearch, PostgresMessageSearch
 from commonos.loop.subjects import CHAT_QUEUE_GROUP, DELETE_REQUESTS_ALL, chat_subject, check_approver
@@ -45,6 +47,7 @@ from commonos.proto.identity import TurnInfo
 from commonos.proto.profiles import deleted_when_by
 from commonos.proto.tags import InvalidTag
 from commonos.runtime import nats as cos_nats
+from commonos.runtime import telemetry
 from commonos.runtime.http import Health, HttpServer
 from commonos.runtime.lifecycle import install_stop_signals, setup_logging
 from commonos.runtime.publisher import EventPublisher, PublishError
@@ -328,6 +331,24 @@ async def serve(settings: Settings, *, handle_signals: bool = True) -> int:
         for service in services:
             await service.connection_closed()
 
+    # OpenTelemetry when OTEL_EXPORTER_OTLP_ENDPOINT asks for it (service.name commonos-loop), flushed at the end.
+    tel = telemetry.setup("commonos-loop")
+    try:
+        return await _serve(settings, profiles, providers, services, on_closed, handle_signals)
+    finally:
+        if tel is not None:
+            await tel.aclose()
+
+
+async def _serve(
+    settings: Settings,
+    profiles: Mapping[str, Profile],
+    providers: Mapping[str, Provider],
+    services: list[LoopService],
+    on_closed: Callable[[], Awaitable[None]],
+    handle_signals: bool,
+) -> int:
+    """`serve` once the profiles are loaded: connect, serve until stopped, release everything."""
     nc = await cos_nats.connect(settings, "cos-loop", closed_cb=on_closed)
     search: MessageSearch = NoSearch()
     try:
