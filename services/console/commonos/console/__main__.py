@@ -1,0 +1,3 @@
+from commonos.console.service import main
+
+raise SystemExit(main())

@@ -1,0 +1,208 @@
+"""The console's application: `create_app(settings) -> FastAPI`.
+
+Routes come from the page modules in `commonos.console.pages` (every module there exposing `router`, an
+APIRouter, is included, in the order of the modules' names): each page serves its HTML at `/<page>` and the same
+data as JSON at `/api/<page>`, with a pydantic response model, so that /api/openapi.json describes it. Besides
+them: /static (the CSS and the vendored htmx), /healthz, /readyz and /metrics (unauthenticated, like every
+service's).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import pkgutil
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import quote
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from commonos.console import pages
+from commonos.console.auth import Auth, NotSignedIn
+from commonos.console.db import Database
+from commonos.console.live import Live
+from commonos.console.metrics import REQUEST_SECONDS, REQUESTS
+from commonos.console.settings import ConsoleSettings
+from commonos.console.templating import STATIC_DIR, render
+from commonos.console.users import Users
+from commonos.runtime.http import VERSION
+
+log = logging.getLogger(__name__)
+
+#: Sent with every response. Scripts and styles come only from the console itself (no inline script).
+SECURITY_HEADERS = [
+    (
+        b"content-security-policy",
+        b"default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        b"connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
+    ),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"same-origin"),
+    (b"x-frame-options", b"DENY"),
+]
+
+
+def is_api(request: Request) -> bool:
+    return request.url.path == "/api" or request.url.path.startswith("/api/")
+
+
+class Instrumented:
+    """Pure ASGI middleware (streaming and SSE pass through untouched): the security headers and the metrics."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        code = 500
+
+        async def send_wrapped(message: Message) -> None:
+            nonlocal code
+            if message["type"] == "http.response.start":
+                code = int(message["status"])
+                message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS]
+                route = scope.get("route")
+                template = getattr(route, "path", None) or "unmatched"
+                REQUEST_SECONDS.labels(template).observe(time.perf_counter() - started)
+                REQUESTS.labels(template, scope["method"], str(code)).inc()
+            await send(message)
+
+        await self.app(scope, receive, send_wrapped)
+
+
+def page_modules() -> list[str]:
+    return sorted(m.name for m in pkgutil.iter_modules(pages.__path__, pages.__name__ + "."))
+
+
+def create_app(settings: ConsoleSettings, *, users: Users | None = None) -> FastAPI:
+    """The console. With `settings.common.database_url` / `nats_url` unset it starts without PostgreSQL /
+    NATS (pages needing them answer 503): handy for tests of sign-in alone."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        db: Database | None = None
+        nc: Any = None
+        common = settings.common
+        try:
+            if common.database_url:
+                db = await Database.open(
+                    common.database_url,
+                    max_size=settings.pool_max_size,
+                    statement_timeout_ms=settings.statement_timeout_ms,
+                )
+            if common.nats_url:
+                from commonos.runtime import nats as cos_nats
+
+                nc = await cos_nats.connect(common, "cos-console")
+            app.state.db = db
+            app.state.live = Live(nc)
+            app.state.nc = nc
+            yield
+        finally:
+            if nc is not None:
+                with contextlib.suppress(Exception):
+                    await nc.drain()
+            if db is not None:
+                await db.close()
+
+    app = FastAPI(
+        title="CommonOS console",
+        version=VERSION,
+        description="Sessions, live turns, chat, approvals and cost by tag. Every page is also a JSON endpoint "
+        "under /api; sign in with POST /api/login (a cookie), send X-CSRF-Token on every state-changing call.",
+        openapi_url="/api/openapi.json",
+        docs_url=None,
+        redoc_url=None,
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.users = users if users is not None else Users(settings.users_file)
+    app.state.auth = Auth(settings, app.state.users)
+    app.state.db = None
+    app.state.live = Live(None)
+    app.state.nc = None
+
+    @app.exception_handler(NotSignedIn)
+    async def not_signed_in(request: Request, exc: NotSignedIn) -> Response:
+        if is_api(request):
+            return JSONResponse({"detail": "not signed in"}, status_code=401)
+        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        return RedirectResponse("/login?next=" + quote(target, safe=""), status_code=303)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if is_api(request) or request.url.path.startswith("/static/"):
+            return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+        titles = {400: "Bad request", 401: "Not signed in", 403: "Forbidden", 404: "Not found", 503: "Unavailable"}
+        return render(
+            request,
+            "error.html",
+            {"status": exc.status_code, "title": titles.get(exc.status_code, "Error"), "detail": exc.detail},
+            status_code=exc.status_code,
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(request: Request, exc: RequestValidationError) -> Response:
+        if is_api(request):
+            return JSONResponse({"detail": jsonable_errors(exc)}, status_code=422)
+        detail = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:])}: {e['msg']}" for e in exc.errors())
+        return render(request, "error.html", {"status": 422, "title": "Bad request", "detail": detail}, 422)
+
+    @app.get("/healthz", include_in_schema=False)
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok", "version": VERSION}
+
+    @app.get("/readyz", include_in_schema=False)
+    async def readyz(request: Request) -> Response:
+        reasons: dict[str, str] = {}
+        db: Database | None = request.app.state.db
+        if db is None:
+            reasons["database"] = "no database configured"
+        else:
+            try:
+                async with db.pool.acquire() as conn:
+                    await conn.fetchval("SELECT 1")
+            except Exception as exc:
+                reasons["database"] = str(exc) or type(exc).__name__
+        nc = request.app.state.nc
+        if nc is None or not nc.is_connected:
+            reasons["nats"] = "not connected"
+        if reasons:
+            return JSONResponse({"status": "not ready", "reasons": reasons}, status_code=503)
+        return JSONResponse({"status": "ready"})
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/", include_in_schema=False)
+    async def home() -> Response:
+        return RedirectResponse("/sessions", status_code=303)
+
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    for name in page_modules():
+        module = importlib.import_module(name)
+        router = getattr(module, "router", None)
+        if router is not None:
+            app.include_router(router)
+    app.add_middleware(Instrumented)
+    return app
+
+
+def jsonable_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
+    return [
+        {"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+        for e in exc.errors()
+    ]

@@ -1,0 +1,188 @@
+"""Who is asking: the signed session cookie or the trusted proxy header; CSRF tokens bound to the sign-in.
+
+* The session cookie (`cos_console`) holds the person's name, a random session id and the time it was issued,
+  signed with COS_CONSOLE_SECRET (itsdangerous). It is HttpOnly, SameSite=Lax and Secure (unless
+  COS_CONSOLE_INSECURE_COOKIES for http://127.0.0.1). The users file is looked up on every request, so a
+  person removed from it is signed out at once.
+* The trusted header (COS_CONSOLE_TRUSTED_HEADER) names the person only when the request comes from an address
+  in COS_CONSOLE_TRUSTED_PROXIES; from anywhere else it is ignored.
+* CSRF: every state-changing request (POST, PUT, PATCH, DELETE) must carry the sign-in's token, as the form
+  field `csrf_token` or the header `X-CSRF-Token` (htmx sends it on every request: base.html), and must not come
+  from another origin (Origin, when the browser sends one, must be this console's). The token is an HMAC of the
+  session id (for a proxy sign-in: of the name), so it needs no storage and dies with the sign-in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Annotated, Final
+from urllib.parse import urlsplit
+
+from fastapi import Depends, HTTPException, Request
+from itsdangerous import BadSignature, URLSafeTimedSerializer
+from starlette.responses import Response
+
+from commonos.console.settings import ConsoleSettings
+from commonos.console.users import User, Users
+
+COOKIE: Final = "cos_console"
+CSRF_FIELD: Final = "csrf_token"
+CSRF_HEADER: Final = "X-CSRF-Token"
+SAFE_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+@dataclass(frozen=True)
+class Principal:
+    """A signed-in person and the sign-in's CSRF token."""
+
+    user: User
+    csrf_token: str
+    #: "cookie" or "proxy".
+    via: str
+
+
+class NotSignedIn(Exception):
+    """No valid sign-in: HTML pages redirect to /login, the API answers 401 (app.py)."""
+
+
+class Auth:
+    def __init__(self, settings: ConsoleSettings, users: Users) -> None:
+        self.settings = settings
+        self.users = users
+        self._serializer = URLSafeTimedSerializer(settings.secret, salt="cos-console-session")
+        self._csrf_key = hashlib.sha256(b"cos-console-csrf\0" + settings.secret.encode()).digest()
+
+    # The session cookie.
+
+    def sign_in(self, response: Response, user: User) -> Principal:
+        sid = secrets.token_urlsafe(18)
+        value = self._serializer.dumps({"u": user.name, "s": sid, "t": int(time.time())})
+        response.set_cookie(
+            COOKIE,
+            value,
+            max_age=self.settings.session_max_age_s,
+            path="/",
+            secure=self.settings.secure_cookies,
+            httponly=True,
+            samesite="lax",
+        )
+        return Principal(user, self.csrf_token("s:" + sid), "cookie")
+
+    def sign_out(self, response: Response) -> None:
+        response.delete_cookie(COOKIE, path="/", secure=self.settings.secure_cookies, httponly=True, samesite="lax")
+
+    def csrf_token(self, binding: str) -> str:
+        return hmac.new(self._csrf_key, binding.encode(), hashlib.sha256).hexdigest()
+
+    def _from_cookie(self, request: Request) -> Principal | None:
+        raw = request.cookies.get(COOKIE)
+        if not raw:
+            return None
+        try:
+            data = self._serializer.loads(raw, max_age=self.settings.session_max_age_s)
+        except BadSignature:
+            return None
+        if not isinstance(data, dict) or not isinstance(data.get("u"), str) or not isinstance(data.get("s"), str):
+            return None
+        user = self.users.get(data["u"])
+        if user is None or not user.password_hash:
+            return None
+        return Principal(user, self.csrf_token("s:" + data["s"]), "cookie")
+
+    def trusted_peer(self, request: Request) -> bool:
+        if request.client is None or not self.settings.trusted_proxies:
+            return False
+        try:
+            address = ipaddress.ip_address(request.client.host)
+        except ValueError:
+            return False
+        return any(address in net for net in self.settings.trusted_proxies)
+
+    def _from_proxy(self, request: Request) -> Principal | None:
+        header = self.settings.trusted_header
+        if header is None:
+            return None
+        name = request.headers.get(header)
+        if not name or not self.trusted_peer(request):
+            return None
+        user = self.users.get(name.strip())
+        if user is None:
+            return None
+        return Principal(user, self.csrf_token("p:" + user.name), "proxy")
+
+    def principal(self, request: Request) -> Principal | None:
+        """The person making `request`, or None. The proxy header, when believed, wins over a cookie."""
+        cached = request.scope.get("cos.principal", False)
+        if cached is not False:
+            return cached  # type: ignore[no-any-return]
+        found = self._from_proxy(request) or self._from_cookie(request)
+        request.scope["cos.principal"] = found
+        return found
+
+    def same_origin(self, request: Request) -> bool:
+        """False when the browser says the request comes from a page of another origin."""
+        origin = request.headers.get("origin")
+        if origin is None or origin == "null":
+            # No Origin (an old browser, a script): SameSite=Lax and the token still stand. "null" is refused.
+            return origin is None
+        parts = urlsplit(origin)
+        host = request.headers.get("host", "")
+        return parts.netloc.lower() == host.lower()
+
+    def check_csrf(self, request: Request, principal: Principal, form_token: str | None = None) -> None:
+        """Raise 403 unless the request carries the sign-in's token and comes from this origin."""
+        if request.method in SAFE_METHODS:
+            return
+        if not self.same_origin(request):
+            raise HTTPException(403, "cross-origin request refused")
+        token = request.headers.get(CSRF_HEADER) or form_token or ""
+        if not hmac.compare_digest(token.encode(), principal.csrf_token.encode()):
+            raise HTTPException(403, "missing or wrong CSRF token")
+
+
+def get_auth(request: Request) -> Auth:
+    auth: Auth = request.app.state.auth
+    return auth
+
+
+def optional_principal(request: Request) -> Principal | None:
+    return get_auth(request).principal(request)
+
+
+def require_principal(request: Request) -> Principal:
+    """A page's dependency: the signed-in person (else NotSignedIn: /login for pages, 401 for the API)."""
+    principal = get_auth(request).principal(request)
+    if principal is None:
+        raise NotSignedIn()
+    return principal
+
+
+async def require_csrf(request: Request) -> Principal:
+    """A state-changing route's dependency: signed in, same origin, and the CSRF token (header or form field)."""
+    principal = require_principal(request)
+    form_token: str | None = None
+    if request.method not in SAFE_METHODS and CSRF_HEADER.lower() not in request.headers:
+        content_type = request.headers.get("content-type", "")
+        if content_type.startswith(("application/x-www-form-urlencoded", "multipart/form-data")):
+            form = await request.form()
+            value = form.get(CSRF_FIELD)
+            form_token = value if isinstance(value, str) else None
+    get_auth(request).check_csrf(request, principal, form_token)
+    return principal
+
+
+def require_operator(principal: Annotated[Principal, Depends(require_principal)]) -> Principal:
+    if not principal.user.is_operator:
+        raise HTTPException(403, "operators only")
+    return principal
+
+
+#: Route parameters: `who: SignedIn`, `who: CsrfChecked` (state-changing routes), `who: Operator`.
+SignedIn = Annotated[Principal, Depends(require_principal)]
+CsrfChecked = Annotated[Principal, Depends(require_csrf)]
+Operator = Annotated[Principal, Depends(require_operator)]

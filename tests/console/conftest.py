@@ -1,0 +1,226 @@
+"""The console in-process (uvicorn in the test's event loop, on a free port) against the test's own NATS and
+PostgreSQL (tests/conftest.py), with a people file of an operator, an analyst of profile acme and an approver.
+
+* `console_db`: the test database with every schema, data of profiles acme and globex published through the
+  real journal-writer (and billing, for model_calls), then deploy/postgres/bootstrap.sql and roles.sql applied,
+  and the analyst's database role (unique per test: roles are per cluster) granted acme.
+* `console`: the running console (`RunningConsole`: its URL, its app, `client()` and `signed_in(name)`).
+* `start_console(**overrides)`: another console with other settings (trusted proxies, secure cookies).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import random
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import asyncpg
+import pytest
+import uvicorn
+from fastapi import FastAPI
+
+from commonos.billing.schema import SCHEMA as BILLING_SCHEMA
+from commonos.console.app import create_app
+from commonos.console.settings import ConsoleSettings
+from commonos.console.users import Role, User, hash_password, render_users
+from commonos.journal_writer.graph_schema import SCHEMA as GRAPH_SCHEMA
+from commonos.journal_writer.schema import SCHEMA as CORE_SCHEMA
+from commonos.memory.schema import SCHEMA as MEMORY_SCHEMA
+from commonos.proto import events as ev
+from commonos.runtime.embedded import free_port
+from commonos.runtime.postgres import apply_schemas, connect
+from commonos.runtime.settings import Settings
+from tests.billing.support import billing
+from tests.factories import Clock, conversation
+from tests.support import journal_writer, publish_all, wait_for_position
+
+REPO = Path(__file__).resolve().parents[2]
+BOOTSTRAP = (REPO / "deploy" / "postgres" / "bootstrap.sql").read_text()
+ROLES = (REPO / "deploy" / "postgres" / "roles.sql").read_text()
+
+PASSWORDS = {"olivia": "operator-password", "alice": "analyst-password", "abel": "approver-password"}
+
+
+@dataclass
+class Seeded:
+    """What `console_db` put in the database."""
+
+    dsn: str
+    #: The analyst's database role (alice's pg_role), granted profile acme.
+    analyst_role: str
+    events: list[ev.Event] = field(default_factory=list)
+
+    def sessions(self, profile: str) -> list[uuid.UUID]:
+        return [e.session_id for e in self.events if isinstance(e, ev.SessionCreated) and e.profile_id == profile]
+
+
+async def execute(dsn: str, *scripts: str) -> None:
+    conn = await connect(dsn)
+    try:
+        for script in scripts:
+            await conn.execute(script)
+    finally:
+        await conn.close()
+
+
+def sample_data(seed: int = 11) -> list[ev.Event]:
+    """Two sessions of profile acme and one of globex, of three turns each (tool and model calls)."""
+    rng = random.Random(seed)
+    clock = Clock()
+    events: list[ev.Event] = []
+    events += conversation(rng, clock, "acme", ("client:acme",))
+    events += conversation(rng, clock, "acme", ("client:acme", "team:web"))
+    events += conversation(rng, clock, "globex", ("client:globex",))
+    return events
+
+
+async def project(nats_url: str, dsn: str, events: Sequence[ev.Event]) -> None:
+    """Publish `events` and wait until the journal-writer and billing have stored them."""
+    acks = await publish_all(nats_url, events)
+    # Billing follows model calls only: its position is the last model call's.
+    model_calls = [a.seq for e, a in zip(events, acks, strict=True) if isinstance(e, ev.ModelCallCompleted)]
+    async with journal_writer(nats_url, dsn), billing(nats_url, dsn):
+        await wait_for_position(dsn, "journal-writer", acks[-1].seq)
+        if model_calls:
+            await wait_for_position(dsn, "billing", model_calls[-1], table="billing_positions")
+
+
+async def secure(dsn: str, analyst_role: str, profiles: Sequence[str] = ("acme",)) -> None:
+    """deploy/postgres applied, and `analyst_role` a member of cos_analyst granted `profiles`."""
+    await execute(dsn, BOOTSTRAP, ROLES)
+    grants = ", ".join(f"('{analyst_role}', '{p}')" for p in profiles)
+    await execute(
+        dsn,
+        f"DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{analyst_role}') THEN "
+        f"CREATE ROLE {analyst_role} NOLOGIN IN ROLE cos_analyst; END IF; END $$",
+        f"INSERT INTO analyst_grants (role_name, profile_id) VALUES {grants} ON CONFLICT DO NOTHING",
+    )
+
+
+@pytest.fixture
+async def console_db(nats_url: str, database_url: str) -> AsyncIterator[Seeded]:
+    conn = await connect(database_url)
+    try:
+        await apply_schemas(conn, [CORE_SCHEMA, MEMORY_SCHEMA, BILLING_SCHEMA, GRAPH_SCHEMA])
+    finally:
+        await conn.close()
+    events = sample_data()
+    await project(nats_url, database_url, events)
+    role = f"console_analyst_{uuid.uuid4().hex[:8]}"
+    await secure(database_url, role)
+    yield Seeded(database_url, role, events)
+    with contextlib.suppress(asyncpg.PostgresError):
+        await execute(database_url, f"DROP OWNED BY {role}", f"DROP ROLE IF EXISTS {role}")
+
+
+def users_toml(analyst_role: str) -> str:
+    return render_users(
+        [
+            User("olivia", Role.OPERATOR, password_hash=hash_password(PASSWORDS["olivia"])),
+            User("alice", Role.ANALYST, pg_role=analyst_role, password_hash=hash_password(PASSWORDS["alice"])),
+            User(
+                "abel", Role.APPROVER, ("acme",), pg_role=analyst_role, password_hash=hash_password(PASSWORDS["abel"])
+            ),
+            # Signs in only through the trusted proxy header.
+            User("pat", Role.OPERATOR),
+        ]
+    )
+
+
+@dataclass
+class RunningConsole:
+    url: str
+    app: FastAPI
+    settings: ConsoleSettings
+    _stack: contextlib.AsyncExitStack
+
+    async def client(self, **kwargs: Any) -> aiohttp.ClientSession:
+        """An HTTP client of its own (cookies kept, even for 127.0.0.1), closed with the console."""
+        session = aiohttp.ClientSession(base_url=self.url, cookie_jar=aiohttp.CookieJar(unsafe=True), **kwargs)
+        self._stack.push_async_callback(session.close)
+        return session
+
+    async def signed_in(self, name: str) -> tuple[aiohttp.ClientSession, str]:
+        """A client signed in as `name` through /api/login, and its CSRF token."""
+        client = await self.client()
+        async with client.post("/api/login", json={"name": name, "password": PASSWORDS[name]}) as r:
+            assert r.status == 200, await r.text()
+            token = (await r.json())["csrf_token"]
+        return client, token
+
+
+class InProcessServer(uvicorn.Server):
+    """uvicorn in the test's event loop: Ctrl-C and SIGTERM stay pytest's."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+@contextlib.asynccontextmanager
+async def run_console(settings: ConsoleSettings) -> AsyncIterator[RunningConsole]:
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        lifespan="on",
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=2,
+    )
+    server = InProcessServer(config)
+    task = asyncio.create_task(server.serve())
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            for _ in range(500):
+                if server.started or task.done():
+                    break
+                await asyncio.sleep(0.01)
+            if task.done():
+                task.result()
+            assert server.started, "the console did not start within 5 s"
+            yield RunningConsole(f"http://{settings.host}:{settings.port}", app, settings, stack)
+        finally:
+            await stack.aclose()
+            server.should_exit = True
+            await asyncio.wait_for(task, 15)
+
+
+StartConsole = Callable[..., Awaitable[RunningConsole]]
+
+
+@pytest.fixture
+async def start_console(tmp_path: Path, nats_url: str, database_url: str) -> AsyncIterator[StartConsole]:
+    """`await start_console(trusted_proxies=..., ...)`: a console with those ConsoleSettings fields changed,
+    stopped at the end of the test. Reads the database as its superuser (it may SET ROLE to any role)."""
+    users = tmp_path / "console-users.toml"
+    async with contextlib.AsyncExitStack() as stack:
+
+        async def start(analyst_role: str = "console_nobody", **overrides: Any) -> RunningConsole:
+            if not users.exists():
+                users.write_text(users_toml(analyst_role))
+            settings = ConsoleSettings(
+                common=Settings(nats_url=nats_url, database_url=database_url),
+                host="127.0.0.1",
+                port=free_port(),
+                users_file=users,
+                secret="test-secret-" + uuid.uuid4().hex,
+                secure_cookies=False,
+            )
+            settings = dataclasses.replace(settings, **overrides)
+            return await stack.enter_async_context(run_console(settings))
+
+        yield start
+
+
+@pytest.fixture
+async def console(console_db: Seeded, start_console: StartConsole) -> RunningConsole:
+    return await start_console(analyst_role=console_db.analyst_role)
