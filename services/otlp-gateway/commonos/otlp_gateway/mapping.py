@@ -19,19 +19,19 @@ other records are ignored as usual.
 
 Ids shared by every vendor module (`Emitter`):
 
-==========================  ===================================================================
+==========================  ==========================================================================
 our id                      derived from
-==========================  ===================================================================
+==========================  ==========================================================================
 session id                  ``mint_id("session", vendor, vendor session id)``: the importer's
                             root session id of the same session's transcript
 ``session_created`` id      `gateway_id` ``("session_created", vendor, vendor session id)``
 turn id                     `gateway_id` ``("turn", vendor, vendor session id, turn key)``
 ``turn_started`` id         `gateway_id` ``("turn_started", vendor, vendor session id, turn key)``
 tool call id (ours)         `gateway_id` ``("tool_call", vendor, vendor session id, call id)``
-``tool_call_recorded`` id   `gateway_id` ``("tool_call_recorded", vendor, session id, call id)``
-``approval_decided`` id     `gateway_id` ``("approval_decided", vendor, session id, call id)``
+``tool_call_recorded`` id   `gateway_id` ``("tool_call_recorded", vendor, vendor session id, call id)``
+``approval_decided`` id     `gateway_id` ``("approval_decided", vendor, vendor session id, call id)``
 ``model_call_completed``    per vendor: see its module
-==========================  ===================================================================
+==========================  ==========================================================================
 
 A session and a turn are announced (``session_created``, ``turn_started``) in every request that has a
 record of theirs, before the first event that needs them: the journal-writer needs a tool call's turn
@@ -48,6 +48,7 @@ from typing import Any, Final, Protocol
 
 import msgspec
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
 
 from commonos.otlp_gateway.attributes import attributes, from_nanos, resource_tags, text, timestamp
@@ -277,3 +278,10 @@ async def map_logs(request: ExportLogsServiceRequest, source: Source, ordinals: 
         if CODEX in by_vendor:
             await codex.map_records(by_vendor[CODEX], vendor_tags(tags, CODEX), emitter, ordinals)
     return mapped
+
+
+def map_traces(request: ExportTraceServiceRequest, source: Source) -> Mapped:
+    """The events of an OTLP traces request: :func:`commonos.otlp_gateway.genai.map_spans`."""
+    from commonos.otlp_gateway import genai  # genai imports this module's types: imported when first used
+
+    return genai.map_spans(request, source)
