@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from aiohttp import web
 from nats.aio.client import Client
@@ -32,6 +36,8 @@ from commonos.loop.loop import Loop, TurnRequest
 from commonos.loop.nats_journal import NatsJournal
 from commonos.loop.profiles import Profile
 from commonos.loop.providers import build_provider
+from commonos.loop.service import ChatReply, ChatRequest
+from commonos.loop.subjects import chat_subject
 from commonos.proto import events as ev
 from commonos.proto.subjects import EVENTS_STREAM
 from commonos.runtime import telemetry
@@ -493,3 +499,64 @@ async def test_the_service_name_is_overridden_by_otel_service_name(
     finally:
         await tel.aclose()
     await asyncio.sleep(0)
+
+
+async def test_the_loop_service_exports_with_its_name_and_flushes_when_stopped(
+    no_otel_env: None,
+    receiver: tuple[OtlpReceiver, str],
+    nc: Client,
+    nats_url: str,
+    streams: JetStreamContext,
+    profile: Profile,
+) -> None:
+    """`python -m commonos.loop serve` with OTEL_EXPORTER_OTLP_ENDPOINT: the turn's spans, service.name
+    commonos-loop, reach the receiver when the service stops (the export delay is longer than the test)."""
+    r, url = receiver
+    env = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "commonos.loop",
+        "serve",
+        env={
+            **env,
+            "COS_NATS_URL": nats_url,
+            "COS_PROFILES_DIR": str(profile.folder.parent),
+            "COS_HTTP_PORT": str(free_port()),
+            "OTEL_EXPORTER_OTLP_ENDPOINT": url,
+            "OTEL_BSP_SCHEDULE_DELAY": "600000",
+            "OTEL_METRIC_EXPORT_INTERVAL": "600000",
+        },
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert proc.stderr is not None
+    try:
+        async with asyncio.timeout(30):
+            while b"loop serving profiles demo" not in await proc.stderr.readline():
+                assert proc.returncode is None
+        msg = await nc.request(chat_subject("demo"), msgspec.json.encode(ChatRequest(text="plan it")), timeout=30)
+        reply = msgspec.json.decode(msg.data, type=ChatReply)
+        assert reply.status == "completed", reply
+        assert not r.traces  # still buffered
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 30) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    names = []
+    for request in r.traces:
+        for rs in request.resource_spans:
+            resource = {kv.key: _value(kv.value) for kv in rs.resource.attributes}
+            assert resource["service.name"] == "commonos-loop"
+            names += [s.name for ss in rs.scope_spans for s in ss.spans]
+    assert sorted(names) == sorted(
+        ["invoke_agent demo"] * 2 + ["chat scripted-test"] * 4 + ["execute_tool list_dir", "execute_tool delegate"]
+    )
+    assert any(
+        m.name == "gen_ai.client.token.usage"
+        for req in r.metrics
+        for rm in req.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+    )
