@@ -36,6 +36,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     updated_at        timestamptz NOT NULL
 );
 CREATE INDEX IF NOT EXISTS sessions_profile ON sessions (profile_id, created_at);
+-- The console's session list: newest first, by keyset on (created_at, id).
+CREATE INDEX IF NOT EXISTS sessions_created ON sessions (created_at, id);
 CREATE INDEX IF NOT EXISTS sessions_parent ON sessions (parent_session_id)
     WHERE parent_session_id IS NOT NULL;
 

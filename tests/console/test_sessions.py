@@ -1,0 +1,328 @@
+"""The Sessions page and a session's page, on data published through the real journal-writer and billing: the
+list's keyset pages, filters and full-text search with safe snippets; a session's conversation, turn tree with a
+delegated child inline, tool and model calls; attacker-controlled text rendered as text; an analyst refused
+another profile's session by URL and by API; new events of a running turn arriving live over SSE."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import uuid
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+import aiohttp
+import pytest
+
+from commonos.proto import events as ev
+from commonos.proto.messages import AssistantMessage, ToolCall, ToolResultMessage, UserMessage
+from tests.console.conftest import RunningConsole, Seeded, StartConsole, project
+from tests.factories import Clock, SessionBuilder
+from tests.support import publish_all
+
+SCRIPT = '<script>alert("owned")</script> the xylophone umbrella'
+LOOK = "look around: is 1 < 2 & xylophone > 0?"
+HOSTILE_RESULT = '<img src=x onerror="alert(2)"> xylophone result'
+
+
+def hostile_sessions(clock: Clock) -> tuple[SessionBuilder, SessionBuilder, uuid.UUID]:
+    """A session of acme whose user writes a script tag, and that delegates to a child session whose tool
+    (risky, approved) returns markup; both with model calls."""
+    parent = SessionBuilder("acme", clock, ("client:acme", "team:red")).create(
+        source="web", title="Hostile <b>title</b>"
+    )
+    turn = parent.start_turn()
+    parent.message(turn, UserMessage(text=SCRIPT))
+    parent.model_call(turn, input_tokens=1200, output_tokens=300)
+    parent.message(turn, AssistantMessage(tool_calls=(ToolCall(id="d1", name="delegate", args={"goal": "look"}),)))
+    child = SessionBuilder(
+        "acme",
+        clock,
+        ("client:acme",),
+    ).create(source="delegate", title="helper", parent_session_id=parent.session_id)
+    child_turn = child.start_turn(parent_turn_id=turn, depth=1)
+    child.message(child_turn, UserMessage(text=LOOK))
+    child.model_call(child_turn, input_tokens=500, output_tokens=50)
+    child.message(
+        child_turn, AssistantMessage(tool_calls=(ToolCall(id="s1", name="shell", args={"cmd": "rm -rf <tmp>"}),))
+    )
+    child.tool_call(
+        child_turn,
+        "s1",
+        "shell",
+        {"cmd": "rm -rf <tmp>"},
+        HOSTILE_RESULT,
+        risk=ev.Risk.HIGH,
+        approval=ev.ApprovalStatus.APPROVED,
+    )
+    child.message(child_turn, ToolResultMessage(call_id="s1", content=HOSTILE_RESULT))
+    child.message(child_turn, AssistantMessage(text="done"))
+    child.finish(child_turn)
+    parent.tool_call(turn, "d1", "delegate", {"goal": "look"}, "done")
+    parent.message(turn, ToolResultMessage(call_id="d1", content="done"))
+    parent.message(turn, AssistantMessage(text="All done."))
+    parent.finish(turn)
+    return parent, child, turn
+
+
+@pytest.fixture
+async def hostile(console_db: Seeded, nats_url: str) -> tuple[SessionBuilder, SessionBuilder]:
+    clock = Clock()
+    clock.tick(3_600_000)  # after the sample data
+    parent, child, _ = hostile_sessions(clock)
+    events = parent.events + child.events
+    await project(nats_url, console_db.dsn, events)
+    console_db.events += events
+    return parent, child
+
+
+async def get_json(client: aiohttp.ClientSession, url: str, status: int = 200) -> Any:
+    async with client.get(url) as r:
+        assert r.status == status, (url, r.status, await r.text())
+        return await r.json()
+
+
+async def test_the_list_pages_by_keyset_and_filters(
+    console: RunningConsole, console_db: Seeded, hostile: tuple[SessionBuilder, SessionBuilder]
+) -> None:
+    client, _ = await console.signed_in("olivia")
+    everything = await get_json(client, "/api/sessions")
+    rows = everything["sessions"]
+    assert len(rows) == 5 and everything["next_cursor"] is None
+    created = [r["created_at"] for r in rows]
+    assert created == sorted(created, reverse=True)
+    # Pages of two: every session once, in the same order.
+    seen: list[str] = []
+    cursor: str | None = None
+    while True:
+        page = await get_json(client, "/api/sessions?limit=2" + (f"&cursor={cursor}" if cursor else ""))
+        seen += [r["id"] for r in page["sessions"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == [r["id"] for r in rows]
+
+    def ids(data: Any) -> set[str]:
+        return {r["id"] for r in data["sessions"]}
+
+    parent, child = hostile
+    assert ids(await get_json(client, "/api/sessions?profile=globex")) == {
+        str(s) for s in console_db.sessions("globex")
+    }
+    assert ids(await get_json(client, "/api/sessions?tag=team:red")) == {str(parent.session_id)}
+    assert ids(await get_json(client, "/api/sessions?source=delegate")) == {str(child.session_id)}
+    assert len((await get_json(client, "/api/sessions?status=completed"))["sessions"]) == 5
+    assert (await get_json(client, "/api/sessions?status=running"))["sessions"] == []
+    # A time range: only the hostile pair is after the sample data's hour.
+    since = (parent.events[0].occurred_at - timedelta(seconds=1)).isoformat().replace("+00:00", "Z")
+    assert ids(await get_json(client, f"/api/sessions?since={since}")) == {
+        str(parent.session_id),
+        str(child.session_id),
+    }
+    assert ids(await get_json(client, f"/api/sessions?until={since}")) == {
+        str(s)
+        for p in ("acme", "globex")
+        for s in console_db.sessions(p)
+        if s not in (parent.session_id, child.session_id)
+    }
+    assert (await get_json(client, "/api/sessions?vendor=codex"))["sessions"] == []
+    async with client.get("/api/sessions?cursor=garbage") as r:
+        assert r.status == 422
+    async with client.get("/api/sessions?since=2026-11-01T00:00:00") as r:
+        assert r.status == 422
+
+    # The HTML page shows the same rows, with htmx for the filters and a link to the next page.
+    async with client.get("/sessions?limit=2") as r:
+        html = await r.text()
+        assert r.status == 200
+        assert 'hx-get="/sessions"' in html and "Older →" in html and "cursor=" in html
+        assert "Hostile &lt;b&gt;title&lt;/b&gt;" in html
+
+
+async def test_search_finds_a_message_with_a_safe_snippet(
+    console: RunningConsole, hostile: tuple[SessionBuilder, SessionBuilder]
+) -> None:
+    parent, child = hostile
+    client, _ = await console.signed_in("olivia")
+    found = await get_json(client, "/api/sessions?q=xylophone")
+    assert [r["id"] for r in found["sessions"]] == [str(child.session_id), str(parent.session_id)]
+    child_row, parent_row = found["sessions"]
+    # PostgreSQL leaves markup out of a headline; what is left is escaped, then the matches marked.
+    assert "xylophone" in parent_row["snippet"] and "<script>" not in parent_row["snippet"]
+    assert "<mark>xylophone</mark>" in parent_row["snippet_html"]
+    assert "1 &lt; 2 &amp; <mark>xylophone</mark>" in child_row["snippet_html"], child_row["snippet_html"]
+    assert "1 < 2 & xylophone" in child_row["snippet"]
+    for row in found["sessions"]:
+        assert "<" not in row["snippet_html"].replace("<mark>", "").replace("</mark>", "")
+    assert (await get_json(client, "/api/sessions?q=xylophone&profile=globex"))["sessions"] == []
+    assert (await get_json(client, "/api/sessions?q=nonexistentword"))["sessions"] == []
+    # Quotes and operators are plain words to websearch_to_tsquery, never an error.
+    assert (await get_json(client, '/api/sessions?q="the umbrella" -rain'))["sessions"]
+    async with client.get("/sessions?q=xylophone") as r:
+        html = await r.text()
+        assert "<mark>xylophone</mark>" in html and "&lt; 2 &amp; <mark>xylophone</mark>" in html
+        assert "<script>alert" not in html
+
+
+async def test_a_session_page_shows_the_tree_tool_and_model_calls(
+    console: RunningConsole, hostile: tuple[SessionBuilder, SessionBuilder]
+) -> None:
+    parent, child = hostile
+    client, _ = await console.signed_in("olivia")
+    s = await get_json(client, f"/api/sessions/{parent.session_id}")
+    assert (s["profile_id"], s["source"], s["status"]) == ("acme", "web", "completed")
+    [turn] = s["turns"]
+    assert [m["role"] for m in turn["messages"]] == ["user", "assistant", "tool_result", "assistant"]
+    assert turn["messages"][0]["text"] == SCRIPT
+    assert turn["messages"][1]["tool_calls"] == [{"id": "d1", "name": "delegate", "args": {"goal": "look"}}]
+    # The delegated child sits under the turn that delegated, with its own tool call and model call.
+    [inline] = turn["children"]
+    assert inline["id"] == str(child.session_id) and s["children"] == []
+    [tool] = inline["turns"][0]["tool_calls"]
+    assert (tool["name"], tool["risk"], tool["approval"], tool["decided_by"]) == (
+        "shell",
+        "high",
+        "approved",
+        "cli:tester",
+    )
+    assert tool["args"] == {"cmd": "rm -rf <tmp>"} and tool["result"] == HOSTILE_RESULT
+    assert tool["duration_ms"] > 0
+    [mc] = inline["turns"][0]["model_calls"]
+    assert (mc["input_tokens"], mc["output_tokens"], mc["cost_status"]) == (500, 50, "priced")
+    assert Decimal(mc["cost_usd"]) > 0
+    # The totals include the child's model calls.
+    assert s["totals"]["model_calls"] == 2
+    assert (s["totals"]["input_tokens"], s["totals"]["output_tokens"]) == (1700, 350)
+    assert Decimal(s["totals"]["cost_usd"]) == Decimal(turn["model_calls"][0]["cost_usd"]) + Decimal(mc["cost_usd"])
+
+    async with client.get(f"/sessions/{parent.session_id}") as r:
+        html = await r.text()
+        assert r.status == 200
+    # Attacker-controlled text is text: escaped in the message, the tool's arguments and result, and the title.
+    assert "<script>alert" not in html and "&lt;script&gt;alert(&#34;owned&#34;)&lt;/script&gt;" in html
+    assert "<img src=x" not in html and "&lt;img src=x onerror=" in html
+    assert "Hostile &lt;b&gt;title&lt;/b&gt;" in html
+    assert 'class="child"' in html and "helper" in html
+    assert 'sse-connect="/sessions/' in html
+    async with client.get(f"/sessions/{uuid.uuid4()}") as r:
+        assert r.status == 404
+    async with client.get("/sessions/not-a-uuid") as r:
+        assert r.status == 422
+
+
+async def test_an_analyst_sees_only_its_profiles(
+    console: RunningConsole, console_db: Seeded, hostile: tuple[SessionBuilder, SessionBuilder]
+) -> None:
+    client, _ = await console.signed_in("alice")
+    listed = await get_json(client, "/api/sessions")
+    assert {r["profile_id"] for r in listed["sessions"]} == {"acme"}
+    assert (await get_json(client, "/api/sessions?profile=globex"))["sessions"] == []
+    [globex] = console_db.sessions("globex")
+    globex_words = (
+        next(
+            e.content.text
+            for e in console_db.events
+            if isinstance(e, ev.MessageAppended) and e.profile_id == "globex" and isinstance(e.content, UserMessage)
+        )
+        .split()[0]
+        .strip(".")
+        .lower()
+    )
+    found = await get_json(client, f"/api/sessions?q={globex_words}")
+    assert str(globex) not in {r["id"] for r in found["sessions"]}
+    # By API and by URL: no such session, as if it did not exist.
+    await get_json(client, f"/api/sessions/{globex}", status=404)
+    async with client.get(f"/sessions/{globex}") as r:
+        assert r.status == 404
+        assert "globex" not in await r.text()
+    async with client.get(f"/api/sessions/{globex}/events") as r:
+        assert r.status == 404
+    # Its own profile's sessions it sees whole.
+    [acme, *_] = console_db.sessions("acme")
+    assert (await get_json(client, f"/api/sessions/{acme}"))["profile_id"] == "acme"
+    # The operator sees globex's.
+    operator, _ = await console.signed_in("olivia")
+    assert (await get_json(operator, f"/api/sessions/{globex}"))["profile_id"] == "globex"
+
+
+@contextlib.asynccontextmanager
+async def sse(client: aiohttp.ClientSession, url: str) -> AsyncIterator[asyncio.Queue[tuple[str, str]]]:
+    """The (event, data) pairs of a server-sent event stream, as they arrive."""
+    queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+
+    async def read() -> None:
+        async with client.get(url, timeout=aiohttp.ClientTimeout(total=None, sock_read=None)) as r:
+            assert r.status == 200, await r.text()
+            assert r.headers["Content-Type"].startswith("text/event-stream")
+            name, data = "message", list[str]()
+            async for raw in r.content:
+                line = raw.decode().rstrip("\r\n")
+                if line == "":
+                    if data:
+                        await queue.put((name, "\n".join(data)))
+                    name, data = "message", []
+                elif line.startswith("event:"):
+                    name = line[6:].strip()
+                elif line.startswith("data:"):
+                    data.append(line[5:].removeprefix(" "))
+
+    task = asyncio.create_task(read())
+    try:
+        yield queue
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def next_event(queue: asyncio.Queue[tuple[str, str]], name: str, timeout_s: float = 10.0) -> str:
+    async with asyncio.timeout(timeout_s):
+        while True:
+            got, data = await queue.get()
+            if got == name:
+                return data
+
+
+async def test_a_running_turn_appears_live(console: RunningConsole, console_db: Seeded, nats_url: str) -> None:
+    [session_id, *_] = console_db.sessions("acme")
+    created = next(e for e in console_db.events if isinstance(e, ev.SessionCreated) and e.session_id == session_id)
+    builder = SessionBuilder("acme", Clock(), session_id=session_id, seq=30)
+    assert created.session_id == builder.session_id
+    client, _ = await console.signed_in("olivia")
+    async with (
+        sse(client, f"/sessions/{session_id}/live") as html,
+        sse(client, f"/api/sessions/{session_id}/events") as raw,
+    ):
+        assert await next_event(html, "ready") and await next_event(raw, "ready")
+        turn = builder.start_turn()
+        builder.message(turn, UserMessage(text="<script>live()</script> what now"))
+        builder.tool_call(turn, "c9", "read_file", {"path": "/etc/<x>"}, "file body", risk=ev.Risk.HIGH)
+        await publish_all(nats_url, builder.events)
+        status = await next_event(html, "status")
+        assert "running" in status
+        message = await next_event(html, "append")
+        assert "&lt;script&gt;live()&lt;/script&gt; what now" in message and "<script>" not in message
+        tool = await next_event(html, "append")
+        assert "read_file" in tool and "risk high" in tool and "/etc/&lt;x&gt;" in tool
+        assert json.loads(await next_event(raw, "turn_started"))["turn_id"] == str(turn)
+        appended = json.loads(await next_event(raw, "message_appended"))
+        assert appended["content"]["text"] == "<script>live()</script> what now"
+
+        builder.events.clear()
+        builder.finish(turn)
+        await publish_all(nats_url, builder.events)
+        assert "completed" in await next_event(html, "status")
+        assert json.loads(await next_event(raw, "turn_finished"))["status"] == "completed"
+
+
+async def test_pages_need_a_database(start_console: StartConsole) -> None:
+    """Without COS_DATABASE_URL the console still signs people in, and says what is missing."""
+    from commonos.runtime.settings import Settings
+
+    bare = await start_console(common=Settings())
+    client, _ = await bare.signed_in("olivia")
+    async with client.get("/api/sessions") as r:
+        assert r.status == 503
