@@ -1,11 +1,14 @@
-"""A local model endpoint the real CLIs talk to: Anthropic Messages and OpenAI Responses, scripted.
+"""A local model endpoint the real CLIs talk to: Anthropic Messages and OpenAI Responses, scripted; and OpenAI
+Chat Completions, which the loop's `openai` provider speaks (tests/loop/test_providers.py).
 
 Each model call is answered from the running scenario's script (`Step`s, in order; a call past the
 end of the script gets a plain text answer) with usage the server chooses: distinct numbers per
 call, derived from the scenario's number and the call's index, so a call counted twice or matched to
 the wrong line shows. Every call is written to the usage log, one JSON line each, with the ids the
 server returned and every usage field it reported. Request bodies are never stored (they hold the
-vendors' system prompts); OTLP payloads are kept in memory for the recorder to redact and write.
+vendors' system prompts) unless a test asks for them (`keep_requests`); OTLP payloads are kept in memory
+for the recorder to redact and write. `fail_next` answers the next model calls with an error status, as
+the vendor would (its error body, `retry-after-ms`), to see a client retry or give up.
 """
 
 from __future__ import annotations
@@ -79,6 +82,30 @@ def openai_usage(number: int, call: int, override: dict[str, int]) -> dict[str, 
     }
 
 
+def chat_usage(number: int, call: int, override: dict[str, int]) -> dict[str, Any]:
+    """The same usage in Chat Completions' shape (prompt tokens include the cached ones; completion the reasoning)."""
+    usage = openai_usage(number, call, override)
+    return {
+        "prompt_tokens": usage["input_tokens"],
+        "completion_tokens": usage["output_tokens"],
+        "total_tokens": usage["total_tokens"],
+        "prompt_tokens_details": {"cached_tokens": usage["input_tokens_details"]["cached_tokens"], "audio_tokens": 0},
+        "completion_tokens_details": {
+            "reasoning_tokens": usage["output_tokens_details"]["reasoning_tokens"],
+            "audio_tokens": 0,
+            "accepted_prediction_tokens": 0,
+            "rejected_prediction_tokens": 0,
+        },
+    }
+
+
+def text_pieces(text: str) -> list[str]:
+    """A text in the pieces a vendor streams it in: a few words each (at least one piece)."""
+    words = text.split(" ")
+    pieces = [" ".join(words[i : i + 3]) + (" " if i + 3 < len(words) else "") for i in range(0, len(words), 3)]
+    return pieces or [""]
+
+
 def expected_tokens(kind: str, usage: dict[str, Any]) -> dict[str, int | None]:
     """The reported usage in the graph's convention (input excludes cache; output includes reasoning)."""
     if kind == "anthropic":
@@ -90,6 +117,13 @@ def expected_tokens(kind: str, usage: dict[str, Any]) -> dict[str, int | None]:
             "cache_write_tokens": usage["cache_creation_input_tokens"],
             "cache_write_1h_tokens": creation.get("ephemeral_1h_input_tokens"),
             "reasoning_tokens": None,
+        }
+    if kind == "openai_chat":
+        usage = {
+            "input_tokens": usage["prompt_tokens"],
+            "input_tokens_details": usage["prompt_tokens_details"],
+            "output_tokens": usage["completion_tokens"],
+            "output_tokens_details": usage["completion_tokens_details"],
         }
     cached = usage["input_tokens_details"]["cached_tokens"]
     return {
@@ -118,6 +152,12 @@ class FakeModel:
         self.unknown: list[str] = []
         self.stalled = asyncio.Event()
         self.port = 0
+        #: The model calls' paths, headers and bodies, kept only when a test sets `keep_requests`.
+        self.keep_requests = False
+        self.requests: list[tuple[str, dict[str, str], dict[str, Any]]] = []
+        #: Statuses still to answer the next model calls with (`fail_next`), and those answered so far.
+        self._failures: list[int] = []
+        self.failed: list[int] = []
         self._runner: web.AppRunner | None = None
         self._release = asyncio.Event()
 
@@ -128,6 +168,7 @@ class FakeModel:
         app.router.add_post("/v1/messages", self._messages)
         app.router.add_post("/v1/messages/count_tokens", self._count_tokens)
         app.router.add_post("/v1/responses", self._responses)
+        app.router.add_post("/v1/chat/completions", self._chat_completions)
         app.router.add_post("/v1/logs", self._otlp)
         app.router.add_post("/v1/metrics", self._otlp)
         app.router.add_post("/v1/traces", self._otlp)
@@ -147,11 +188,46 @@ class FakeModel:
         self.script = script
         self.log = []
         self.otlp = []
+        self.requests = []
+        self._failures = []
+        self.failed = []
         self.stalled = asyncio.Event()
         self._release.set()
         self._release = asyncio.Event()
 
+    def fail_next(self, *statuses: int) -> None:
+        """Answer the next model calls with these statuses, one each, before the script goes on."""
+        self._failures.extend(statuses)
+
     # --- shared ------------------------------------------------------------------------------
+
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        body: dict[str, Any] = await request.json()
+        if self.keep_requests:
+            self.requests.append((request.path, {k.lower(): v for k, v in request.headers.items()}, body))
+        return body
+
+    def _failure(self, api: str) -> web.Response | None:
+        """The next scripted failure, in the vendor's error shape; None when there is none."""
+        if not self._failures:
+            return None
+        status = self._failures.pop(0)
+        self.failed.append(status)
+        kind, message = {
+            400: ("invalid_request_error", "max_tokens: too big"),
+            401: ("authentication_error", "invalid x-api-key"),
+            429: ("rate_limit_error", "slow down"),
+            529: ("overloaded_error", "Overloaded"),
+        }.get(status, ("api_error", f"upstream failed with {status}"))
+        if api == "anthropic":
+            body: dict[str, Any] = {"type": "error", "error": {"type": kind, "message": message}}
+            headers = {"request-id": f"req_failed{len(self.failed):03d}"}
+        else:
+            body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
+            headers = {"x-request-id": f"req_failed{len(self.failed):03d}"}
+        if status == 429:
+            headers["retry-after-ms"] = "10"
+        return web.json_response(body, status=status, headers=headers)
 
     def _next(self) -> tuple[int, Step]:
         call = self.script.calls
@@ -208,7 +284,10 @@ class FakeModel:
     # --- Anthropic Messages -------------------------------------------------------------------
 
     async def _messages(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
+        body = await self._body(request)
+        failure = self._failure("anthropic")
+        if failure is not None:
+            return failure
         call, step = self._next()
         model = str(body.get("model") or CLAUDE_MODEL)
         thinking = sum(len(b[1]) // 4 + 1 for b in step.blocks if b[0] == "thinking")
@@ -276,7 +355,7 @@ class FakeModel:
     @staticmethod
     def _deltas(block: dict[str, Any]) -> list[dict[str, Any]]:
         if block["type"] == "text":
-            return [{"type": "text_delta", "text": block["text"]}]
+            return [{"type": "text_delta", "text": piece} for piece in text_pieces(block["text"])]
         if block["type"] == "thinking":
             return [
                 {"type": "thinking_delta", "thinking": block["thinking"]},
@@ -287,7 +366,7 @@ class FakeModel:
     # --- OpenAI Responses ---------------------------------------------------------------------
 
     async def _responses(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
+        body = await self._body(request)
         call, step = self._next()
         model = str(body.get("model") or CODEX_MODEL)
         reasoning = sum(len(b[1]) // 4 + 1 for b in step.blocks if b[0] == "thinking")
@@ -354,3 +433,73 @@ class FakeModel:
             "arguments": json.dumps(block[2]),
             "status": "completed",
         }
+
+    # --- OpenAI Chat Completions --------------------------------------------------------------
+
+    async def _chat_completions(self, request: web.Request) -> web.StreamResponse:
+        """Chat Completions, streamed (`stream: true`; usage in a last chunk when `stream_options.include_usage`)
+        or not. Thinking blocks are not shown (as OpenAI does); they count as reasoning tokens."""
+        body = await self._body(request)
+        failure = self._failure("openai")
+        if failure is not None:
+            return failure
+        call, step = self._next()
+        model = str(body.get("model") or CODEX_MODEL)
+        reasoning = sum(len(b[1]) // 4 + 1 for b in step.blocks if b[0] == "thinking")
+        usage = chat_usage(self.script.number, call, {"reasoning": reasoning, **step.usage})
+        completion_id = self._ids(call, "chatcmpl")
+        request_id = self._ids(call, "req")
+        text = "".join(b[1] for b in step.blocks if b[0] == "text") or None
+        calls: list[dict[str, Any]] = [
+            {
+                "id": self._ids(call * 10 + i, "call"),
+                "type": "function",
+                "function": {"name": b[1], "arguments": json.dumps(b[2])},
+            }
+            for i, b in enumerate(step.blocks)
+            if b[0] == "tool"
+        ]
+        finish = "tool_calls" if calls else "stop"
+        base = {"id": completion_id, "created": 1_700_000_000 + call, "model": model, "system_fingerprint": "fp_fake"}
+        headers = {"x-request-id": request_id}
+        ids = {"completion_id": completion_id, "request_id": request_id}
+        if not body.get("stream"):
+            self._record("openai_chat", call, ids, model, usage, stream=False)
+            message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None, "annotations": []}
+            if calls:
+                message["tool_calls"] = calls
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+            answer = {**base, "object": "chat.completion", "choices": [choice], "usage": usage}
+            return web.json_response({**answer, "service_tier": "default"}, headers=headers)
+        stream = web.StreamResponse(headers={**headers, "content-type": "text/event-stream"})
+        await stream.prepare(request)
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        self._record("openai_chat", call, ids, model, usage, stream=True, stalled=step.stall)
+
+        async def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> None:
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            data = {**base, "object": "chat.completion.chunk", "service_tier": "default", "choices": [choice]}
+            if include_usage:
+                data["usage"] = None
+            await stream.write(f"data: {json.dumps(data)}\n\n".encode())
+
+        await chunk({"role": "assistant", "content": "", "refusal": None})
+        if step.stall:
+            await self._stall()
+            return stream
+        for piece in text_pieces(text) if text else []:
+            await chunk({"content": piece})
+        for index, tool in enumerate(calls):
+            opening = {"index": index, "id": tool["id"], "type": "function"}
+            await chunk({"tool_calls": [{**opening, "function": {"name": tool["function"]["name"], "arguments": ""}}]})
+            arguments = tool["function"]["arguments"]
+            half = len(arguments) // 2
+            for part in (arguments[:half], arguments[half:]):
+                await chunk({"tool_calls": [{"index": index, "function": {"arguments": part}}]})
+        await chunk({}, finish)
+        if include_usage:
+            last = {**base, "object": "chat.completion.chunk", "service_tier": "default", "choices": [], "usage": usage}
+            await stream.write(f"data: {json.dumps(last)}\n\n".encode())
+        await stream.write(b"data: [DONE]\n\n")
+        await stream.write_eof()
+        return stream

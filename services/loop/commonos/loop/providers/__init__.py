@@ -1,4 +1,5 @@
-"""Model providers: `scripted` (a file of replies), `anthropic` (Messages API), `openai` (Chat Completions)."""
+"""Model providers: `scripted` (a file of replies), `anthropic` (Messages API) and `openai` (Chat Completions), both
+streamed through the vendors' official SDKs."""
 
 from __future__ import annotations
 
@@ -7,21 +8,35 @@ from typing import Final
 
 from commonos.loop.profiles import Profile, ProfileError
 from commonos.loop.providers.anthropic import AnthropicProvider
-from commonos.loop.providers.base import ModelRequest, ModelResponse, Provider, ProviderError, ToolSpec
+from commonos.loop.providers.base import (
+    DeltaCallback,
+    ModelDelta,
+    ModelRequest,
+    ModelResponse,
+    Provider,
+    ProviderError,
+    StreamingProvider,
+    ToolSpec,
+    complete_with_deltas,
+)
 from commonos.loop.providers.openai import OpenAIProvider
 from commonos.loop.providers.scripted import ScriptedProvider, ScriptError
 
 __all__ = [
     "BUILDERS",
     "AnthropicProvider",
+    "DeltaCallback",
+    "ModelDelta",
     "ModelRequest",
     "ModelResponse",
     "OpenAIProvider",
     "Provider",
     "ProviderError",
     "ScriptedProvider",
+    "StreamingProvider",
     "ToolSpec",
     "build_provider",
+    "complete_with_deltas",
 ]
 
 

@@ -1,18 +1,23 @@
-"""Anthropic Messages API (`POST /v1/messages`) over HTTP."""
+"""Anthropic Messages API (`POST /v1/messages`), streamed, through the official `anthropic` SDK."""
 
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
+import anthropic
+import httpx2
+from anthropic.types import Message as AnthropicMessage
+
 from commonos.accounting.usage import UsageError, from_anthropic_usage
-from commonos.loop.providers.base import ModelRequest, ModelResponse, ProviderError
-from commonos.loop.providers.http import JsonClient
+from commonos.loop.providers.base import DeltaCallback, ModelDelta, ModelRequest, ModelResponse, ProviderError
+from commonos.loop.providers.sdk import connection_error, status_error, stream_broken
+from commonos.proto.deltas import DeltaKind
 from commonos.proto.messages import AssistantMessage, Message, ToolCall, ToolResultMessage, UserMessage
 
 NAME = "anthropic"
 DEFAULT_BASE_URL = "https://api.anthropic.com"
-API_VERSION = "2023-06-01"
 
 
 def to_anthropic_messages(messages: tuple[Message, ...]) -> list[dict[str, Any]]:
@@ -40,21 +45,25 @@ def to_anthropic_messages(messages: tuple[Message, ...]) -> list[dict[str, Any]]
     return out
 
 
-def from_anthropic_response(body: dict[str, Any]) -> tuple[AssistantMessage, str | None]:
+def from_anthropic_message(message: AnthropicMessage) -> AssistantMessage:
+    """The assistant's text blocks (joined) and tool calls; thinking blocks are not part of our message."""
     texts: list[str] = []
     calls: list[ToolCall] = []
-    for block in body.get("content") or []:
-        if block.get("type") == "text":
-            texts.append(block.get("text", ""))
-        elif block.get("type") == "tool_use":
-            args = block.get("input")
-            calls.append(ToolCall(id=block["id"], name=block["name"], args=args if isinstance(args, dict) else {}))
-    text = "".join(texts) or None
-    return AssistantMessage(text=text, tool_calls=tuple(calls)), body.get("stop_reason")
+    for block in message.content:
+        if block.type == "text":
+            texts.append(block.text)
+        elif block.type == "tool_use":
+            args = block.input
+            calls.append(ToolCall(id=block.id, name=block.name, args=args if isinstance(args, dict) else {}))
+    return AssistantMessage(text="".join(texts) or None, tool_calls=tuple(calls))
 
 
 class AnthropicProvider:
+    """`anthropic.AsyncAnthropic`: its retries (`max_retries`), its timeout (`timeout_s`, for connecting and for
+    each read of the stream), its typed usage; the answer streamed, its text to `on_delta` as it comes."""
+
     name = NAME
+    streams_deltas = True
 
     def __init__(
         self,
@@ -63,11 +72,16 @@ class AnthropicProvider:
         base_url: str = DEFAULT_BASE_URL,
         timeout_s: float = 120.0,
         max_retries: int = 4,
-        backoff_base_s: float = 0.5,
     ) -> None:
-        self.api_key = api_key
-        self.url = base_url.rstrip("/") + "/v1/messages"
-        self.http = JsonClient(NAME, timeout_s=timeout_s, max_retries=max_retries, backoff_base_s=backoff_base_s)
+        self.max_retries = max_retries
+        self.client = anthropic.AsyncAnthropic(
+            api_key=api_key,
+            base_url=base_url.rstrip("/"),
+            timeout=timeout_s,
+            max_retries=max_retries,
+            # The loop traces its model calls itself (commonos.loop.tracing).
+            open_telemetry=False,
+        )
 
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> AnthropicProvider:
@@ -82,34 +96,59 @@ class AnthropicProvider:
             max_retries=int(options.get("max_retries", 4)),
         )
 
-    async def complete(self, request: ModelRequest) -> ModelResponse:
-        body: dict[str, Any] = {
+    def _params(self, request: ModelRequest) -> dict[str, Any]:
+        params: dict[str, Any] = {
             "model": request.model,
             "max_tokens": request.max_tokens,
             "messages": to_anthropic_messages(request.messages),
         }
         if request.system:
-            body["system"] = request.system
+            params["system"] = request.system
         if request.tools:
-            body["tools"] = [
+            params["tools"] = [
                 {"name": t.name, "description": t.description, "input_schema": t.parameters} for t in request.tools
             ]
-        headers = {"x-api-key": self.api_key, "anthropic-version": API_VERSION}
-        reply = await self.http.post(self.url, headers, body)
-        message, stop_reason = from_anthropic_response(reply.body)
+        return params
+
+    async def complete(self, request: ModelRequest, on_delta: DeltaCallback | None = None) -> ModelResponse:
+        started = time.monotonic()
+        streaming = False
         try:
-            usage = from_anthropic_usage(reply.body.get("usage") or {}, estimated="usage" not in reply.body)
+            async with self.client.messages.stream(**self._params(request)) as stream:
+                streaming = True
+                async for event in stream:
+                    if on_delta is None:
+                        continue
+                    if event.type == "text" and event.text:
+                        await on_delta(ModelDelta(DeltaKind.TEXT, event.text))
+                    elif event.type == "content_block_start" and event.content_block.type == "tool_use":
+                        await on_delta(ModelDelta(DeltaKind.TOOL_CALL, event.content_block.name))
+                message = await stream.get_final_message()
+                request_id = stream.request_id
+        except anthropic.APIStatusError as exc:
+            raise status_error(NAME, exc.status_code, exc.api_message or exc.message, self.max_retries) from exc
+        except anthropic.APIConnectionError as exc:
+            timed_out = isinstance(exc, anthropic.APITimeoutError)
+            if streaming:
+                raise stream_broken(NAME, exc.__cause__ or exc, timed_out=timed_out) from exc
+            raise connection_error(NAME, timed_out=timed_out, max_retries=self.max_retries) from exc
+        except httpx2.HTTPError as exc:  # raised as it is while the stream is read
+            raise stream_broken(NAME, exc, timed_out=isinstance(exc, httpx2.TimeoutException)) from exc
+        except ValueError as exc:  # a tool call's arguments that are not JSON
+            raise ProviderError(NAME, f"bad response: {exc}") from exc
+        try:
+            usage = from_anthropic_usage(message.usage.to_dict())
         except UsageError as exc:
             raise ProviderError(NAME, f"bad usage in the response: {exc}") from exc
         return ModelResponse(
-            message=message,
+            message=from_anthropic_message(message),
             usage=usage,
             provider=NAME,
-            model=str(reply.body.get("model") or request.model),
-            request_id=reply.headers.get("request-id") or reply.body.get("id"),
-            stop_reason=stop_reason,
-            latency_s=reply.latency_s,
+            model=message.model or request.model,
+            request_id=request_id or message.id,
+            stop_reason=message.stop_reason,
+            latency_s=time.monotonic() - started,
         )
 
     async def close(self) -> None:
-        await self.http.close()
+        await self.client.close()

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, cast
 
 import msgspec
 
 from commonos.accounting.usage import TokenUsage
+from commonos.proto.deltas import DeltaKind
 from commonos.proto.errors import OperationalError
 from commonos.proto.messages import AssistantMessage, Message
 
@@ -50,6 +52,18 @@ class ModelResponse(msgspec.Struct, frozen=True, kw_only=True):
     latency_s: float | None = None
 
 
+class ModelDelta(msgspec.Struct, frozen=True):
+    """A piece of a model's answer while it streams: `text` (the next piece of its text) or `tool_call` (a
+    tool call starts; `text` is the tool's name); `done` (the call ended; `text` its stop reason)."""
+
+    kind: DeltaKind
+    text: str = ""
+
+
+#: Where a provider sends the deltas of a call as they arrive (`commonos.loop.deltas` publishes them).
+DeltaCallback = Callable[[ModelDelta], Awaitable[None]]
+
+
 class Provider(Protocol):
     """A model vendor behind one method."""
 
@@ -63,6 +77,42 @@ class Provider(Protocol):
     async def close(self) -> None:
         """Release connections (at service shutdown)."""
         ...
+
+
+class StreamingProvider(Provider, Protocol):
+    """A provider that streams: `complete` also sends the answer's `text` and `tool_call` deltas to
+    `on_delta` as they arrive (in order; the text deltas concatenated are the answer's text). It says so
+    with `streams_deltas = True`."""
+
+    streams_deltas: bool
+
+    async def complete(self, request: ModelRequest, on_delta: DeltaCallback | None = None) -> ModelResponse: ...
+
+
+async def complete_with_deltas(
+    provider: Provider, request: ModelRequest, on_delta: DeltaCallback | None = None
+) -> ModelResponse:
+    """`provider.complete(request)`, its answer's deltas sent to `on_delta`, then `done` (its stop reason).
+
+    A streaming provider sends them as they arrive; any other (the scripted provider, a test's) sends its
+    whole text and its tool calls once the answer is there, so a listener sees every provider alike. A call
+    that fails sends `done` with `error` and raises."""
+    if on_delta is None:
+        return await provider.complete(request)
+    try:
+        if getattr(provider, "streams_deltas", False):
+            response = await cast(StreamingProvider, provider).complete(request, on_delta)
+        else:
+            response = await provider.complete(request)
+            if response.message.text:
+                await on_delta(ModelDelta(DeltaKind.TEXT, response.message.text))
+            for call in response.message.tool_calls:
+                await on_delta(ModelDelta(DeltaKind.TOOL_CALL, call.name))
+    except ProviderError:
+        await on_delta(ModelDelta(DeltaKind.DONE, "error"))
+        raise
+    await on_delta(ModelDelta(DeltaKind.DONE, response.stop_reason or ""))
+    return response
 
 
 #: The system prompt of a compaction's summary call (`commonos.loop.compaction`); the scripted provider answers

@@ -1,14 +1,23 @@
-"""OpenAI Chat Completions (`POST {base_url}/chat/completions`), or any compatible server."""
+"""OpenAI Chat Completions (`POST {base_url}/chat/completions`), or any compatible server, streamed, through the
+official `openai` SDK."""
 
 from __future__ import annotations
 
 import json
 import os
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
+import httpx2
+import openai
+from openai.types import CompletionUsage
+from openai.types.chat import ChatCompletionChunk
+
 from commonos.accounting.usage import UsageError, from_openai_usage
-from commonos.loop.providers.base import ModelRequest, ModelResponse, ProviderError
-from commonos.loop.providers.http import JsonClient
+from commonos.loop.providers.base import DeltaCallback, ModelDelta, ModelRequest, ModelResponse, ProviderError
+from commonos.loop.providers.sdk import connection_error, status_error, stream_broken
+from commonos.proto.deltas import DeltaKind
 from commonos.proto.messages import AssistantMessage, Message, ToolCall, ToolResultMessage, UserMessage
 
 NAME = "openai"
@@ -41,34 +50,58 @@ def to_openai_messages(system: str, messages: tuple[Message, ...]) -> list[dict[
     return out
 
 
-def _arguments(raw: Any) -> dict[str, Any]:
-    if isinstance(raw, dict):
-        return raw
+def _arguments(raw: str) -> dict[str, Any]:
     try:
-        parsed = json.loads(raw) if isinstance(raw, str) and raw.strip() else {}
+        parsed = json.loads(raw) if raw.strip() else {}
     except json.JSONDecodeError:
         # The tool then answers that its arguments are missing: the model sees the problem and retries.
         return {"_unparsed_arguments": raw}
     return parsed if isinstance(parsed, dict) else {"_unparsed_arguments": raw}
 
 
-def from_openai_response(body: dict[str, Any]) -> tuple[AssistantMessage, str | None]:
-    choices = body.get("choices") or []
-    if not choices:
-        raise ProviderError(NAME, "the response has no choices")
-    choice = choices[0]
-    msg = choice.get("message") or {}
-    calls = tuple(
-        ToolCall(id=c["id"], name=c["function"]["name"], args=_arguments(c["function"].get("arguments")))
-        for c in msg.get("tool_calls") or []
-        if c.get("type", "function") == "function"
-    )
-    content = msg.get("content")
-    return AssistantMessage(text=content or None, tool_calls=calls), choice.get("finish_reason")
+@dataclass
+class _Call:
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
+
+
+@dataclass
+class _Answer:
+    """A streamed completion put together from its chunks (the first choice; others are not asked for)."""
+
+    texts: list[str] = field(default_factory=list)
+    calls: dict[int, _Call] = field(default_factory=dict)
+    finish_reason: str | None = None
+    usage: CompletionUsage | None = None
+    model: str | None = None
+    id: str | None = None
+    service_tier: str | None = None
+
+    def message(self) -> AssistantMessage:
+        calls = tuple(
+            ToolCall(id=c.id, name=c.name, args=_arguments(c.arguments)) for _, c in sorted(self.calls.items())
+        )
+        return AssistantMessage(text="".join(self.texts) or None, tool_calls=calls)
+
+
+def _error_message(exc: openai.APIStatusError) -> str:
+    body = exc.body
+    if isinstance(body, dict) and isinstance(body.get("message"), str):
+        return str(body["message"])
+    if isinstance(body, str) and body:
+        return body
+    return f"HTTP {exc.status_code}"
 
 
 class OpenAIProvider:
+    """`openai.AsyncOpenAI` on Chat Completions: its retries (`max_retries`), its timeout (`timeout_s`, for
+    connecting and for each read of the stream), its typed usage (asked for with `stream_options.include_usage`;
+    a server that sends none gives an estimate of nothing, `usage_estimated`); the answer streamed, its text to
+    `on_delta` as it comes."""
+
     name = NAME
+    streams_deltas = True
 
     def __init__(
         self,
@@ -77,16 +110,19 @@ class OpenAIProvider:
         base_url: str = DEFAULT_BASE_URL,
         timeout_s: float = 120.0,
         max_retries: int = 4,
-        backoff_base_s: float = 0.5,
         max_tokens_param: str = "max_completion_tokens",
         provider_name: str = NAME,
     ) -> None:
-        self.api_key = api_key
-        self.url = base_url.rstrip("/") + "/chat/completions"
         self.max_tokens_param = max_tokens_param
         self.name = provider_name
-        self.http = JsonClient(
-            provider_name, timeout_s=timeout_s, max_retries=max_retries, backoff_base_s=backoff_base_s
+        self.max_retries = max_retries
+        self.keyless = not api_key
+        self.client = openai.AsyncOpenAI(
+            # A compatible server may need no key: then no Authorization header at all (`_params`).
+            api_key=api_key or "no-key",
+            base_url=base_url.rstrip("/"),
+            timeout=timeout_s,
+            max_retries=max_retries,
         )
 
     @classmethod
@@ -105,40 +141,94 @@ class OpenAIProvider:
             provider_name=str(options.get("provider_name", NAME)),
         )
 
-    async def complete(self, request: ModelRequest) -> ModelResponse:
-        body: dict[str, Any] = {
+    def _params(self, request: ModelRequest) -> dict[str, Any]:
+        params: dict[str, Any] = {
             "model": request.model,
             "messages": to_openai_messages(request.system, request.messages),
             self.max_tokens_param: request.max_tokens,
+            "stream_options": {"include_usage": True},
         }
+        if self.keyless:
+            params["extra_headers"] = {"Authorization": openai.omit}
         if request.tools:
-            body["tools"] = [
+            params["tools"] = [
                 {
                     "type": "function",
                     "function": {"name": t.name, "description": t.description, "parameters": t.parameters},
                 }
                 for t in request.tools
             ]
-        headers = {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        reply = await self.http.post(self.url, headers, body)
-        message, stop_reason = from_openai_response(reply.body)
+        return params
+
+    async def complete(self, request: ModelRequest, on_delta: DeltaCallback | None = None) -> ModelResponse:
+        started = time.monotonic()
+        answer = _Answer()
+        request_id: str | None = None
+        streaming = False
+        try:
+            stream = await self.client.chat.completions.create(**self._params(request), stream=True)
+            request_id = stream.response.headers.get("x-request-id")
+            streaming = True
+            async with stream:
+                async for chunk in stream:
+                    await self._take(answer, chunk, on_delta)
+        except openai.APIStatusError as exc:
+            raise status_error(self.name, exc.status_code, _error_message(exc), self.max_retries) from exc
+        except openai.APIConnectionError as exc:
+            timed_out = isinstance(exc, openai.APITimeoutError)
+            if streaming:
+                raise stream_broken(self.name, exc.__cause__ or exc, timed_out=timed_out) from exc
+            raise connection_error(self.name, timed_out=timed_out, max_retries=self.max_retries) from exc
+        except httpx2.HTTPError as exc:  # raised as it is while the stream is read
+            raise stream_broken(self.name, exc, timed_out=isinstance(exc, httpx2.TimeoutException)) from exc
         try:
             usage = from_openai_usage(
-                reply.body.get("usage") or {},
-                service_tier=reply.body.get("service_tier"),
-                estimated="usage" not in reply.body,
+                answer.usage.to_dict() if answer.usage is not None else {},
+                service_tier=answer.service_tier,
+                estimated=answer.usage is None,
             )
         except UsageError as exc:
             raise ProviderError(self.name, f"bad usage in the response: {exc}") from exc
         return ModelResponse(
-            message=message,
+            message=answer.message(),
             usage=usage,
             provider=self.name,
-            model=str(reply.body.get("model") or request.model),
-            request_id=reply.headers.get("x-request-id") or reply.body.get("id"),
-            stop_reason=stop_reason,
-            latency_s=reply.latency_s,
+            model=answer.model or request.model,
+            request_id=request_id or answer.id,
+            stop_reason=answer.finish_reason,
+            latency_s=time.monotonic() - started,
         )
 
+    @staticmethod
+    async def _take(answer: _Answer, chunk: ChatCompletionChunk, on_delta: DeltaCallback | None) -> None:
+        answer.id = answer.id or chunk.id
+        answer.model = chunk.model or answer.model
+        answer.service_tier = chunk.service_tier or answer.service_tier
+        if chunk.usage is not None:
+            answer.usage = chunk.usage
+        for choice in chunk.choices:
+            if choice.index != 0:
+                continue
+            delta = choice.delta
+            if delta.content:
+                answer.texts.append(delta.content)
+                if on_delta is not None:
+                    await on_delta(ModelDelta(DeltaKind.TEXT, delta.content))
+            for part in delta.tool_calls or ():
+                if part.type not in (None, "function"):
+                    continue
+                call = answer.calls.setdefault(part.index, _Call())
+                function = part.function
+                if part.id:
+                    call.id = part.id
+                if function is not None and function.name and not call.name:
+                    call.name = function.name
+                    if on_delta is not None:
+                        await on_delta(ModelDelta(DeltaKind.TOOL_CALL, function.name))
+                if function is not None and function.arguments:
+                    call.arguments += function.arguments
+            if choice.finish_reason:
+                answer.finish_reason = choice.finish_reason
+
     async def close(self) -> None:
-        await self.http.close()
+        await self.client.close()
