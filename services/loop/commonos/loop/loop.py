@@ -40,7 +40,7 @@ from commonos.loop.journal import (
 from commonos.loop.locks import SessionBusy, SessionLease, SessionLocks, default_owner
 from commonos.loop.profile_admin import delete_profile
 from commonos.loop.profiles import Policy, Profile, ProfileError
-from commonos.loop.providers.base import ModelRequest, Provider, ProviderError
+from commonos.loop.providers.base import DeltaCallback, ModelRequest, Provider, ProviderError, complete_with_deltas
 from commonos.loop.registry import NoRegistry, TurnRegistry
 from commonos.loop.search import MessageSearch, NoSearch
 from commonos.loop.tools import Tool, ToolContext, ToolFailed, ToolOutput, builtin_tools, fit_result, tool_specs
@@ -147,6 +147,7 @@ class Loop:
         registry: TurnRegistry | None = None,
         deletion_check_s: float = 1.0,
         hook_factories: Mapping[str, HookFactory] | None = None,
+        deltas: Callable[[TurnInfo], DeltaCallback] | None = None,
     ) -> None:
         missing = set(profiles) - set(providers)
         if missing:
@@ -161,6 +162,8 @@ class Loop:
         self.owner = owner or default_owner()
         self.max_tokens = max_tokens
         self.registry: TurnRegistry = registry if registry is not None else NoRegistry()
+        #: A turn's sink for its reply while the model produces it (`commonos.loop.deltas`); None: no deltas.
+        self.deltas = deltas
         #: Set when the service stops: a turn cancelled from now on ends `interrupted`, not `cancelled`.
         self.shutting_down = False
         self._memory_locks: dict[str, asyncio.Lock] = {}
@@ -470,6 +473,7 @@ class Loop:
     ) -> str:
         provider = self.providers[profile.id]
         hooks = self.hooks.get(profile.id) or TurnHooks()
+        on_delta = self.deltas(turn) if self.deltas is not None else None
         offered = tuple(n for n in profile.tools if n != "delegate" or turn.depth < profile.max_delegation_depth)
         specs = tool_specs(self.tools, offered)
         messages = close_open_tool_calls(history)
@@ -493,7 +497,7 @@ class Loop:
                 request = await hooks.before_model_call(turn, request)
                 messages = list(request.messages)  # a hook may replace the history the turn goes on from
             with tracing.chat(turn, provider.name, request) as chat:
-                response = await provider.complete(request)
+                response = await complete_with_deltas(provider, request, on_delta)
                 chat.completed(response)
                 chat.recorded(await record_model_call(self.journal, turn, response, profile.model))
             await hooks.after_model_call(turn, request, response)

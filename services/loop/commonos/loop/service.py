@@ -30,6 +30,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from commonos.loop.approvals import NatsApprover
+from commonos.loop.deltas import DeltaPublisher
 from commonos.loop.event_journal import LOOP_SOURCE
 from commonos.loop.journal import JournalError, MessageTooLarge, SessionNotFound
 from commonos.loop.locks import LockUnavailable, NatsSessionLocks, SessionBusy, default_owner
@@ -367,6 +368,7 @@ async def _serve(
             approver=NatsApprover(nc),
             search=search,
             registry=registry,
+            deltas=DeltaPublisher(nc).for_turn,
         )
         health = Health()
         http = HttpServer(health, settings.http_host, settings.http_port)
