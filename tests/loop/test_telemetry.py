@@ -31,6 +31,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from commonos.loop.approvals import FixedApprover
+from commonos.loop.journal import SessionNotFound
 from commonos.loop.locks import NatsSessionLocks
 from commonos.loop.loop import Loop, TurnRequest
 from commonos.loop.nats_journal import NatsJournal
@@ -560,3 +561,18 @@ async def test_the_loop_service_exports_with_its_name_and_flushes_when_stopped(
         for sm in rm.scope_metrics
         for m in sm.metrics
     )
+
+
+async def test_a_request_refused_before_its_turn_starts_is_a_failed_span_of_ours(
+    in_memory: InMemory, streams: JetStreamContext, profile: Profile
+) -> None:
+    """Marked as ours from its start (`cos.turn_id`), so our gateway receiving it makes no turn of it."""
+    missing = uuid.uuid4()
+    with pytest.raises(SessionNotFound):
+        await make_loop(streams, profile).run_turn(TurnRequest(profile_id="demo", text="hi", session_id=missing))
+    [span] = in_memory.spans.get_finished_spans()
+    a = attrs(span)
+    assert span.name == "invoke_agent demo" and not span.status.is_ok
+    assert a["cos.session_id"] == a["gen_ai.conversation.id"] == str(missing)
+    uuid.UUID(a["cos.turn_id"])
+    assert a["error.type"] == "SessionNotFound"

@@ -242,8 +242,10 @@ class Loop:
         session_tags = self._check_request(request)
         await self._check_alive(profile.id, request.session_id)
         # The turn's `invoke_agent` span when OpenTelemetry is on (`commonos.loop.tracing`).
-        with tracing.invoke_agent(profile.id, self.providers[profile.id].name, profile.model) as span:
-            result = await self._start_turn(profile, request, session_tags, span, on_start)
+        turn_id = new_id()
+        provider = self.providers[profile.id].name
+        with tracing.invoke_agent(profile.id, provider, profile.model, turn_id, request.session_id) as span:
+            result = await self._start_turn(profile, request, session_tags, turn_id, span, on_start)
             span.finished(result.status.value, result.error)
             return result
 
@@ -252,6 +254,7 @@ class Loop:
         profile: Profile,
         request: TurnRequest,
         session_tags: tuple[str, ...],
+        turn_id: uuid.UUID,
         span: tracing.TurnSpan,
         on_start: Callable[[TurnInfo], None] | None,
     ) -> TurnResult:
@@ -292,7 +295,7 @@ class Loop:
             turn = TurnInfo(
                 profile_id=profile.id,
                 session_id=session_id,
-                turn_id=new_id(),
+                turn_id=turn_id,
                 tags=tuple(resolve_tags(profile.tags, record.tags)),
             )
             span.started(turn)
@@ -354,14 +357,17 @@ class Loop:
             await self._still_there(profile.id)
         except _TurnFailed as exc:
             raise ToolFailed(f"not delegated: {exc}") from None
-        with tracing.invoke_agent(profile.id, self.providers[profile.id].name, profile.model) as span:
-            result = await self._child_turn(profile, parent, goal, span)
+        turn_id = new_id()
+        with tracing.invoke_agent(profile.id, self.providers[profile.id].name, profile.model, turn_id) as span:
+            result = await self._child_turn(profile, parent, goal, turn_id, span)
             span.finished(result.status.value, result.error)
         if result.status is not TurnStatus.COMPLETED:
             raise ToolFailed(f"the helper's turn {result.status.value}: {result.error or 'no answer'}")
         return result.text
 
-    async def _child_turn(self, profile: Profile, parent: TurnInfo, goal: str, span: tracing.TurnSpan) -> TurnResult:
+    async def _child_turn(
+        self, profile: Profile, parent: TurnInfo, goal: str, turn_id: uuid.UUID, span: tracing.TurnSpan
+    ) -> TurnResult:
         """The child turn of `delegate`, in a new session under the parent's."""
         session_id = await self.journal.create_session(
             NewSession(
@@ -379,7 +385,7 @@ class Loop:
             tags=parent.tags,
             parent_session_id=parent.session_id,
         )
-        child = parent.child(session_id)
+        child = msgspec.structs.replace(parent.child(session_id), turn_id=turn_id)
         span.started(child)
         lease = await self._acquire(session_id)
         try:

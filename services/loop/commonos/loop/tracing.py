@@ -166,7 +166,9 @@ class _Turn:
 
 
 @contextlib.contextmanager
-def _turn_span(profile_id: str, provider: str, model: str) -> Iterator[_Turn]:
+def _turn_span(
+    profile_id: str, provider: str, model: str, turn_id: uuid.UUID, session_id: uuid.UUID | None
+) -> Iterator[_Turn]:
     tracer = telemetry.tracer()
     assert tracer is not None
     attributes: dict[str, Any] = {
@@ -176,18 +178,29 @@ def _turn_span(profile_id: str, provider: str, model: str) -> Iterator[_Turn]:
         "gen_ai.provider.name": provider,
         "gen_ai.request.model": model,
         "cos.profile_id": profile_id,
+        # From the start, also on a request refused before its turn starts: the span is ours (our gateway
+        # maps nothing of it).
+        "cos.turn_id": str(turn_id),
     }
+    if session_id is not None:
+        attributes["gen_ai.conversation.id"] = attributes["cos.session_id"] = str(session_id)
     with tracer.start_as_current_span(f"invoke_agent {profile_id}", attributes=attributes) as span:
-        yield _Turn(span)
+        try:
+            yield _Turn(span)
+        except BaseException as exc:  # refused before it started, cancelled, or a journal that failed
+            span.set_attribute("error.type", type(exc).__name__)
+            raise
 
 
-def invoke_agent(profile_id: str, provider: str, model: str) -> contextlib.AbstractContextManager[_Turn | _Off]:
-    """The span of one turn, from its session's creation (a new session) to its end: `started(turn)` once the
-    turn has its identity, `finished(status, error)` as it ends. A child turn's nests in its parent's
-    `execute_tool delegate`."""
+def invoke_agent(
+    profile_id: str, provider: str, model: str, turn_id: uuid.UUID, session_id: uuid.UUID | None = None
+) -> contextlib.AbstractContextManager[_Turn | _Off]:
+    """The span of turn `turn_id`, from its session's creation (a new session: `session_id` None) to its end:
+    `started(turn)` once the turn has its identity, `finished(status, error)` as it ends. A child turn's
+    nests in its parent's `execute_tool delegate`."""
     if telemetry.active() is None:
         return OFF
-    return _turn_span(profile_id, provider, model)
+    return _turn_span(profile_id, provider, model, turn_id, session_id)
 
 
 class _Chat:
@@ -329,7 +342,11 @@ def _tool_span(turn: TurnInfo, call: ToolCall) -> Iterator[_Tool]:
     if telemetry.capture_content():
         attributes["gen_ai.tool.call.arguments"] = _json(call.args)
     with tracer.start_as_current_span(f"execute_tool {call.name}", attributes=attributes) as span:
-        yield _Tool(span)
+        try:
+            yield _Tool(span)
+        except BaseException as exc:
+            span.set_attribute("error.type", type(exc).__name__)
+            raise
 
 
 def execute_tool(turn: TurnInfo, call: ToolCall) -> contextlib.AbstractContextManager[_Tool | _Off]:
