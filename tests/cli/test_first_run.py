@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,20 @@ def test_the_first_five_minutes(tmp_path: Path) -> None:
         assert done.returncode == 0 and done.stdout.strip().isdigit(), done.stderr
         assert any(line.startswith("NATS: nats://127.0.0.1:") for line in said)
         assert 'Next, in another shell: cos chat "hello" · cos import claude · cos report cost · cos status' in said
+        otlp = next(line for line in said if line.startswith("OpenTelemetry (OTLP/HTTP): "))
+        otlp_url = otlp.split()[2]
+        made = cos(up.data, "otlp", "token", "create", "--profile", "default", "--name", "first-run")
+        assert made.returncode == 0, made.stderr
+        otlp_token = made.stdout.strip()
+        request = urllib.request.Request(
+            f"{otlp_url}/v1/metrics",
+            data=b"{}",
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {otlp_token}"},
+        )
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            assert answer.status == 200 and json.loads(answer.read()) == {}
+        listed = cos(up.data, "otlp", "token", "list")
+        assert listed.returncode == 0 and "first-run" in listed.stdout and otlp_token not in listed.stdout
 
         status = cos(up.data, "status")
         assert status.returncode == 0, status.stdout + status.stderr
@@ -103,7 +118,7 @@ def test_the_first_five_minutes(tmp_path: Path) -> None:
         assert state.returncode == 0, state.stdout
         body = json.loads(state.stdout)
         assert body["healthy"] is True and body["dead_letters"] == 0 and body["events"] > 0
-        assert {s["name"] for s in body["services"] if s["ok"]} == {"journal_writer", "billing", "loop"}
+        assert {s["name"] for s in body["services"] if s["ok"]} == {"journal_writer", "billing", "loop", "otlp_gateway"}
         assert "journal-writer" in {c["name"] for c in body["consumers"]}
         for done in (status, chat, imported, table, state):
             no_traceback(done)

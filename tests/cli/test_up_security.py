@@ -39,8 +39,13 @@ pytestmark = pytest.mark.slow
 OTHER_USER = "nobody"
 SYSTEM_PYTHON = "/usr/bin/python3"
 #: The NATS user of each service `cos up` starts, by its key in state.json's pids.
-SERVICE_USERS = {"journal_writer": "journal-writer", "billing": "billing", "loop": "loop"}
-NATS_USERS = ("admin", "loop", "journal-writer", "billing", "subscriber")
+SERVICE_USERS = {
+    "journal_writer": "journal-writer",
+    "billing": "billing",
+    "loop": "loop",
+    "otlp_gateway": "otlp-gateway",
+}
+NATS_USERS = ("admin", "loop", "journal-writer", "billing", "otlp-gateway", "subscriber")
 
 
 def _other_user() -> pwd.struct_passwd:
@@ -514,7 +519,7 @@ def test_cos_security_check_reads_the_identities_of_cos_up(cos_up: RunningUp) ->
     done = cos(cos_up.data, "security", "check", "--format", "json")
     assert done.returncode == 0, done.stderr
     results = json.loads(done.stdout)
-    assert set(results) == {"loop", "journal-writer", "billing", "subscriber", "admin"}
+    assert set(results) == {"loop", "journal-writer", "billing", "otlp-gateway", "subscriber", "admin"}
     assert all(results["admin"].values())
     assert results["loop"]["publish an event"] and not results["subscriber"]["publish an event"]
     assert not results["loop"]["change COS_EVENTS (STREAM.UPDATE)"]

@@ -24,6 +24,7 @@ NATS_USERS = {
     "loop": "NATS_LOOP_PASSWORD",
     "journal-writer": "NATS_JOURNAL_WRITER_PASSWORD",
     "billing": "NATS_BILLING_PASSWORD",
+    "otlp-gateway": "NATS_OTLP_GATEWAY_PASSWORD",
     "subscriber": "NATS_SUBSCRIBER_PASSWORD",
     "admin": "NATS_ADMIN_PASSWORD",
 }

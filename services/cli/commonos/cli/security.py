@@ -28,6 +28,7 @@ IDENTITIES: Final = {
     "loop": "NATS_LOOP_PASSWORD",
     "journal-writer": "NATS_JOURNAL_WRITER_PASSWORD",
     "billing": "NATS_BILLING_PASSWORD",
+    "otlp-gateway": "NATS_OTLP_GATEWAY_PASSWORD",
     "subscriber": "NATS_SUBSCRIBER_PASSWORD",
     "admin": "NATS_ADMIN_PASSWORD",
 }
@@ -70,6 +71,8 @@ PROBES: Final[tuple[Probe, ...]] = (
     Probe("create/update billing's consumer", "$JS.API.CONSUMER.DURABLE.CREATE.COS_EVENTS.billing", _BAD_CONFIG),
     Probe("create a consumer of its own name", f"$JS.API.CONSUMER.CREATE.COS_EVENTS.{STAND_IN}", _BAD_CONFIG),
     Probe("delete a consumer of another name", f"$JS.API.CONSUMER.DELETE.COS_EVENTS.{STAND_IN}"),
+    Probe("write an OTLP gateway token (KV COS_OTLP_TOKENS)", f"$KV.COS_OTLP_TOKENS.{STAND_IN}", b"{}"),
+    Probe("keep the OTLP call ordinals (KV COS_OTLP_STATE)", f"$KV.COS_OTLP_STATE.{STAND_IN}", b"[]"),
     Probe("ask the loop for a turn (cos.cmd.*.chat)", f"cos.cmd.{STAND_IN}.chat", b"{}"),
     Probe("answer an approval", f"cos.approvals.decide.{STAND_IN}", b"{}"),
     Probe("subscribe to the events (cos.events.>)", "cos.events.>", subscribe=True),

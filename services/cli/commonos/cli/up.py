@@ -59,12 +59,19 @@ class UpFailed(OperationalError):
 
 
 #: Services `cos up` runs, each `python -m commonos.<module>`, if that module exists.
-SERVICES = ("journal_writer", "billing", "loop")
+SERVICES = ("journal_writer", "billing", "loop", "otlp_gateway")
 DATABASE = "commonos"
 #: A user's password in deploy/nats/auth.conf: `$NATS_<USER>_PASSWORD` (JOURNAL_WRITER for journal-writer).
 NATS_PASSWORD_VARIABLE = re.compile(r"\$(NATS_([A-Z0-9_]+)_PASSWORD)\b")
 #: The NATS user each service `cos up` starts logs in as (the `cos` commands log in as admin).
-SERVICE_NATS_USERS = {"journal_writer": "journal-writer", "billing": "billing", "loop": "loop"}
+SERVICE_NATS_USERS = {
+    "journal_writer": "journal-writer",
+    "billing": "billing",
+    "loop": "loop",
+    "otlp_gateway": "otlp-gateway",
+}
+#: The port of the OTLP gateway `cos up` starts: COS_OTLP_PORT, else OTLP/HTTP's 4318 when free, else any.
+OTLP_PORT = 4318
 #: Where the users and permissions of every NATS deployment are, in the source tree.
 NATS_AUTH_CONF = Path(__file__).resolve().parents[4] / "deploy" / "nats" / "auth.conf"
 #: The prices of the demo's scripted model (it has no public price), in the source tree.
@@ -100,6 +107,8 @@ class System:
     nats_passwords: dict[str, str] = field(default_factory=dict)
     children: dict[str, tuple[subprocess.Popen[bytes], int]] = field(default_factory=dict)
     components: list[Component] = field(default_factory=list)
+    #: Where the OTLP gateway listens (OTLP/HTTP), once started.
+    otlp_url: str | None = None
 
     def start_servers(self) -> Endpoints:
         s = self.settings
@@ -209,6 +218,10 @@ class System:
                 "COS_DATABASE_URL": self.endpoints.database_url,
                 "COS_HTTP_PORT": str(port),
             }
+            if service == "otlp_gateway":
+                otlp_port = _otlp_port()
+                env["COS_OTLP_PORT"] = str(otlp_port)
+                self.otlp_url = f"http://127.0.0.1:{otlp_port}"
             if self.nats is not None:  # its own NATS user, its password read from its file
                 user = SERVICE_NATS_USERS[service]
                 env = {k: v for k, v in env.items() if k not in NATS_IDENTITY}
@@ -272,6 +285,12 @@ class System:
             )
         elif self.endpoints is not None:
             lines.append(f"NATS: {_redact(self.endpoints.nats_url)}")
+        if self.otlp_url is not None:
+            lines.append(
+                f"OpenTelemetry (OTLP/HTTP): {self.otlp_url} — a token: cos otlp token create --profile default; then "
+                f"OTEL_EXPORTER_OTLP_ENDPOINT={self.otlp_url} "
+                'OTEL_EXPORTER_OTLP_HEADERS="Authorization=Bearer <token>" (README: Send OpenTelemetry)'
+            )
         lines.append('Next, in another shell: cos chat "hello" · cos import claude · cos report cost · cos status')
         return lines
 
@@ -304,6 +323,13 @@ def _port_free(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def _otlp_port() -> int:
+    raw = os.environ.get("COS_OTLP_PORT", "").strip()
+    if raw.isdigit() and 0 < int(raw) < 65536:
+        return int(raw)
+    return OTLP_PORT if _port_free(OTLP_PORT) else free_port()
 
 
 def _wait_ready(proc: subprocess.Popen[bytes], port: int, deadline: float) -> str:
