@@ -21,7 +21,6 @@ refused and why) when some were refused; error responses carry a google.rpc.Stat
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -60,7 +59,7 @@ from commonos.otlp_gateway.decode import (
     parse_request,
     status_body,
 )
-from commonos.otlp_gateway.mapping import CallOrdinals, Mapped, Source
+from commonos.otlp_gateway.mapping import CallOrdinals, Mapped, Source, map_logs, map_traces
 from commonos.otlp_gateway.metrics import GatewayMetrics
 from commonos.otlp_gateway.settings import GatewaySettings
 from commonos.proto.errors import OperationalError
@@ -81,16 +80,6 @@ _UNIMPLEMENTED: Final = 12
 _INTERNAL: Final = 13
 
 _CHUNK: Final = 64 * 1024
-
-
-async def _real_map_logs(request: ExportLogsServiceRequest, source: Source, ordinals: CallOrdinals) -> Mapped:
-    map_logs: MapLogs = importlib.import_module("commonos.otlp_gateway.mapping").map_logs
-    return await map_logs(request, source, ordinals)
-
-
-def _real_map_traces(request: ExportTraceServiceRequest, source: Source) -> Mapped:
-    map_traces: MapTraces = importlib.import_module("commonos.otlp_gateway.mapping").map_traces
-    return map_traces(request, source)
 
 
 class Unavailable(OperationalError):
@@ -129,8 +118,8 @@ class OtlpReceiver:
         metrics: GatewayMetrics,
         *,
         nc: Client | None = None,
-        map_logs: MapLogs = _real_map_logs,
-        map_traces: MapTraces = _real_map_traces,
+        map_logs: MapLogs = map_logs,
+        map_traces: MapTraces = map_traces,
     ) -> None:
         self.settings = settings
         self.tokens = tokens
