@@ -408,3 +408,18 @@ async def test_kv_turns_agree_with_the_memory_ones_across_replicas(nats_url: str
         assert await second.turn_at("codex", "long", t0 + timedelta(seconds=2)) == "k2"
     finally:
         await nc.close()
+
+
+async def test_a_failing_mapping_is_a_500_with_a_status(nats_url: str) -> None:
+    def broken(request: ExportTraceServiceRequest, source: object) -> object:
+        raise RuntimeError("boom")
+
+    async with run_gateway(nats_url, map_traces=broken) as gateway:  # type: ignore[arg-type]
+        token = await make_token(nats_url)
+        await asyncio.sleep(0.3)
+        answer = await post(gateway.url, "traces", spans("a").SerializeToString(), token=token, content_type=PB)
+        assert answer.status == 500
+        assert "RuntimeError" in status_pb2.Status.FromString(answer.body).message
+        assert (
+            gateway.metric("cos_otlp_requests_total", {"signal": "traces", "encoding": "protobuf", "code": "500"}) == 1
+        )

@@ -162,6 +162,10 @@ class OtlpReceiver:
                 if refusal.reason == "unsupported_media_type":
                     label = "other"
                 response = self._refuse(refusal, encoding)
+            except Exception as exc:  # a bug of ours: said, logged, and not retried by the exporter as is
+                log.exception("%s request failed", signal)
+                body, content_type = status_body(_INTERNAL, f"the gateway failed: {type(exc).__name__}", encoding)
+                response = web.Response(status=500, body=body, headers={"Content-Type": content_type})
             label = label if label in ("protobuf", "json") else "other"
             self.metrics.requests.labels(signal, label, str(response.status)).inc()
             return response
