@@ -30,6 +30,7 @@ from commonos.otlp_gateway.ordinals import KvOrdinals, state_bucket
 from commonos.runtime.embedded import NatsServer
 from commonos.runtime.nats import ensure_streams
 from tests.otlp_gateway.conftest import NAMESPACE, Gateway, make_token, post, run_gateway, stored_events
+from tests.support import wait_until
 
 PB = "application/x-protobuf"
 JSON = "application/json"
@@ -423,3 +424,42 @@ async def test_a_failing_mapping_is_a_500_with_a_status(nats_url: str) -> None:
         assert (
             gateway.metric("cos_otlp_requests_total", {"signal": "traces", "encoding": "protobuf", "code": "500"}) == 1
         )
+
+
+async def test_nats_restarted_mid_stream_the_sdk_exporters_retries_land_every_span_once(
+    nats_server: NatsServer, nats_url: str
+) -> None:
+    """The SDK's exporter sending span after span while NATS is stopped and started: it is answered 503 with
+    Retry-After meanwhile, retries, and every span is stored once."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    total = 40
+    async with run_gateway(nats_url, publish_timeout_s=1.0, retry_after_s=1) as gateway:
+        token = await make_token(nats_url)
+        await asyncio.sleep(0.3)
+        sent: list[int] = []
+
+        def send() -> None:
+            provider = TracerProvider()
+            exporter = OTLPSpanExporter(
+                endpoint=f"{gateway.url}/v1/traces", headers={"Authorization": f"Bearer {token}"}, timeout=60
+            )
+            provider.add_span_processor(SimpleSpanProcessor(exporter))
+            tracer = provider.get_tracer("mid-stream")
+            for i in range(total):
+                with tracer.start_as_current_span(f"span-{i}"):
+                    pass
+                sent.append(i)
+            provider.shutdown()
+
+        sending = asyncio.create_task(asyncio.to_thread(send))
+        await wait_until(lambda: len(sent) >= total // 4, timeout_s=60, what="a quarter of the spans sent")
+        nats_server.stop()
+        await asyncio.sleep(2.0)
+        nats_server.start()
+        await asyncio.wait_for(sending, 120)
+        assert gateway.metric("cos_otlp_refused_total", {"reason": "unavailable"}) >= 1
+    titles = [e.title for e in await stored_events(nats_url)]
+    assert sorted(titles, key=lambda t: int(t.split("-")[1])) == [f"span-{i}" for i in range(total)]
