@@ -39,7 +39,7 @@ from commonos.runtime.postgres import apply_schemas, connect
 from commonos.runtime.settings import Settings
 from tests.billing.support import billing
 from tests.factories import Clock, conversation
-from tests.support import journal_writer, publish_all, wait_for_position
+from tests.support import InProcess, publish_all, wait_for_position
 
 REPO = Path(__file__).resolve().parents[2]
 BOOTSTRAP = (REPO / "deploy" / "postgres" / "bootstrap.sql").read_text()
@@ -81,15 +81,43 @@ def sample_data(seed: int = 11) -> list[ev.Event]:
     return events
 
 
+@contextlib.asynccontextmanager
+async def journal_writer(nats_url: str, dsn: str) -> AsyncIterator[InProcess]:
+    """The journal-writer as `cos up` runs it: the core tables, the session graph and memory."""
+    from commonos.journal_writer.service import serve, writer_projections, writer_schemas
+
+    running = InProcess()
+    running.task = asyncio.create_task(
+        serve(
+            Settings(nats_url=nats_url, database_url=dsn, http_port=0),
+            writer_projections(),
+            writer_schemas(),
+            "journal-writer",
+            stop=running.stop,
+        )
+    )
+    try:
+        yield running
+    finally:
+        if not running.task.done():
+            await running.close()
+        elif running.task.exception() is not None:
+            raise running.task.exception()  # type: ignore[misc]
+
+
 async def project(nats_url: str, dsn: str, events: Sequence[ev.Event]) -> None:
-    """Publish `events` and wait until the journal-writer and billing have stored them."""
+    """Publish `events` and wait until the journal-writer (core, graph) and billing have stored them."""
     acks = await publish_all(nats_url, events)
-    # Billing follows model calls only: its position is the last model call's.
-    model_calls = [a.seq for e, a in zip(events, acks, strict=True) if isinstance(e, ev.ModelCallCompleted)]
+    # The graph follows transcript imports only, billing model calls only: their positions are their last.
+    seqs = list(zip(events, (a.seq for a in acks), strict=True))
+    model_calls = [seq for e, seq in seqs if isinstance(e, ev.ModelCallCompleted)]
+    transcripts = [seq for e, seq in seqs if isinstance(e, ev.TranscriptImported)]
     async with journal_writer(nats_url, dsn), billing(nats_url, dsn):
         await wait_for_position(dsn, "journal-writer", acks[-1].seq)
         if model_calls:
             await wait_for_position(dsn, "billing", model_calls[-1], table="billing_positions")
+        if transcripts:
+            await wait_for_position(dsn, "graph-writer", transcripts[-1], table="graph.positions")
 
 
 async def secure(dsn: str, analyst_role: str, profiles: Sequence[str] = ("acme",)) -> None:

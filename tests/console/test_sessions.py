@@ -15,9 +15,22 @@ from decimal import Decimal
 from typing import Any
 
 import aiohttp
+import msgspec
 import pytest
 
+from commonos.console.pages import sessions as sessions_page
 from commonos.proto import events as ev
+from commonos.proto.graph import (
+    EntityType,
+    Graph,
+    InputKind,
+    InputOrigin,
+    Outcome,
+    UserInput,
+    VendorID,
+    encode_graph,
+)
+from commonos.proto.graph import Session as GraphSession
 from commonos.proto.messages import AssistantMessage, ToolCall, ToolResultMessage, UserMessage
 from tests.console.conftest import RunningConsole, Seeded, StartConsole, project
 from tests.factories import Clock, SessionBuilder
@@ -142,9 +155,15 @@ async def test_the_list_pages_by_keyset_and_filters(
         assert "Hostile &lt;b&gt;title&lt;/b&gt;" in html
 
 
+@pytest.mark.parametrize("few_hits", [2000, 1], ids=["from-the-matches", "from-the-newest-sessions"])
 async def test_search_finds_a_message_with_a_safe_snippet(
-    console: RunningConsole, hostile: tuple[SessionBuilder, SessionBuilder]
+    console: RunningConsole,
+    hostile: tuple[SessionBuilder, SessionBuilder],
+    few_hits: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Both ways of searching (a few matches: from the GIN index; many: the newest sessions checked each)."""
+    monkeypatch.setattr(sessions_page, "FEW_HITS", few_hits)
     parent, child = hostile
     client, _ = await console.signed_in("olivia")
     found = await get_json(client, "/api/sessions?q=xylophone")
@@ -326,3 +345,84 @@ async def test_pages_need_a_database(start_console: StartConsole) -> None:
     client, _ = await bare.signed_in("olivia")
     async with client.get("/api/sessions") as r:
         assert r.status == 503
+
+
+def imported(profile: str, clock: Clock, vendor: str, title: str) -> ev.TranscriptImported:
+    """A transcript import whose graph is one session (with its vendor id) and one input."""
+    root = str(uuid.uuid4())
+    started = clock.tick()
+    graph = Graph(
+        sessions=[
+            GraphSession(
+                id=root,
+                parent_session_id=None,
+                spawned_by_tool_use_id=None,
+                started_at=started,
+                title=title,
+                outcome=Outcome.COMMITTED,
+            )
+        ],
+        user_inputs=[
+            UserInput(
+                id=str(uuid.uuid4()),
+                session_id=root,
+                ordinal=0,
+                text=title,
+                interrupted=False,
+                kind=InputKind.PROMPT,
+                origin=InputOrigin.HUMAN,
+                metadata=msgspec.Raw(b"{}"),
+            )
+        ],
+        vendor_ids=[
+            VendorID(
+                our_id=root,
+                our_type=EntityType.SESSION,
+                session_id=root,
+                vendor=vendor,
+                vendor_id_kind="session_id",
+                vendor_id=f"{vendor}-{root}",
+            )
+        ],
+    )
+    return ev.TranscriptImported(
+        occurred_at=clock.tick(),
+        profile_id=profile,
+        session_id=uuid.UUID(root),
+        vendor=vendor,
+        graph=msgspec.json.decode(encode_graph(graph)),
+    )
+
+
+async def test_imported_sessions_are_listed_with_their_vendor(
+    console: RunningConsole, console_db: Seeded, nats_url: str
+) -> None:
+    clock = Clock()
+    clock.tick(7_200_000)
+    claude = imported("acme", clock, "claude-code", "fix the <build>")
+    codex = imported("globex", clock, "codex", "write docs")
+    await project(nats_url, console_db.dsn, [claude, codex])
+    client, _ = await console.signed_in("olivia")
+    rows = (await get_json(client, "/api/sessions"))["sessions"]
+    assert [(r["kind"], r["vendor"], r["status"]) for r in rows[:2]] == [
+        ("imported", "codex", "committed"),
+        ("imported", "claude-code", "committed"),
+    ]
+    assert rows[1]["url"] == f"/imported/{claude.session_id}" and rows[1]["title"] == "fix the <build>"
+    assert len(rows) == 5  # with the three of the loop
+    by_vendor = (await get_json(client, "/api/sessions?vendor=claude-code"))["sessions"]
+    assert [r["id"] for r in by_vendor] == [str(claude.session_id)]
+    assert all(r["kind"] == "loop" for r in (await get_json(client, "/api/sessions?kind=loop"))["sessions"])
+    assert [r["kind"] for r in (await get_json(client, "/api/sessions?kind=imported"))["sessions"]] == ["imported"] * 2
+    assert (await get_json(client, "/api/sessions?status=committed&profile=globex"))["sessions"][0]["vendor"] == "codex"
+    # Keyset pages run across both kinds.
+    page = await get_json(client, "/api/sessions?limit=3")
+    rest = await get_json(client, f"/api/sessions?limit=3&cursor={page['next_cursor']}")
+    assert [r["id"] for r in page["sessions"] + rest["sessions"]] == [r["id"] for r in rows]
+    async with client.get("/sessions?kind=imported") as r:
+        html = await r.text()
+        assert f'href="/imported/{claude.session_id}"' in html and "fix the &lt;build&gt;" in html
+    # An analyst of acme: acme's import only (row-level security on graph.sessions).
+    analyst, _ = await console.signed_in("alice")
+    seen = (await get_json(analyst, "/api/sessions?kind=imported"))["sessions"]
+    assert [r["id"] for r in seen] == [str(claude.session_id)]

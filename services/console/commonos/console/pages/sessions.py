@@ -146,25 +146,35 @@ class _Query:
 LATEST_STATUS: Final = "(SELECT t.status FROM turns t WHERE t.session_id = s.id ORDER BY t.started_at DESC LIMIT 1)"
 
 
-def _loop_query(f: SessionFilters, after: tuple[datetime, uuid.UUID] | None, limit: int) -> tuple[str, list[Any]]:
+#: With fewer matching messages than this, search starts from the matches (GIN); with more, from the newest
+#: sessions, checking each (a common word matches within the first few).
+FEW_HITS: Final = 2000
+
+
+def _loop_query(
+    f: SessionFilters, after: tuple[datetime, uuid.UUID] | None, limit: int, few_hits: bool = False
+) -> tuple[str, list[Any]]:
     q = _Query()
+    source = "sessions s"
     select = (
         "SELECT s.id, 'loop' AS kind, s.profile_id, s.source, NULL::text AS vendor, s.title, s.tags, "
         f"{LATEST_STATUS} AS status, s.created_at, s.updated_at, s.parent_session_id"
     )
-    if f.q:
+    if f.q and few_hits:
+        # The matches' sessions first (the GIN index), then their order: fast when they are few.
         ts = q.arg(f.q)
-        hit_where = f"m.search @@ websearch_to_tsquery('english', {ts})"
-        if f.profile:
-            hit_where += f" AND m.profile_id = {q.arg(f.profile)}"
         source = (
-            f"(SELECT m.session_id, min(m.seq) AS seq FROM messages m WHERE {hit_where} GROUP BY m.session_id) h "
+            "(SELECT DISTINCT m.session_id FROM messages m "
+            f"WHERE m.search @@ websearch_to_tsquery('english', {ts}) OFFSET 0) h "
             "JOIN sessions s ON s.id = h.session_id"
         )
-        select += ", h.seq AS hit_seq"
-    else:
-        source = "sessions s"
-        select += ", NULL::integer AS hit_seq"
+    elif f.q:
+        # The newest sessions, each checked for a match: fast when many match.
+        ts = q.arg(f.q)
+        q.add(
+            "EXISTS (SELECT 1 FROM messages m WHERE m.session_id = s.id "
+            f"AND m.search @@ websearch_to_tsquery('english', {ts}))"
+        )
     if f.profile:
         q.add(f"s.profile_id = {q.arg(f.profile)}")
     if f.source:
@@ -181,12 +191,13 @@ def _loop_query(f: SessionFilters, after: tuple[datetime, uuid.UUID] | None, lim
         q.add(f"(s.created_at, s.id) < ({q.arg(after[0])}, {q.arg(after[1])})")
     sql = f"{select} FROM {source}{q.sql()} ORDER BY s.created_at DESC, s.id DESC LIMIT {int(limit)}"
     if f.q:
-        # The snippets, for this page's rows only.
+        # The snippet of each session's first matching message, for this page's rows only.
         sql = (
-            f"SELECT p.*, ts_headline('english', translate({MESSAGE_TEXT}, E'\\x02\\x03', ''), "
-            f"websearch_to_tsquery('english', $1), {q.arg(HEADLINE_OPTIONS)}) AS snippet "
-            f"FROM ({sql}) p JOIN messages m ON m.session_id = p.id AND m.seq = p.hit_seq "
-            "ORDER BY p.created_at DESC, p.id DESC"
+            f"SELECT p.*, h.snippet FROM ({sql}) p LEFT JOIN LATERAL ("
+            f"SELECT ts_headline('english', translate({MESSAGE_TEXT}, E'\\x02\\x03', ''), "
+            f"websearch_to_tsquery('english', $1), {q.arg(HEADLINE_OPTIONS)}) AS snippet FROM messages m "
+            "WHERE m.session_id = p.id AND m.search @@ websearch_to_tsquery('english', $1) ORDER BY m.seq LIMIT 1"
+            ") h ON true ORDER BY p.created_at DESC, p.id DESC"
         )
     else:
         sql = f"SELECT p.*, NULL::text AS snippet FROM ({sql}) p"
@@ -218,7 +229,7 @@ def _imported_query(f: SessionFilters, after: tuple[datetime, uuid.UUID] | None,
     sql = (
         f"SELECT g.id, 'imported' AS kind, g.profile_id, 'import' AS source, {vendor} AS vendor, g.title, "
         "'{}'::text[] AS tags, g.outcome AS status, g.started_at AS created_at, g.ended_at AS updated_at, "
-        f"g.parent_session_id, NULL::integer AS hit_seq, NULL::text AS snippet FROM graph.sessions g{q.sql()} "
+        f"g.parent_session_id, NULL::text AS snippet FROM graph.sessions g{q.sql()} "
         f"ORDER BY g.started_at DESC, g.id DESC LIMIT {int(limit)}"
     )
     return sql, q.args
@@ -254,7 +265,11 @@ async def list_sessions(
     imported_wanted = f.kind != "loop" and not (f.q or f.tag or f.source)
     rows: list[Row] = []
     if loop_wanted:
-        sql, args = _loop_query(f, after, limit + 1)
+        few_hits = False
+        if f.q:
+            probe = "SELECT 1 FROM messages m WHERE m.search @@ websearch_to_tsquery('english', $1) LIMIT $2"
+            few_hits = await conn.fetchval(f"SELECT count(*) FROM ({probe}) x", f.q, FEW_HITS) < FEW_HITS
+        sql, args = _loop_query(f, after, limit + 1, few_hits)
         rows += await conn.fetch(sql, *args)
     if imported_wanted:
         sql, args = _imported_query(f, after, limit + 1)
