@@ -1,41 +1,54 @@
-"""The deployed system in miniature: the loop, two partitioned journal-writers and billing as processes, each
-logged in to NATS as its own user of deploy/nats/auth.conf, and the events that exercise every metric."""
+"""The deployed system in miniature: the loop, two partitioned journal-writers, billing and the OTLP gateway as
+processes, each logged in to NATS as its own user of deploy/nats/auth.conf, and the events (and OpenTelemetry)
+that exercise every metric."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import aiohttp
 import msgspec
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from commonos.billing.service import CONSUMER_NAME as BILLING_CONSUMER
 from commonos.journal_writer.service import consumer_options, writer_projections
 from commonos.loop.service import ChatReply, ChatRequest
 from commonos.loop.subjects import chat_subject
+from commonos.otlp_gateway.auth import create_token, tokens_bucket
 from commonos.proto import events as ev
 from commonos.proto.messages import AssistantMessage, UserMessage
 from commonos.proto.subjects import EVENTS_ALL, EVENTS_PREFIX, EVENTS_STREAM, MODEL_CALLS_FILTER
 from commonos.runtime.consumer import Projection, partition_suffix
+from commonos.runtime.embedded import free_port
 from commonos.runtime.lanes import lane_names
 from commonos.runtime.publisher import EventPublisher
 from commonos.runtime.settings import Settings
-from tests.deploy.conftest import SecuredNats, nats_password
+from tests.deploy.conftest import REPO, SecuredNats, nats_password
 from tests.factories import Clock, SessionBuilder
 from tests.support import ServiceProcess, wait_for_position, wait_http
 
 PARTITIONS = 2
 LOOP_PROFILE = "ops"
+#: The profile whose token the OpenTelemetry is sent with.
+OTLP_PROFILE = "acme"
+#: What the real Claude Code CLI exported in one session (tests/clients records it): logs and metrics, JSON.
+CLAUDE_CODE_OTLP = REPO / "tests" / "fixtures" / "clients" / "claude-code-2.1.332" / "plain" / "otlp"
 
 _CONFIG = """
 tags = ["team:ops"]
@@ -94,10 +107,18 @@ class RunningSystem:
     loop: ServiceProcess
     writers: list[ServiceProcess]
     billing: ServiceProcess
+    gateway: ServiceProcess
+    otlp_port: int
+    #: A bearer token of OTLP_PROFILE, made before the gateway started (so it has it from the start).
+    otlp_token: str = ""
 
     @property
     def processes(self) -> list[ServiceProcess]:
-        return [self.loop, *self.writers, self.billing]
+        return [self.loop, *self.writers, self.billing, self.gateway]
+
+    @property
+    def otlp_url(self) -> str:
+        return f"http://127.0.0.1:{self.otlp_port}"
 
     def outputs(self) -> str:
         return "\n".join(f"--- {p.module} {p.http_port}\n{p.output()}" for p in self.processes)
@@ -119,6 +140,9 @@ async def running_system(nats: SecuredNats, database_url: str, tmp_path: Path) -
     """Start every service as its own process under its own NATS user; stop them (SIGTERM) afterwards."""
     profiles = write_loop_profile(tmp_path / "profiles")
     url = nats.url
+    otlp_port = free_port()
+    gateway_env = _env(url, database_url, "otlp-gateway", COS_OTLP_HOST="127.0.0.1", COS_OTLP_PORT=str(otlp_port))
+    del gateway_env["COS_DATABASE_URL"]  # NATS only, as deployed
     system = RunningSystem(
         loop=ServiceProcess(
             "commonos.loop",
@@ -135,6 +159,8 @@ async def running_system(nats: SecuredNats, database_url: str, tmp_path: Path) -
             for i in range(PARTITIONS)
         ],
         billing=ServiceProcess("commonos.billing", _env(url, database_url, "billing"), tmp_path / "billing.log"),
+        gateway=ServiceProcess("commonos.otlp_gateway", gateway_env, tmp_path / "otlp-gateway.log"),
+        otlp_port=otlp_port,
     )
     # As compose and deploy/k8s do: the admin creates the streams, the services only use them.
     setup = await asyncio.to_thread(
@@ -146,6 +172,7 @@ async def running_system(nats: SecuredNats, database_url: str, tmp_path: Path) -
         check=False,
     )
     assert setup.returncode == 0, setup.stderr
+    system.otlp_token = await otlp_token(await nats.connect("admin"))
     try:
         for process in system.processes:
             process.start()
@@ -196,6 +223,85 @@ async def publish_poison(loop_client: Client) -> int:
     js = loop_client.jetstream()
     ack = await js.publish(f"{EVENTS_PREFIX}.acme.{uuid.uuid4()}.message_appended", b"{not json", timeout=5)
     return int(ack.seq)
+
+
+def _attributes(**values: str | int) -> list[KeyValue]:
+    out = []
+    for key, value in values.items():
+        any_value = AnyValue(int_value=value) if isinstance(value, int) else AnyValue(string_value=value)
+        out.append(KeyValue(key=key.replace("__", "."), value=any_value))
+    return out
+
+
+def genai_spans() -> ExportTraceServiceRequest:
+    """An agent's `chat` span with the GenAI semantic conventions (input tokens include the cached ones)."""
+    end = time.time_ns()
+    request = ExportTraceServiceRequest()
+    resource_spans = request.resource_spans.add()
+    resource_spans.resource.attributes.extend(_attributes(service__name="e2e-agent", client="acme"))
+    span = resource_spans.scope_spans.add().spans.add()
+    span.trace_id = uuid.uuid4().bytes
+    span.span_id = uuid.uuid4().bytes[:8]
+    span.name = "chat claude-sonnet-4-5"
+    span.kind = Span.SPAN_KIND_CLIENT
+    span.start_time_unix_nano = end - 800_000_000
+    span.end_time_unix_nano = end
+    span.attributes.extend(
+        _attributes(
+            gen_ai__operation__name="chat",
+            gen_ai__provider__name="anthropic",
+            gen_ai__system="anthropic",
+            gen_ai__request__model="claude-sonnet-4-5",
+            gen_ai__response__model="claude-sonnet-4-5",
+            gen_ai__response__id=f"msg_{uuid.uuid4().hex}",
+            gen_ai__conversation__id=str(uuid.uuid4()),
+            gen_ai__usage__input_tokens=150,
+            gen_ai__usage__cache_read__input_tokens=100,
+            gen_ai__usage__output_tokens=20,
+        )
+    )
+    return request
+
+
+async def otlp_token(admin: Client, profile: str = OTLP_PROFILE) -> str:
+    """A bearer token of `profile`, made as an operator would (`cos otlp token create`, as admin). A gateway
+    running already knows it once the KV change reached it; one started afterwards, from the start."""
+    token, _ = await create_token(await tokens_bucket(admin.jetstream(), 1), profile, "e2e")
+    return token
+
+
+async def send_otlp(system: RunningSystem) -> dict[str, int]:
+    """GenAI spans (protobuf), Claude Code's logs and metrics (JSON, as it recorded them), and one request
+    without a token: the HTTP status of each, by name."""
+    bearer = {"Authorization": f"Bearer {system.otlp_token}"}
+    sends = {
+        "traces": ("/v1/traces", genai_spans().SerializeToString(), "application/x-protobuf", bearer),
+        "logs": ("/v1/logs", (CLAUDE_CODE_OTLP / "000-logs.json").read_bytes(), "application/json", bearer),
+        "metrics": ("/v1/metrics", (CLAUDE_CODE_OTLP / "001-metrics.json").read_bytes(), "application/json", bearer),
+        "no token": ("/v1/traces", genai_spans().SerializeToString(), "application/x-protobuf", {}),
+    }
+    statuses = {}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+        for name, (path, body, content_type, headers) in sends.items():
+            async with http.post(
+                system.otlp_url + path, data=body, headers={"Content-Type": content_type, **headers}
+            ) as resp:
+                await resp.read()
+                statuses[name] = resp.status
+    return statuses
+
+
+def claude_code_metric_total(metric: str) -> float:
+    """The sum of every data point of `metric` in the recorded metrics (Claude Code sends deltas)."""
+    total = 0.0
+    for path in sorted(CLAUDE_CODE_OTLP.glob("*-metrics.json")):
+        for resource in json.loads(path.read_text())["resourceMetrics"]:
+            for scope in resource["scopeMetrics"]:
+                for m in scope["metrics"]:
+                    if m["name"] == metric:
+                        for point in m["sum"]["dataPoints"]:
+                            total += float(point.get("asDouble", point.get("asInt", 0)))
+    return total
 
 
 async def chat(client: Client, text: str) -> ChatReply:

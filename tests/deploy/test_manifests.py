@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 import yaml
 
+from commonos.otlp_gateway.settings import DEFAULT_HTTP_PORT as GATEWAY_HTTP_PORT
+from commonos.otlp_gateway.settings import DEFAULT_OTLP_PORT, GatewaySettings
 from commonos.runtime.settings import Settings
 from tests.deploy.conftest import DEPLOY, NATS_USERS, REPO
 
@@ -36,7 +38,19 @@ PUBLIC_IMAGE_ENV = {
     "prom/prometheus": set(),
     "grafana/grafana": {"GF_SECURITY_ADMIN_PASSWORD", "GF_USERS_ALLOW_SIGN_UP", "GF_AUTH_ANONYMOUS_ENABLED"},
 }
-DEFAULT_PORTS = {"commonos.loop": 9461, "commonos.journal_writer": 9462, "commonos.billing": 9463}
+DEFAULT_PORTS = {
+    "commonos.loop": 9461,
+    "commonos.journal_writer": 9462,
+    "commonos.billing": 9463,
+    "commonos.otlp_gateway": GATEWAY_HTTP_PORT,
+}
+#: The Prometheus job of each service (alerts.yml and the dashboard select on these).
+JOBS = {
+    "commonos.loop": "loop",
+    "commonos.journal_writer": "journal-writer",
+    "commonos.billing": "billing",
+    "commonos.otlp_gateway": "otlp-gateway",
+}
 
 
 class _Recorder(dict[str, str]):
@@ -56,9 +70,11 @@ class _Recorder(dict[str, str]):
 
 
 def settings_variables() -> set[str]:
-    """Every variable `Settings.from_env` reads, found by asking it."""
+    """Every variable `Settings.from_env` (and the OTLP gateway's own `GatewaySettings.from_env`) reads, found by
+    asking them."""
     recorder = _Recorder()
     Settings.from_env(recorder)
+    GatewaySettings.from_env(recorder)
     return recorder.asked
 
 
@@ -197,6 +213,7 @@ def test_compose_runs_the_services_of_the_design() -> None:
             ("python", "-m", "commonos.journal_writer"),
             ("python", "-m", "commonos.journal_writer"),
             ("python", "-m", "commonos.loop", "serve"),
+            ("python", "-m", "commonos.otlp_gateway"),
         ]
     )
     for command in commands.values():
@@ -263,9 +280,8 @@ def test_prometheus_scrapes_every_service_of_compose() -> None:
         for static in job["static_configs"]
         for target in static["targets"]
     }
-    jobs = {"commonos.loop": "loop", "commonos.journal_writer": "journal-writer", "commonos.billing": "billing"}
     expected = {
-        (jobs[str(python_module(s["command"]))], f"{name}:{s['environment']['COS_HTTP_PORT']}")
+        (JOBS[str(python_module(s["command"]))], f"{name}:{s['environment']['COS_HTTP_PORT']}")
         for name, s in compose_services()
         if ours(s) and long_running(s)
     }
@@ -276,6 +292,66 @@ def test_prometheus_scrapes_every_service_of_compose() -> None:
             for s in COMPOSE["services"].values()
             if ours(s) and long_running(s) and python_module(s["command"]) == module
         } == {port}
+
+
+def test_every_service_is_watched_by_the_alerts_and_the_dashboard() -> None:
+    """`CosServiceDown` and the dashboard's "Service up" select every service's Prometheus job."""
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "alerts.yml").read_text())
+    [down] = [r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "CosServiceDown"]
+    dashboard = json.loads((DEPLOY / "grafana" / "dashboards" / "commonos.json").read_text())
+    [up] = [p for p in dashboard["panels"] if p["title"] == "Service up"]
+    for expr in (down["expr"], up["targets"][0]["expr"]):
+        match = re.search(r'up\{job=~"([^"]+)"\}', expr)
+        assert match, expr
+        assert set(match.group(1).split("|")) == set(JOBS.values()), expr
+
+
+# -- the OTLP gateway ---------------------------------------------------------------------------------------
+
+
+def test_compose_exposes_the_otlp_gateway() -> None:
+    """OTLP/HTTP on the host's 4318 (where every exporter sends by default), listening on every interface
+    inside its container; NATS only, no database."""
+    [(name, gateway)] = [
+        (n, s) for n, s in compose_services() if ours(s) and python_module(s["command"]) == "commonos.otlp_gateway"
+    ]
+    env = gateway["environment"]
+    port = int(env["COS_OTLP_PORT"])
+    assert port == DEFAULT_OTLP_PORT and env["COS_OTLP_HOST"] == "0.0.0.0", name
+    assert f"127.0.0.1:{port}:{port}" in gateway["ports"], name
+    assert int(env["COS_HTTP_PORT"]) == GATEWAY_HTTP_PORT != port
+    assert env["COS_NATS_USER"] == "otlp-gateway"
+    assert "COS_DATABASE_URL" not in env and "postgres" not in gateway["depends_on"], name
+    GatewaySettings.from_env({k: str(v) for k, v in env.items()})  # every value is one it accepts
+
+
+def test_kubernetes_runs_the_otlp_gateway_scaled_out(k8s: list[dict[str, Any]]) -> None:
+    """A Deployment of several replicas, replaced one pod at a time (never fewer ready), behind a Service with
+    the OTLP port and the service port; the pods listen on every interface."""
+    [deployment] = [d for d in k8s if d["kind"] == "Deployment" and d["metadata"]["name"] == "otlp-gateway"]
+    spec = deployment["spec"]
+    assert spec["replicas"] >= 2
+    assert spec["strategy"]["type"] == "RollingUpdate" and spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    [container] = spec["template"]["spec"]["containers"]
+    assert python_module(container["command"]) == "commonos.otlp_gateway"
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"otlp": DEFAULT_OTLP_PORT, "http": GATEWAY_HTTP_PORT}
+    assert env_value(container, "COS_OTLP_PORT") == str(ports["otlp"])
+    assert env_value(container, "COS_HTTP_PORT") == str(ports["http"])
+    assert env_value(container, "COS_OTLP_HOST") == "0.0.0.0"
+    assert env_value(container, "COS_NATS_USER") == "otlp-gateway"
+    assert env_value(container, "COS_DATABASE_URL") is None and "COS_DATABASE_URL" not in {
+        e["name"] for e in container["env"]
+    }
+    GatewaySettings.from_env({e["name"]: str(e["value"]) for e in container["env"] if "value" in e})
+    [service] = [d for d in k8s if d["kind"] == "Service" and d["metadata"]["name"] == "otlp-gateway"]
+    labels = spec["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert service["spec"].get("clusterIP") != "None"  # one address, requests spread over the pods
+    assert {(p["name"], p["port"], p["targetPort"]) for p in service["spec"]["ports"]} == {
+        ("otlp", DEFAULT_OTLP_PORT, "otlp"),
+        ("http", GATEWAY_HTTP_PORT, "http"),
+    }
 
 
 # -- Kubernetes -------------------------------------------------------------------------------------------
@@ -335,6 +411,11 @@ def test_kubernetes_workloads_have_probes_resources_and_a_grace_period(k8s: list
             drain = float(env_value(c, "COS_DRAIN_TIMEOUT_S") or drain_default)
             assert w["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > drain, name
             assert env_value(c, "COS_HTTP_HOST") == "0.0.0.0", name
+            # Prometheus finds /metrics on the service port by the pod's annotations.
+            annotations = w["spec"]["template"]["metadata"].get("annotations", {})
+            assert annotations.get("prometheus.io/scrape") == "true", name
+            assert annotations.get("prometheus.io/port") == env_value(c, "COS_HTTP_PORT"), name
+            assert annotations.get("prometheus.io/path") == "/metrics", name
     assert seen == set(DEFAULT_PORTS)
 
 
@@ -438,8 +519,8 @@ def test_the_dockerfile_copies_what_exists_and_ignores_the_rest() -> None:
     for source in flat:
         assert (REPO / source).exists(), source
         assert source.rstrip("/") in allowed, f"{source} is excluded from the build context"
-    for port in DEFAULT_PORTS.values():
-        assert str(port) in text.split("EXPOSE", 1)[1].splitlines()[0]
+    exposed = text.split("EXPOSE", 1)[1].splitlines()[0].split()
+    assert sorted(exposed) == sorted(str(port) for port in [*DEFAULT_PORTS.values(), DEFAULT_OTLP_PORT])
     assert f"commonos-events:{VERSION}" in text
 
 

@@ -3,7 +3,8 @@ returns data and every alert rule evaluates.
 
 The services run as processes under their own NATS users (tests/deploy/system.py); the events include a chat
 served by the loop (turns, tool calls, model latency), a priced and an unpriced model call, and an event that
-cannot be decoded (dead letters).
+cannot be decoded (dead letters); the OTLP gateway receives GenAI spans, the logs and metrics the real Claude
+Code CLI exported, and a request without a token.
 """
 
 from __future__ import annotations
@@ -24,12 +25,15 @@ import yaml
 from commonos.runtime.embedded import free_port
 from tests.deploy.conftest import DEPLOY, SecuredNats
 from tests.deploy.system import (
+    OTLP_PROFILE,
     RunningSystem,
     chat,
+    claude_code_metric_total,
     publish_as_loop,
     publish_poison,
     running_system,
     sample_events,
+    send_otlp,
     wait_until_projected,
 )
 from tests.support import wait_http
@@ -67,7 +71,12 @@ async def prometheus(system: RunningSystem, tmp_path: Path) -> AsyncIterator[str
     folder = tmp_path / "prometheus"
     folder.mkdir()
     shutil.copy(DEPLOY / "prometheus" / "alerts.yml", folder / "alerts.yml")
-    jobs = {"loop": [system.loop], "journal-writer": system.writers, "billing": [system.billing]}
+    jobs = {
+        "loop": [system.loop],
+        "journal-writer": system.writers,
+        "billing": [system.billing],
+        "otlp-gateway": [system.gateway],
+    }
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": ["alerts.yml"],
@@ -130,6 +139,8 @@ async def test_every_panel_has_data_and_every_alert_evaluates(
         await publish_poison(loop)
         reply = await chat(admin, "what is in the workspace?")
         assert reply.status == "completed", system.outputs()
+        statuses = await send_otlp(system)
+        assert statuses == {"traces": 200, "logs": 200, "metrics": 200, "no token": 401}, system.outputs()
         await wait_until_projected(database_url, admin.jetstream())
 
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
@@ -176,5 +187,25 @@ async def test_every_panel_has_data_and_every_alert_evaluates(
             assert turns == {"status=completed": 1.0}
             tools = await values(http, url, "sum by (tool) (cos_loop_tool_calls_total)")
             assert tools == {"tool=list_dir": 1.0}
-            up = await values(http, url, 'up{job=~"loop|journal-writer|billing"}')
-            assert len(up) == 4 and set(up.values()) == {1.0}
+            up = await values(http, url, 'up{job=~"loop|journal-writer|billing|otlp-gateway"}')
+            assert len(up) == 5 and set(up.values()) == {1.0}
+            refused = await values(http, url, "sum by (reason) (cos_otlp_refused_total)")
+            assert refused == {"reason=unauthenticated": 1.0}
+            requests = await values(http, url, "sum by (signal, code) (cos_otlp_requests_total)")
+            assert requests == {
+                "code=200,signal=logs": 1.0,
+                "code=200,signal=metrics": 1.0,
+                "code=200,signal=traces": 1.0,
+                "code=401,signal=traces": 1.0,
+            }
+            records = await values(http, url, "sum by (signal, outcome) (cos_otlp_records_total)")
+            assert records["outcome=accepted,signal=traces"] == 1  # the chat span: a model call
+            assert records["outcome=accepted,signal=logs"] > 0 and records["outcome=accepted,signal=metrics"] > 0
+            published = await values(http, url, "sum(cos_otlp_events_published_total)")
+            assert published[""] > 0
+            # The client's own cost, exposed exactly as it reported it, under the token's profile.
+            reported = await values(
+                http, url, 'sum by (profile) (cos_otlp_client_metric{metric="claude_code.cost.usage"})'
+            )
+            reported_usd = claude_code_metric_total("claude_code.cost.usage")
+            assert reported_usd > 0 and reported == {f"profile={OTLP_PROFILE}": pytest.approx(reported_usd)}
