@@ -181,6 +181,9 @@ def test_new_layout_is_one_invocation_per_call_with_the_reported_usage(tmp_path:
         (776, 25, 60),
         (402, 0, 0),
     ]
+    # The Responses API's id of each call is its request id, as the loop's OpenAI provider records it: billing
+    # counts a call once per (provider, request id), whatever event id a source or an older version gave it.
+    assert [e.request_id for e in events] == ["resp_4", "resp_10"]
 
 
 def test_the_token_count_after_a_compaction_is_no_call(tmp_path: Path) -> None:

@@ -232,11 +232,15 @@ def model_call_events(
     provider = provider_of(imported.vendor)
     wanted = set(only) if only is not None else None
     skipped = set(skip)
-    request_ids = {
-        v.our_id: v.vendor_id
-        for v in graph.vendor_ids
-        if v.our_type == "model_invocation" and v.vendor_id_kind == "request_id"
-    }
+    # The API's id of the call's request: Claude Code's requestId; for the Responses API (Codex) the response
+    # id, as the loop's OpenAI provider records it. Billing counts one (provider, request id) once.
+    request_ids: dict[str, str] = {}
+    for kind in ("response_id", "request_id"):  # a request id, where both are known, wins
+        request_ids.update(
+            (v.our_id, v.vendor_id)
+            for v in graph.vendor_ids
+            if v.our_type == "model_invocation" and v.vendor_id_kind == kind and v.vendor_id
+        )
     event_ids = call_event_ids(imported)
     events = []
     for invocation in graph.model_invocations:
