@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import aiohttp
 import nats
 from google.rpc import status_pb2  # type: ignore[import-untyped]
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -53,6 +54,13 @@ async def test_requests_without_a_valid_token_are_refused_and_counted(gateway: G
         assert "bearer token" in status_pb2.Status.FromString(answer.body).message
     assert gateway.metric("cos_otlp_refused_total", {"reason": "unauthenticated"}) == 3
     assert gateway.metric("cos_otlp_requests_total", {"signal": "traces", "encoding": "protobuf", "code": "401"}) == 3
+    # The same on the service port's /metrics, beside /readyz.
+    service = f"http://127.0.0.1:{gateway.running.http.port}"
+    async with aiohttp.ClientSession() as s:
+        async with s.get(f"{service}/metrics") as r:
+            assert 'cos_otlp_refused_total{reason="unauthenticated"} 3.0' in await r.text()
+        async with s.get(f"{service}/readyz") as r:
+            assert r.status == 200, await r.text()
 
     # Known within moments of its creation, refused within a second of its revocation.
     deadline = time.monotonic() + 5

@@ -148,7 +148,14 @@ async def serve(
         if kv_tokens is None or kv_state is None:
             return 1 if lost else 0
         tokens = TokenIndex()
+        health.set_ready("tokens", False, "the tokens are not loaded yet")
         tasks.append(asyncio.create_task(tokens.run(nc, kv_tokens, stop), name="otlp-tokens"))
+
+        async def ready_once_loaded() -> None:
+            await tokens.loaded.wait()
+            health.set_ready("tokens", True)
+
+        tasks.append(asyncio.create_task(ready_once_loaded(), name="otlp-tokens-loaded"))
         metrics = GatewayMetrics(registry)
         publisher = EventPublisher(
             js,
