@@ -463,3 +463,67 @@ async def test_nats_restarted_mid_stream_the_sdk_exporters_retries_land_every_sp
         assert gateway.metric("cos_otlp_refused_total", {"reason": "unavailable"}) >= 1
     titles = [e.title for e in await stored_events(nats_url)]
     assert sorted(titles, key=lambda t: int(t.split("-")[1])) == [f"span-{i}" for i in range(total)]
+
+
+def test_client_metrics_sums_gauges_and_histograms() -> None:
+    """Cumulative sums kept per client stream and added up per label set, delta sums added, gauges latest,
+    histograms as _count and _sum; session and user ids never labels."""
+    from opentelemetry.proto.metrics.v1.metrics_pb2 import (
+        AggregationTemporality,
+        Gauge,
+        Histogram,
+        HistogramDataPoint,
+        Metric,
+        NumberDataPoint,
+        ResourceMetrics,
+        ScopeMetrics,
+        Sum,
+    )
+
+    from commonos.otlp_gateway.metrics import ClientMetrics
+
+    cumulative = AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
+    delta = AggregationTemporality.AGGREGATION_TEMPORALITY_DELTA
+
+    def attrs(**values: str) -> list[KeyValue]:
+        return [KeyValue(key=k.replace("_", "."), value=AnyValue(string_value=v)) for k, v in values.items()]
+
+    def request(session: str, tokens: int, cost: float, latency: float) -> ExportMetricsServiceRequest:
+        metrics = [
+            Metric(
+                name="claude_code.token.usage",
+                sum=Sum(
+                    aggregation_temporality=cumulative,
+                    data_points=[NumberDataPoint(as_int=tokens, attributes=attrs(session_id=session, type="input"))],
+                ),
+            ),
+            Metric(
+                name="codex.cost",
+                sum=Sum(aggregation_temporality=delta, data_points=[NumberDataPoint(as_double=cost)]),
+            ),
+            Metric(name="queue.depth", gauge=Gauge(data_points=[NumberDataPoint(as_double=tokens)])),
+            Metric(
+                name="latency",
+                histogram=Histogram(
+                    aggregation_temporality=delta, data_points=[HistogramDataPoint(count=2, sum=latency)]
+                ),
+            ),
+        ]
+        return ExportMetricsServiceRequest(
+            resource_metrics=[ResourceMetrics(scope_metrics=[ScopeMetrics(metrics=metrics)])]
+        )
+
+    client = ClientMetrics()
+    assert client.record(request("s1", 100, 0.5, 1.0), "p") == 4
+    client.record(request("s1", 150, 0.25, 2.0), "p")  # s1's cumulative sum grew to 150
+    client.record(request("s2", 10, 0.25, 3.0), "p")
+    values = client.values()
+
+    def value(metric: str, kind: str = "") -> float:
+        return values[(metric, "p", kind, "", "", "", "")]
+
+    assert value("claude_code.token.usage", "input") == 160
+    assert value("codex.cost") == 1.0
+    assert value("queue.depth") == 10
+    assert (value("latency_count"), value("latency_sum")) == (6, 6.0)
+    assert all("s1" not in labels for labels in values)
