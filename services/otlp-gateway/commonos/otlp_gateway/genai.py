@@ -79,9 +79,10 @@ that set ``gen_ai.conversation.id`` on every span avoid the last one. None of th
 call and tool call is one event id whatever the split.
 
 Our own loop (``commonos.loop.tracing``) already published its events: a span carrying ``cos.turn_id``
-is ours. Its ``invoke_agent`` maps to nothing; its ``chat`` / ``execute_tool`` spans map to the event
-their ``cos.event_id`` names (same id: a duplicate, dropped), with ``cos.tool_call_id``, and to nothing
-without one. So the loop's spans received by our gateway change nothing.
+is ours, and maps to nothing (counted as ignored), so the loop's spans received by our gateway change
+nothing. (Re-publishing them under the ids their ``cos.event_id`` names would be dropped as duplicates
+only while the copy is the later one: a copy built from a span, without the turn's tags or the cache
+write's TTL, must never be the one stored.)
 
 Event ids. Every id is deterministic, so a retried request publishes the same events:
 ``mint_id("event", "otel", profile, <event type>, trace_id, span_id)`` for the events of a span (the
@@ -406,18 +407,10 @@ class _Mapper:
         self.out.starts[turn.id] = self._turn_started(span, turn.id, session, turn.parent, turn.depth)
         self.out.finishes[turn.id] = self._turn_finished(span, turn.id, session)
 
-    def _ours(self, span: _Span) -> tuple[uuid.UUID, uuid.UUID, uuid.UUID] | None:
-        """(event id, session, turn) of one of our loop's spans; None when it names no event."""
-        event = span.attrs.get("cos.event_id")
-        if event is None:
-            return None
-        session = self.session_of(span)
-        return (_parse_uuid(event, "cos.event_id"), session.id, _parse_uuid(span.attrs["cos.turn_id"], "cos.turn_id"))
-
     def _place(self, span: _Span) -> tuple[uuid.UUID, uuid.UUID, uuid.UUID] | None:
         """(event id, session id, turn id) of a call's event; None when it maps to nothing."""
         if span.ours:
-            return self._ours(span)
+            return None  # the loop published it
         session = self.session_of(span)
         turn = self.turn_of(span, session)
         return (self.event_id(_event_kind(span), span), session.id, turn)
@@ -479,12 +472,7 @@ class _Mapper:
             self.mapped.ignored += 1
             return
         event_id, session, turn = place
-        ours = span.attrs.get("cos.tool_call_id") if span.ours else None
-        tool_call_id = (
-            _parse_uuid(ours, "cos.tool_call_id")
-            if ours is not None
-            else _uuid("tool_call", SOURCE, self.profile, span.trace, span.span)
-        )
+        tool_call_id = _uuid("tool_call", SOURCE, self.profile, span.trace, span.span)
         result, result_bytes = _result(span.attrs.get("gen_ai.tool.call.result"))
         self.out.body.append(
             ev.ToolCallRecorded(
