@@ -2,7 +2,7 @@
 OTLP metrics exposed as `cos_otlp_client_metric` (never as events: the log records and spans carry the same
 usage, and billing both would count it twice).
 
-    cos_otlp_requests_total{signal,encoding,code}   signal traces|logs|metrics, encoding protobuf|json
+    cos_otlp_requests_total{signal,encoding,code}   signal traces|logs|metrics, encoding protobuf|json|other
     cos_otlp_refused_total{reason}                  unauthenticated|bad_request|too_large|
                                                     unsupported_media_type|unavailable
     cos_otlp_records_total{signal,outcome}          spans, log records, metric points: accepted|rejected|ignored

@@ -148,25 +148,20 @@ class OtlpReceiver:
 
     async def _handle(self, request: web.Request, signal: str) -> web.StreamResponse:
         started = time.monotonic()
-        encoding = "protobuf"
         try:
-            # The encoding of an error's body: the request's when it is one we know.
-            encoding = encoding_of(request.headers.get("Content-Type"))
+            # The encoding of an error's body: the request's when it is one we know (else protobuf).
+            encoding = label = encoding_of(request.headers.get("Content-Type"))
         except UnsupportedMediaType:
-            encoding = "protobuf"
-        label = encoding if request.headers.get("Content-Type") else "none"
+            encoding, label = "protobuf", "other"
         try:
             try:
                 response = await self._process(request, signal)
             except _Refusal as refusal:
-                if refusal.reason == "unsupported_media_type":
-                    label = "other"
                 response = self._refuse(refusal, encoding)
             except Exception as exc:  # a bug of ours: said, logged, and not retried by the exporter as is
                 log.exception("%s request failed", signal)
                 body, content_type = status_body(_INTERNAL, f"the gateway failed: {type(exc).__name__}", encoding)
                 response = web.Response(status=500, body=body, headers={"Content-Type": content_type})
-            label = label if label in ("protobuf", "json") else "other"
             self.metrics.requests.labels(signal, label, str(response.status)).inc()
             return response
         finally:
