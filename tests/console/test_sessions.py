@@ -142,6 +142,11 @@ async def test_the_list_pages_by_keyset_and_filters(
         if s not in (parent.session_id, child.session_id)
     }
     assert (await get_json(client, "/api/sessions?vendor=codex"))["sessions"] == []
+    # A form's blank fields are no filter.
+    blank = await get_json(client, "/api/sessions?q=&profile=&source=&status=&tag=&kind=all&vendor=&since=&until=")
+    assert [r["id"] for r in blank["sessions"]] == [r["id"] for r in rows]
+    async with client.get("/api/sessions?since=yesterday") as r:
+        assert r.status == 422
     async with client.get("/api/sessions?cursor=garbage") as r:
         assert r.status == 422
     async with client.get("/api/sessions?since=2026-11-01T00:00:00") as r:

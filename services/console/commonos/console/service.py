@@ -29,6 +29,8 @@ def server(settings: ConsoleSettings) -> uvicorn.Server:
         log_config=None,
         proxy_headers=False,  # the client address is the peer's: COS_CONSOLE_TRUSTED_PROXIES decides
         server_header=False,
+        # Live pages hold their connections open: on SIGTERM they are closed after this.
+        timeout_graceful_shutdown=5,
     )
     return uvicorn.Server(config)
 

@@ -280,6 +280,22 @@ async def list_sessions(
     return SessionList(sessions=[_row(r) for r in page], next_cursor=next_cursor, filters=f)
 
 
+def _time(name: str, raw: str | None) -> datetime | None:
+    """An ISO 8601 time with its zone; empty (a form's blank field) is none."""
+    if raw is None or not raw.strip():
+        return None
+    try:
+        value = datetime.fromisoformat(raw.strip())
+    except ValueError:
+        raise HTTPException(422, f"{name}: not a time (2026-11-01T09:00:00Z)") from None
+    if value.tzinfo is None:
+        raise HTTPException(422, f"{name}: give a time zone (2026-11-01T09:00:00Z)")
+    return value
+
+
+TIME_HELP: Final = "ISO 8601 with a time zone, e.g. 2026-11-01T09:00:00Z"
+
+
 def _filters(
     profile: Annotated[str | None, Query(max_length=64)] = None,
     source: Annotated[str | None, Query(max_length=64)] = None,
@@ -287,14 +303,10 @@ def _filters(
     tag: Annotated[str | None, Query(max_length=256)] = None,
     vendor: Annotated[str | None, Query(max_length=64)] = None,
     kind: Literal["all", "loop", "imported"] = "all",
-    since: datetime | None = None,
-    until: datetime | None = None,
+    since: Annotated[str | None, Query(max_length=64, description="from this time on; " + TIME_HELP)] = None,
+    until: Annotated[str | None, Query(max_length=64, description="before this time; " + TIME_HELP)] = None,
     q: Annotated[str | None, Query(max_length=500, description="full-text search over the messages")] = None,
 ) -> SessionFilters:
-    for name, value in (("since", since), ("until", until)):
-        if value is not None and value.tzinfo is None:
-            raise HTTPException(422, f"{name}: give a time zone (2026-11-01T09:00:00Z)")
-
     def clean(value: str | None) -> str | None:
         return value.strip() or None if value is not None else None
 
@@ -305,8 +317,8 @@ def _filters(
         tag=clean(tag),
         vendor=clean(vendor),
         kind=kind,
-        since=since,
-        until=until,
+        since=_time("since", since),
+        until=_time("until", until),
         q=clean(q),
     )
 
