@@ -45,7 +45,7 @@ SERVICE_USERS = {
     "loop": "loop",
     "otlp_gateway": "otlp-gateway",
 }
-NATS_USERS = ("admin", "loop", "journal-writer", "billing", "otlp-gateway", "subscriber")
+NATS_USERS = ("admin", "loop", "journal-writer", "billing", "otlp-gateway", "console", "subscriber")
 
 
 def _other_user() -> pwd.struct_passwd:
@@ -519,7 +519,7 @@ def test_cos_security_check_reads_the_identities_of_cos_up(cos_up: RunningUp) ->
     done = cos(cos_up.data, "security", "check", "--format", "json")
     assert done.returncode == 0, done.stderr
     results = json.loads(done.stdout)
-    assert set(results) == {"loop", "journal-writer", "billing", "otlp-gateway", "subscriber", "admin"}
+    assert set(results) == {"loop", "journal-writer", "billing", "otlp-gateway", "console", "subscriber", "admin"}
     assert all(results["admin"].values())
     assert results["loop"]["publish an event"] and not results["subscriber"]["publish an event"]
     assert not results["loop"]["change COS_EVENTS (STREAM.UPDATE)"]

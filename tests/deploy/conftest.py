@@ -25,6 +25,7 @@ NATS_USERS = {
     "journal-writer": "NATS_JOURNAL_WRITER_PASSWORD",
     "billing": "NATS_BILLING_PASSWORD",
     "otlp-gateway": "NATS_OTLP_GATEWAY_PASSWORD",
+    "console": "NATS_CONSOLE_PASSWORD",
     "subscriber": "NATS_SUBSCRIBER_PASSWORD",
     "admin": "NATS_ADMIN_PASSWORD",
 }

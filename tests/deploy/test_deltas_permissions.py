@@ -1,5 +1,5 @@
 """deploy/nats/auth.conf on a real nats-server: the loop publishes a turn's reply deltas (`cos.deltas.>`, core
-NATS), and no other service may."""
+NATS), the console reads them, and no other service may publish them."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from commonos.proto.identity import TurnInfo
 from tests.deploy.conftest import SecuredNats
 
 
-async def test_the_loop_publishes_deltas_and_no_other_service_may(secured_nats: SecuredNats) -> None:
-    watcher = await secured_nats.connect("admin")
+async def test_the_loop_publishes_deltas_the_console_reads_them(secured_nats: SecuredNats) -> None:
+    watcher = await secured_nats.connect("console")
     got: asyncio.Queue[Msg] = asyncio.Queue()
 
     async def on_msg(msg: Msg) -> None:
@@ -32,7 +32,8 @@ async def test_the_loop_publishes_deltas_and_no_other_service_may(secured_nats: 
     msg = await asyncio.wait_for(got.get(), 5)
     assert msg.subject == deltas_subject("assistant", turn.session_id)
     assert (decode_delta(msg.data).text, secured_nats.violations("loop")) == ("Hello", [])
-    for user in ("journal-writer", "billing", "subscriber"):
+    assert secured_nats.violations("console") == []
+    for user in ("journal-writer", "billing", "otlp-gateway", "subscriber", "console"):
         other = await secured_nats.connect(user)
         await other.publish(deltas_subject("assistant", turn.session_id), b"{}")
         await other.flush()

@@ -29,6 +29,7 @@ IDENTITIES: Final = {
     "journal-writer": "NATS_JOURNAL_WRITER_PASSWORD",
     "billing": "NATS_BILLING_PASSWORD",
     "otlp-gateway": "NATS_OTLP_GATEWAY_PASSWORD",
+    "console": "NATS_CONSOLE_PASSWORD",
     "subscriber": "NATS_SUBSCRIBER_PASSWORD",
     "admin": "NATS_ADMIN_PASSWORD",
 }
@@ -75,7 +76,9 @@ PROBES: Final[tuple[Probe, ...]] = (
     Probe("keep the OTLP call ordinals (KV COS_OTLP_STATE)", f"$KV.COS_OTLP_STATE.{STAND_IN}", b"[]"),
     Probe("ask the loop for a turn (cos.cmd.*.chat)", f"cos.cmd.{STAND_IN}.chat", b"{}"),
     Probe("answer an approval", f"cos.approvals.decide.{STAND_IN}", b"{}"),
+    Probe("publish a turn's reply deltas (cos.deltas.>)", f"cos.deltas.{STAND_IN}.{_SESSION}", b"{}"),
     Probe("subscribe to the events (cos.events.>)", "cos.events.>", subscribe=True),
+    Probe("subscribe to the reply deltas (cos.deltas.>)", "cos.deltas.>", subscribe=True),
     Probe("subscribe to every inbox (_INBOX.>)", "_INBOX.>", subscribe=True),
     Probe("subscribe to the subscriber's inbox (_INBOX_subscriber.>)", "_INBOX_subscriber.>", subscribe=True),
     Probe("subscribe to the loop's inbox (_INBOX_loop.>)", "_INBOX_loop.>", subscribe=True),
