@@ -15,7 +15,7 @@ import contextlib
 import dataclasses
 import random
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from fastapi import FastAPI
 
 from commonos.billing.schema import SCHEMA as BILLING_SCHEMA
 from commonos.console.app import create_app
+from commonos.console.service import ConsoleServer
 from commonos.console.settings import ConsoleSettings
 from commonos.console.users import Role, User, hash_password, render_users
 from commonos.journal_writer.graph_schema import SCHEMA as GRAPH_SCHEMA
@@ -184,14 +185,6 @@ class RunningConsole:
         return client, token
 
 
-class InProcessServer(uvicorn.Server):
-    """uvicorn in the test's event loop: Ctrl-C and SIGTERM stay pytest's."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
 @contextlib.asynccontextmanager
 async def run_console(settings: ConsoleSettings) -> AsyncIterator[RunningConsole]:
     app = create_app(settings)
@@ -204,7 +197,8 @@ async def run_console(settings: ConsoleSettings) -> AsyncIterator[RunningConsole
         access_log=False,
         timeout_graceful_shutdown=2,
     )
-    server = InProcessServer(config)
+    # In the test's event loop: Ctrl-C and SIGTERM stay pytest's.
+    server = ConsoleServer(config)
     task = asyncio.create_task(server.serve())
     async with contextlib.AsyncExitStack() as stack:
         try:
@@ -218,7 +212,7 @@ async def run_console(settings: ConsoleSettings) -> AsyncIterator[RunningConsole
             yield RunningConsole(f"http://{settings.host}:{settings.port}", app, settings, stack)
         finally:
             await stack.aclose()
-            server.should_exit = True
+            server.stop()
             await asyncio.wait_for(task, 15)
 
 

@@ -34,6 +34,11 @@ class Overflow:
 class Live:
     def __init__(self, nc: Client | None) -> None:
         self.nc = nc
+        #: Set when the console stops: every stream ends, so that its response completes.
+        self.closing = asyncio.Event()
+
+    def close(self) -> None:
+        self.closing.set()
 
     @contextlib.asynccontextmanager
     async def follow(self, subject: str, max_pending: int = 1000) -> AsyncIterator[AsyncIterator[Event | Overflow]]:
@@ -56,11 +61,23 @@ class Live:
 
         async def events() -> AsyncIterator[Event | Overflow]:
             nonlocal dropped
-            while True:
-                if dropped:
-                    n, dropped = dropped, 0
-                    yield Overflow(n)
-                yield await queue.get()
+            closing = asyncio.create_task(self.closing.wait())
+            try:
+                while not self.closing.is_set():
+                    if dropped:
+                        n, dropped = dropped, 0
+                        yield Overflow(n)
+                    if queue.empty():
+                        getter = asyncio.create_task(queue.get())
+                        await asyncio.wait((getter, closing), return_when=asyncio.FIRST_COMPLETED)
+                        if not getter.done():
+                            getter.cancel()
+                            return
+                        yield getter.result()
+                    else:
+                        yield queue.get_nowait()
+            finally:
+                closing.cancel()
 
         if self.nc is None:
             raise RuntimeError("the console has no NATS connection")

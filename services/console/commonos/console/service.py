@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import logging
 import sys
+from collections.abc import Iterator
 
 import uvicorn
 
@@ -13,13 +16,30 @@ from commonos.console.settings import ConsoleSettings
 from commonos.proto.errors import ConfigError
 from commonos.runtime.args import CliError
 from commonos.runtime.cli_support import cli_settings
-from commonos.runtime.lifecycle import run, setup_logging
+from commonos.runtime.lifecycle import install_stop_signals, run, setup_logging
 from commonos.runtime.settings import Settings
 
 log = logging.getLogger(__name__)
 
 
-def server(settings: ConsoleSettings) -> uvicorn.Server:
+class ConsoleServer(uvicorn.Server):
+    """uvicorn, stopped by `stop()` rather than by signal handlers of its own (which re-raise the signal
+    once stopped, so that the process would end killed by SIGTERM instead of exiting 0)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+    def stop(self) -> None:
+        """End the live streams (their responses complete), then shut down as uvicorn does."""
+        app = self.config.app
+        live = getattr(getattr(app, "state", None), "live", None)
+        if live is not None:
+            live.close()
+        self.should_exit = True
+
+
+def server(settings: ConsoleSettings) -> ConsoleServer:
     config = uvicorn.Config(
         create_app(settings),
         host=settings.host,
@@ -32,15 +52,22 @@ def server(settings: ConsoleSettings) -> uvicorn.Server:
         # Live pages hold their connections open: on SIGTERM they are closed after this.
         timeout_graceful_shutdown=5,
     )
-    return uvicorn.Server(config)
+    return ConsoleServer(config)
 
 
 async def serve(settings: ConsoleSettings) -> int:
     srv = server(settings)
+    stop = asyncio.Event()
+    install_stop_signals(stop)
+    stopper = asyncio.create_task(stop.wait())
+    stopper.add_done_callback(lambda _: srv.stop())
     if settings.secret_is_random:
         log.warning("console: COS_CONSOLE_SECRET is not set: sign-ins end when the console restarts")
     log.info("console: http://%s:%d/", settings.host, settings.port)
-    await srv.serve()
+    try:
+        await srv.serve()
+    finally:
+        stopper.cancel()
     return 0 if srv.started else 1
 
 
