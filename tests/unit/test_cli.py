@@ -32,6 +32,8 @@ COMMANDS = (
     "security",
     "env",
     "status",
+    "otlp",
+    "console",
 )
 
 

@@ -24,11 +24,20 @@ def mint_id(kind: str, *parts: str) -> str:
     tuple that uniquely identifies the entity (for a stored row, its uniqueness constraint).
     """
     # uuid.uuid5 spelled out, without building a UUID object: an import mints ~100,000 ids.
+    h = _digest(kind, parts).hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def mint_uuid(kind: str, *parts: str) -> uuid.UUID:
+    """`mint_id` as a UUID (without formatting and parsing its text)."""
+    return uuid.UUID(bytes=bytes(_digest(kind, parts)))
+
+
+def _digest(kind: str, parts: tuple[str, ...]) -> bytearray:
     digest = bytearray(hashlib.sha1(_ID_NAMESPACE_BYTES + msgspec.json.encode([kind, *parts])).digest()[:16])
     digest[6] = (digest[6] & 0x0F) | 0x50  # version 5
     digest[8] = (digest[8] & 0x3F) | 0x80  # RFC 4122 variant
-    h = digest.hex()
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+    return digest
 
 
 # --- event ids of model calls ---------------------------------------------------------------------

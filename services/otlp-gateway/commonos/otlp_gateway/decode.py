@@ -19,6 +19,8 @@ from google.protobuf import json_format  # type: ignore[import-untyped]
 from google.protobuf.message import DecodeError, Message  # type: ignore[import-untyped]
 from google.rpc import status_pb2  # type: ignore[import-untyped]
 
+from commonos.proto.errors import DataError
+
 PROTOBUF: Final = "application/x-protobuf"
 JSON: Final = "application/json"
 
@@ -28,15 +30,15 @@ _ID_FIELDS: Final = frozenset({"traceId", "spanId", "parentSpanId", "trace_id", 
 M = TypeVar("M", bound=Message)
 
 
-class BadRequest(ValueError):
+class BadRequest(DataError):
     """The body cannot be read (400)."""
 
 
-class TooLarge(ValueError):
+class TooLarge(DataError):
     """The body is over the limit, compressed or not (413)."""
 
 
-class UnsupportedMediaType(ValueError):
+class UnsupportedMediaType(DataError):
     """Neither protobuf nor JSON, or an encoding other than gzip (415)."""
 
 

@@ -109,7 +109,8 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 from commonos.otlp_gateway.attributes import attributes, from_nanos, integer, resource_tags
 from commonos.otlp_gateway.mapping import Mapped, Source
 from commonos.proto import events as ev
-from commonos.proto.graph.ids import mint_id
+from commonos.proto.errors import DataError
+from commonos.proto.graph.ids import mint_uuid
 from commonos.proto.tags import InvalidTag
 
 __all__ = ["MODEL_OPERATIONS", "SOURCE", "map_spans", "provider_name"]
@@ -149,7 +150,7 @@ _json = msgspec.json.Encoder()
 _OUR_IDS: Final = ("cos.session_id", "cos.turn_id", "cos.event_id", "cos.tool_call_id")
 
 
-class _Refused(Exception):
+class _Refused(DataError):
     """A span that cannot be mapped; the message says why (the partial-success error)."""
 
 
@@ -221,7 +222,7 @@ class _Out:
 
 
 def _uuid(kind: str, *parts: str) -> uuid.UUID:
-    return uuid.UUID(mint_id(kind, *parts))
+    return mint_uuid(kind, *parts)
 
 
 class _Mapper:
@@ -235,6 +236,8 @@ class _Mapper:
         self._turns: dict[tuple[str, str], _Turn] = {}
         #: Turns this request publishes a `turn_started` for (their spans' or placeholders'), by turn id.
         self._placeholders: dict[uuid.UUID, tuple[_Span, _Session, int]] = {}
+        #: Session ids by conversation id: the spans of a request mostly share a few.
+        self._conversations: dict[str, uuid.UUID] = {}
 
     # --- reading -------------------------------------------------------------------------------------
 
@@ -285,9 +288,15 @@ class _Mapper:
                 return self._session(_parse_uuid(ours, "cos.session_id"), False, span)
             conversation = current.attrs.get("gen_ai.conversation.id")
             if isinstance(conversation, str | int) and not isinstance(conversation, bool) and str(conversation):
-                return self._session(_uuid("session", SOURCE, self.profile, str(conversation)), True, span)
+                return self._session(self._conversation_session(str(conversation)), True, span)
             current = self.parent_of(current)
         return self._session(_uuid("session", "otel-trace", self.profile, span.trace), True, span)
+
+    def _conversation_session(self, conversation: str) -> uuid.UUID:
+        session_id = self._conversations.get(conversation)
+        if session_id is None:
+            session_id = self._conversations[conversation] = _uuid("session", SOURCE, self.profile, conversation)
+        return session_id
 
     def _session(self, session_id: uuid.UUID, create: bool, span: _Span) -> _Session:
         session = self.out.sessions.get(session_id)

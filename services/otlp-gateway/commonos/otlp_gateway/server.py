@@ -62,7 +62,7 @@ from commonos.otlp_gateway.decode import (
 from commonos.otlp_gateway.mapping import CallOrdinals, Mapped, Source, map_logs, map_traces
 from commonos.otlp_gateway.metrics import GatewayMetrics
 from commonos.otlp_gateway.settings import GatewaySettings
-from commonos.proto.errors import OperationalError
+from commonos.proto.errors import DataError, OperationalError
 from commonos.proto.events import EventBase, event_type
 from commonos.runtime.publisher import EventPublisher, EventTooLarge, PublishError
 
@@ -87,11 +87,23 @@ class Unavailable(OperationalError):
 
 
 @dataclass
-class _Refusal(Exception):
+class _Refusal(DataError):
+    """A request answered with an error status: refused as it is (4xx)."""
+
     status: int
     reason: str
     grpc_code: int
     text: str
+
+
+@dataclass
+class _NotNow(OperationalError):
+    """A request answered 503 with Retry-After: the gateway cannot take it now, a retry may succeed."""
+
+    text: str
+    status: int = 503
+    reason: str = "unavailable"
+    grpc_code: int = _UNAVAILABLE
 
 
 def _count_spans(request: ExportTraceServiceRequest) -> int:
@@ -156,7 +168,7 @@ class OtlpReceiver:
         try:
             try:
                 response = await self._process(request, signal)
-            except _Refusal as refusal:
+            except (_Refusal, _NotNow) as refusal:
                 response = self._refuse(refusal, encoding)
             except Exception as exc:  # a bug of ours: said, logged, and not retried by the exporter as is
                 log.exception("%s request failed", signal)
@@ -167,7 +179,7 @@ class OtlpReceiver:
         finally:
             self.metrics.request_seconds.labels(signal).observe(time.monotonic() - started)
 
-    def _refuse(self, refusal: _Refusal, encoding: str) -> web.Response:
+    def _refuse(self, refusal: _Refusal | _NotNow, encoding: str) -> web.Response:
         self.metrics.refused.labels(refusal.reason).inc()
         body, content_type = status_body(refusal.grpc_code, refusal.text, encoding)
         headers = {"Content-Type": content_type}
@@ -179,7 +191,7 @@ class OtlpReceiver:
 
     async def _process(self, request: web.Request, signal: str) -> web.Response:
         if not self.tokens.loaded.is_set():
-            raise _Refusal(503, "unavailable", _UNAVAILABLE, "the gateway is starting: its tokens are not loaded yet")
+            raise _NotNow("the gateway is starting: its tokens are not loaded yet")
         token = self.tokens.lookup(bearer_token(request.headers.get("Authorization")))
         if token is None:
             raise _Refusal(
@@ -213,7 +225,7 @@ class OtlpReceiver:
             self.metrics.records.labels(signal, "accepted").inc(points)
             return self._ok(ExportMetricsServiceResponse(), encoding)
         if not self._connected():
-            raise _Refusal(503, "unavailable", _UNAVAILABLE, "NATS is unavailable: retry later")
+            raise _NotNow("NATS is unavailable: retry later")
         try:
             if isinstance(message, ExportTraceServiceRequest):
                 total = _count_spans(message)
@@ -224,11 +236,11 @@ class OtlpReceiver:
                 mapped = await asyncio.wait_for(
                     self.map_logs(message, source, self.ordinals), self.settings.publish_timeout_s
                 )
-            events = self._fitting(mapped)
-            await self._publish(events, signal)
+            events, messages = self._fitting(mapped)
+            await self._publish(events, messages, signal)
         except (Unavailable, OperationalError, nats.errors.Error, TimeoutError) as exc:
             log.warning("%s request not stored (%s: %s): answered 503", signal, type(exc).__name__, exc)
-            raise _Refusal(503, "unavailable", _UNAVAILABLE, "NATS is unavailable: retry later") from None
+            raise _NotNow("NATS is unavailable: retry later") from None
         rejected = min(mapped.rejected, total)
         ignored = min(mapped.ignored, total - rejected)
         self.metrics.records.labels(signal, "accepted").inc(max(total - rejected - ignored, 0))
@@ -272,24 +284,29 @@ class OtlpReceiver:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    def _fitting(self, mapped: Mapped) -> list[EventBase]:
-        """The events that fit one NATS message; one that cannot is refused (its record counted rejected)."""
+    def _fitting(self, mapped: Mapped) -> tuple[list[EventBase], list[tuple[str, bytes, dict[str, str]]]]:
+        """The events that fit one NATS message, and their messages; one that cannot is refused (its record
+        counted rejected)."""
         out = []
+        messages = []
         for event in mapped.events:
             try:
-                self.publisher.prepare(event)
+                message = self.publisher.prepare(event)
             except EventTooLarge as exc:
                 mapped.reject(f"an event of this request cannot be stored: {exc}")
                 continue
             out.append(event)
-        return out
+            messages.append(message)
+        return out, messages
 
-    async def _publish(self, events: Sequence[EventBase], signal: str) -> None:
+    async def _publish(
+        self, events: Sequence[EventBase], messages: Sequence[tuple[str, bytes, dict[str, str]]], signal: str
+    ) -> None:
         if not events:
             return
         try:
             acks: list[PubAck] = await asyncio.wait_for(
-                self.publisher.publish_many(events), self.settings.publish_timeout_s
+                self.publisher.publish_many(events, prepared=messages), self.settings.publish_timeout_s
             )
         except (TimeoutError, PublishError) as exc:
             raise Unavailable(f"{len(events)} events not acknowledged: {exc}") from None

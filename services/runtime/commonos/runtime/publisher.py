@@ -162,14 +162,23 @@ class EventPublisher:
                 await asyncio.sleep(backoff.next())
                 timeout = min(self.ack_timeout_s, _RETRY_ACK_TIMEOUT_S)
 
-    async def publish_many(self, events: Sequence[EventBase], window: int = 1000) -> list[PubAck]:
+    async def publish_many(
+        self,
+        events: Sequence[EventBase],
+        window: int = 1000,
+        prepared: Sequence[tuple[str, bytes, dict[str, str]]] | None = None,
+    ) -> list[PubAck]:
         """Pipelined publishing: up to `window` un-acked at once; any without a PubAck is retried alone.
 
         Retries reuse the event id, so an event whose first PubAck was merely lost is dropped by
         JetStream as a duplicate instead of being stored twice. Every event is sized first: one that
-        cannot fit raises EventTooLarge before any of them is published.
+        cannot fit raises EventTooLarge before any of them is published. A caller that has already
+        `prepare`d the events (to refuse the ones that cannot fit, one by one) passes what it got.
         """
-        prepared = [self.prepare(event) for event in events]
+        if prepared is None:
+            prepared = [self.prepare(event) for event in events]
+        elif len(prepared) != len(events):
+            raise ValueError(f"{len(prepared)} prepared messages for {len(events)} events")
         acks: list[PubAck | None] = [None] * len(events)
         for start in range(0, len(events), window):
             chunk = events[start : start + window]
