@@ -57,6 +57,8 @@ TARGETS: Final = (
     Target("loop_idle_rss_mb", "<", 300, "loop RSS (idle, holds no backlog), MB"),
     Target("import_dry_run_vs_ccusage", "<=", 3.0, "import --dry-run time / ccusage time"),
     Target("import_full_mb_per_s", ">=", 20, "full import, MB/s"),
+    Target("otlp_gateway_vs_direct", ">=", 0.8, "OTLP gateway / direct publish, spans to rows"),
+    Target("otlp_gateway_peak_rss_mb", "<", 300, "OTLP gateway peak RSS under load, MB"),
     Target("bench_wall_s", "<", 900, "whole benchmark, s"),
 )
 
@@ -101,6 +103,12 @@ LABELS: Final[dict[str, str]] = {
     "import_full_s": "cos import (full, to NATS), s",
     "import_full_mb_per_s": "cos import (full), MB/s",
     "import_full_peak_rss_mb": "cos import (full) peak RSS, MB",
+    "otlp_spans": "OTLP: spans per run (invoke_agent + chat)",
+    "otlp_gateway_spans_per_s": "OTLP: SDK exporter -> gateway -> rows, spans/s (median)",
+    "otlp_direct_spans_per_s": "OTLP: the same events published directly (baseline, median), spans/s",
+    "otlp_gateway_vs_direct": "OTLP gateway / direct publish",
+    "otlp_gateway_peak_rss_mb": "OTLP gateway peak RSS, MB",
+    "otlp_runs": "runs: OTLP gateway and direct (n each)",
     "bench_wall_s": "whole benchmark, s",
     "publish_sequential_runs": "runs: sequential publish (n)",
     "naive_consumer_runs": "runs: naive consumer (n)",

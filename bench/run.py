@@ -6,7 +6,9 @@ It starts its own nats-server and PostgreSQL cluster on free ports in a temporar
 with fsync on unless --no-fsync), publishes the event stream once, then measures on that same
 stream, each system in a fresh database: the journal-writer as its own process, the naive consumer
 and the raw ceiling, `cos replay`, billing, the loop at rest, publish -> visible latency at a fixed
-rate, and `cos import claude` against ccusage. It prints a table and writes bench/out/summary.json.
+rate, GenAI spans from the OpenTelemetry SDK through the OTLP gateway against publishing the same
+events directly (bench/otlp.py), and `cos import claude` against ccusage. It prints a table and writes
+bench/out/summary.json.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from bench.baselines import naive_consumer, raw_ceiling
 from bench.imports import Unavailable, copy_corpus, corpus_claude_dir, ensure_ccusage
 from bench.latency import measure_latency
 from bench.load import StreamStats, publish_stream, realistic_events
+from bench.otlp import OtlpPhase
 from bench.report import Results, machine_info
 from bench.services import (
     BenchError,
@@ -58,7 +61,18 @@ REPO: Final = Path(__file__).resolve().parent.parent
 MB: Final = 1024 * 1024
 #: `make bench` must finish within 15 minutes: repeated runs are dropped when they would not fit.
 BUDGET_S: Final = 14 * 60.0
-PHASES: Final = ("publish", "journal-writer", "naive", "ceiling", "replay", "billing", "loop", "latency", "import")
+PHASES: Final = (
+    "publish",
+    "journal-writer",
+    "naive",
+    "ceiling",
+    "replay",
+    "billing",
+    "loop",
+    "latency",
+    "otlp",
+    "import",
+)
 
 #: What each phase measures, so a phase that fails marks its figures as skipped with the reason.
 PHASE_FIGURES: Final[dict[str, tuple[str, ...]]] = {
@@ -70,6 +84,7 @@ PHASE_FIGURES: Final[dict[str, tuple[str, ...]]] = {
     "billing": ("billing_calls_per_s", "billing_peak_rss_mb"),
     "loop": ("loop_idle_rss_mb",),
     "latency": ("latency_p50_ms", "latency_p99_ms", "latency_max_ms"),
+    "otlp": ("otlp_gateway_spans_per_s", "otlp_direct_spans_per_s", "otlp_gateway_peak_rss_mb"),
     "import": ("import_dry_run_s", "ccusage_s", "import_full_mb_per_s"),
 }
 
@@ -89,6 +104,9 @@ class Sizes:
     latency_warmup_s: float
     import_mb: int
     import_runs: int
+    otlp_turns: int
+    otlp_calls: int
+    otlp_runs: int
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Sizes:
@@ -108,6 +126,9 @@ class Sizes:
             latency_warmup_s=1.0 if quick else 2.0,
             import_mb=20 if quick else 200,
             import_runs=3,
+            otlp_turns=500 if quick else 2_000,
+            otlp_calls=10,
+            otlp_runs=3,
         )
 
 
@@ -151,6 +172,7 @@ class Bench:
                 "billing": self.billing,
                 "loop": self.loop_idle,
                 "latency": self.latency,
+                "otlp": self.otlp,
                 "import": self.imports,
             }
             for name, step in steps.items():
@@ -203,6 +225,7 @@ class Bench:
         r.ratio("replay_vs_journal_writer", "replay_events_per_s", "journal_writer_events_per_s")
         r.ratio("publish_pipelined_vs_sequential", "publish_pipelined_events_per_s", "publish_sequential_events_per_s")
         r.ratio("import_dry_run_vs_ccusage", "import_dry_run_s", "ccusage_s")
+        r.ratio("otlp_gateway_vs_direct", "otlp_gateway_spans_per_s", "otlp_direct_spans_per_s")
         summary = self.out / "summary.json"
         r.write(summary)
         Console(width=max(Console().width, 110)).print(r.table())
@@ -272,6 +295,7 @@ class Bench:
             "billing": 0.4 * self.writer_s,
             "loop": 10.0,
             "latency": self.sizes.latency_seconds + self.sizes.latency_warmup_s + 15.0,
+            "otlp": 60.0,
             "import": 60.0,
         }
         rest = sum(estimates.get(p, 0.0) for p in later if p not in self.args.skip)
@@ -532,6 +556,21 @@ class Bench:
             f"p50 {f['latency_p50_ms']} ms, p99 {f['latency_p99_ms']} ms, max {f['latency_max_ms']} ms "
             f"({result.polls:,} polls); the writer's batches: {f.get('latency_writer_batch_events')} events, "
             f"{f.get('latency_writer_batch_ms')} ms each"
+        )
+
+    async def otlp(self) -> None:
+        s, f = self.sizes, self.results.figures
+        phase = OtlpPhase(self.root, self.logs, self.pg, self.say, s.otlp_turns, s.otlp_calls)
+        result = await phase.run(s.otlp_runs, lambda run_s: self.another_run_fits("otlp", run_s))
+        f["otlp_spans"] = result.spans
+        f["otlp_runs"] = len(result.gateway_s)
+        f["otlp_gateway_spans_per_s"] = round(result.gateway_spans_per_s)
+        self.results.baselines["otlp_direct_spans_per_s"] = round(result.direct_spans_per_s)
+        f["otlp_gateway_peak_rss_mb"] = round(max(result.gateway_peak_rss_kb) / 1024, 1)
+        self.say(
+            f"otlp: gateway {f['otlp_gateway_spans_per_s']:,} spans/s, direct "
+            f"{self.results.baselines['otlp_direct_spans_per_s']:,} spans/s (medians of {len(result.gateway_s)}); "
+            f"gateway peak RSS {f['otlp_gateway_peak_rss_mb']} MB"
         )
 
     async def imports(self) -> None:

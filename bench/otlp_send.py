@@ -1,0 +1,109 @@
+"""Send GenAI spans through the real OpenTelemetry SDK and its OTLP/HTTP exporter, as an instrumented agent does.
+
+    python -m bench.otlp_send --endpoint http://127.0.0.1:4318 --token TOKEN --turns 2000 --calls 10
+
+Each turn is an ``invoke_agent`` span (its own ``gen_ai.conversation.id``) around ``--calls`` ``chat`` spans
+with GenAI usage attributes. The SDK's BatchSpanProcessor exports them (its queue is large enough that no
+span is dropped) and the exporter retries what the receiver refuses with 429/503. Prints one JSON line:
+the spans sent, the model calls among them, and the seconds from the first span to the last export.
+
+`spans()` builds the same spans in memory for the bench's baseline (the same events published directly).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+#: What the resource says: `client` becomes the tag `client:acme` on every call.
+RESOURCE_ATTRIBUTES = {"service.name": "bench-agent", "client": "acme", "project": "bench"}
+MODEL = "claude-sonnet-4-5"
+
+
+def emit(provider: TracerProvider, turns: int, calls: int) -> None:
+    tracer = provider.get_tracer("bench.agent")
+    for turn in range(turns):
+        attributes = {
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.agent.name": "bench",
+            "gen_ai.conversation.id": f"bench-conversation-{turn}",
+        }
+        with tracer.start_as_current_span("invoke_agent bench", attributes=attributes):
+            for call in range(calls):
+                with tracer.start_as_current_span(f"chat {MODEL}") as span:
+                    span.set_attributes(
+                        {
+                            "gen_ai.operation.name": "chat",
+                            "gen_ai.provider.name": "anthropic",
+                            "gen_ai.request.model": MODEL,
+                            "gen_ai.response.model": MODEL,
+                            "gen_ai.response.id": f"msg_bench_{turn}_{call}",
+                            "gen_ai.response.finish_reasons": ("end_turn",),
+                            # The conventions' input count includes the cached tokens.
+                            "gen_ai.usage.input_tokens": 1_200 + call,
+                            "gen_ai.usage.cache_read.input_tokens": 1_000,
+                            "gen_ai.usage.cache_creation.input_tokens": 100,
+                            "gen_ai.usage.output_tokens": 40 + call,
+                        }
+                    )
+
+
+def spans(turns: int, calls: int) -> Sequence[ReadableSpan]:
+    """The spans `emit` makes, kept in memory."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create(RESOURCE_ATTRIBUTES))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    emit(provider, turns, calls)
+    provider.shutdown()
+    return exporter.get_finished_spans()
+
+
+def _exporter(endpoint: str, token: str, encoding: str) -> SpanExporter:
+    headers = {"Authorization": f"Bearer {token}"}
+    if encoding == "json":
+        from opentelemetry.exporter.otlp.json.http.trace_exporter import OTLPSpanExporter as JsonExporter
+
+        return JsonExporter(endpoint=f"{endpoint}/v1/traces", headers=headers, timeout=30)
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    return OTLPSpanExporter(endpoint=f"{endpoint}/v1/traces", headers=headers, timeout=30)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.otlp_send", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--endpoint", required=True, help="the gateway's base URL (http://host:4318)")
+    parser.add_argument("--token", required=True, help="a bearer token of the gateway (cos otlp token create)")
+    parser.add_argument("--turns", type=int, default=2_000)
+    parser.add_argument("--calls", type=int, default=10, help="chat spans per turn")
+    parser.add_argument("--encoding", choices=("protobuf", "json"), default="protobuf")
+    parser.add_argument("--batch", type=int, default=512, help="spans per export request")
+    args = parser.parse_args(argv)
+    total = args.turns * (args.calls + 1)
+    provider = TracerProvider(resource=Resource.create(RESOURCE_ATTRIBUTES))
+    provider.add_span_processor(
+        BatchSpanProcessor(
+            _exporter(args.endpoint, args.token, args.encoding),
+            max_queue_size=total + 1,
+            max_export_batch_size=args.batch,
+            schedule_delay_millis=50,
+        )
+    )
+    started = time.monotonic()
+    emit(provider, args.turns, args.calls)
+    flushed = provider.force_flush(timeout_millis=600_000)
+    seconds = time.monotonic() - started
+    provider.shutdown()
+    print(json.dumps({"spans": total, "calls": args.turns * args.calls, "seconds": seconds, "flushed": flushed}))
+    return 0 if flushed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
