@@ -10,6 +10,7 @@ from pathlib import Path
 
 from clients import CLAUDE_CODE_VERSION, CODEX_VERSION, FIXTURES
 from clients.formatdiff import diff
+from clients.gateway import check
 from clients.run import previous_version, record
 from clients.scenarios import CLAUDE, CODEX
 
@@ -28,6 +29,15 @@ def main(argv: list[str] | None = None) -> int:
     rec.add_argument("--codex-version", default=CODEX_VERSION, help="default %(default)s")
     rec.add_argument("--cli", action="append", choices=[CLAUDE, CODEX], help="only this CLI (repeatable)")
     rec.add_argument("--scenario", action="append", help="only this scenario (repeatable)")
+    gate = sub.add_parser(
+        "gateway",
+        help="run every scenario with the CLIs' telemetry sent to the OTLP gateway of a temporary `cos up`, then "
+        "import their transcripts: billing must hold each call the fake server answered once, with its usage",
+    )
+    gate.add_argument("--claude-code-version", default=CLAUDE_CODE_VERSION, help="default %(default)s")
+    gate.add_argument("--codex-version", default=CODEX_VERSION, help="default %(default)s")
+    gate.add_argument("--cli", action="append", choices=[CLAUDE, CODEX], help="only this CLI (repeatable)")
+    gate.add_argument("--scenario", action="append", help="only this scenario (repeatable)")
     dif = sub.add_parser("diff", help="the transcript format diff between two fixture folders")
     dif.add_argument("old", type=Path)
     dif.add_argument("new", type=Path)
@@ -35,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "diff":
         print(diff(args.old, args.new))
         return 0
+    if args.command == "gateway":
+        versions = {CLAUDE: args.claude_code_version, CODEX: args.codex_version}
+        return asyncio.run(check(versions, args.cli, args.scenario))
     if args.command is None:
         args = parser.parse_args(["record", *(argv if argv is not None else sys.argv[1:])])
     started = time.monotonic()

@@ -33,6 +33,14 @@ RUN_TIMEOUT_S = 180.0
 INTERRUPT_GRACE_S = 15.0
 
 
+@dataclass(frozen=True)
+class Otlp:
+    """Where the CLIs send their telemetry instead of the fake model server: an OTLP/HTTP endpoint and a token."""
+
+    endpoint: str
+    token: str
+
+
 @dataclass
 class Outcome:
     code: int | None
@@ -77,7 +85,10 @@ def claude_command(exe: Path, run: Run, first_session: str | None) -> list[str]:
     return argv
 
 
-def claude_env(base_url: str, home: Path) -> dict[str, str]:
+def claude_env(base_url: str, home: Path, otlp: Otlp | None = None) -> dict[str, str]:
+    telemetry = {"OTEL_EXPORTER_OTLP_ENDPOINT": otlp.endpoint if otlp else base_url}
+    if otlp is not None:
+        telemetry["OTEL_EXPORTER_OTLP_HEADERS"] = f"Authorization=Bearer {otlp.token}"
     return {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(home),
@@ -92,14 +103,14 @@ def claude_env(base_url: str, home: Path) -> dict[str, str]:
         "OTEL_LOGS_EXPORTER": "otlp",
         "OTEL_TRACES_EXPORTER": "otlp",
         "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json",
-        "OTEL_EXPORTER_OTLP_ENDPOINT": base_url,
+        **telemetry,
         "OTEL_METRIC_EXPORT_INTERVAL": "1000",
         "OTEL_LOGS_EXPORT_INTERVAL": "500",
         "OTEL_TRACES_EXPORT_INTERVAL": "500",
     }
 
 
-def codex_config(base_url: str, scenario: Scenario) -> str:
+def codex_config(base_url: str, scenario: Scenario, otlp: Otlp | None = None) -> str:
     lines = [
         f'model = "{CODEX_MODEL}"',
         'model_provider = "fake"',
@@ -120,7 +131,12 @@ def codex_config(base_url: str, scenario: Scenario) -> str:
         "",
         "[otel]",
         "log_user_prompt = false",
-        f'exporter = {{ otlp-http = {{ endpoint = "{base_url}/v1/logs", protocol = "json" }} }}',
+        (
+            f'exporter = {{ otlp-http = {{ endpoint = "{otlp.endpoint}/v1/logs", protocol = "json", '
+            f'headers = {{ "Authorization" = "Bearer {otlp.token}" }} }} }}'
+            if otlp is not None
+            else f'exporter = {{ otlp-http = {{ endpoint = "{base_url}/v1/logs", protocol = "json" }} }}'
+        ),
     ]
     return "\n".join(lines) + "\n"
 
@@ -187,31 +203,39 @@ async def run_cli(argv: list[str], env: dict[str, str], cwd: Path, server: FakeM
 # --- one scenario ---------------------------------------------------------------------------------
 
 
+async def run_scenario(
+    cli: str, exe: Path, scenario: Scenario, server: FakeModel, root: Path, otlp: Otlp | None = None
+) -> tuple[list[Outcome], Path, Path, Path]:
+    """Run one scenario's CLI runs in a fresh home under `root`: (outcomes, home, working directory, the
+    folder of the transcripts the CLI wrote). Telemetry goes to the fake server, or to `otlp`."""
+    home, cwd = root / "home", root / "home" / "project"
+    cwd.mkdir(parents=True)
+    codex_home = home / ".codex"
+    steps = [Step(fill(s.blocks, str(cwd)), s.stall, s.usage) for s in scenario.steps]
+    server.use(Script(cli, scenario.name, scenario.number, steps))
+    if cli == CODEX:
+        codex_home.mkdir()
+        (codex_home / "config.toml").write_text(codex_config(server_url(server), scenario, otlp))
+    outcomes: list[Outcome] = []
+    first_session: str | None = None
+    for scripted in scenario.runs:
+        run = Run(fill(scripted.prompt, str(cwd)), scripted.follow, scripted.interrupt)
+        if cli == CLAUDE:
+            argv, env = claude_command(exe, run, first_session), claude_env(server_url(server), home, otlp)
+        else:
+            argv, env = codex_command(exe, run, first_session, cwd), codex_env(home, codex_home)
+        outcome = await run_cli(argv, env, cwd, server, run.interrupt)
+        first_session = first_session or outcome.session_id
+        outcomes.append(outcome)
+    await asyncio.sleep(2.5)  # the last telemetry exports
+    tree = (home / ".claude" / "projects") if cli == CLAUDE else (codex_home / "sessions")
+    return outcomes, home, cwd, tree
+
+
 async def record_scenario(cli: str, exe: Path, scenario: Scenario, server: FakeModel, out: Path) -> dict[str, Any]:
     """Run one scenario and write its redacted fixture folder; returns its manifest entry."""
     with tempfile.TemporaryDirectory(prefix="cos-clients-") as tmp:
-        root = real(tmp)
-        home, cwd = root / "home", root / "home" / "project"
-        cwd.mkdir(parents=True)
-        codex_home = home / ".codex"
-        steps = [Step(fill(s.blocks, str(cwd)), s.stall, s.usage) for s in scenario.steps]
-        server.use(Script(cli, scenario.name, scenario.number, steps))
-        if cli == CODEX:
-            codex_home.mkdir()
-            (codex_home / "config.toml").write_text(codex_config(server_url(server), scenario))
-        outcomes: list[Outcome] = []
-        first_session: str | None = None
-        for scripted in scenario.runs:
-            run = Run(fill(scripted.prompt, str(cwd)), scripted.follow, scripted.interrupt)
-            if cli == CLAUDE:
-                argv, env = claude_command(exe, run, first_session), claude_env(server_url(server), home)
-            else:
-                argv, env = codex_command(exe, run, first_session, cwd), codex_env(home, codex_home)
-            outcome = await run_cli(argv, env, cwd, server, run.interrupt)
-            first_session = first_session or outcome.session_id
-            outcomes.append(outcome)
-        await asyncio.sleep(2.5)  # the last telemetry exports
-        tree = (home / ".claude" / "projects") if cli == CLAUDE else (codex_home / "sessions")
+        outcomes, home, cwd, tree = await run_scenario(cli, exe, scenario, server, real(tmp))
         target = out / scenario.name
         shutil.rmtree(target, ignore_errors=True)
         rewrites = path_rewrites(str(home), str(cwd))
