@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-done
 PYTEST_ARGS ?=
 
-.PHONY: setup demo up test test-fast lint format schema bench chaos clients clean
+.PHONY: setup demo up test test-fast lint format schema bench chaos clients clients-gateway clean
 
 setup: $(STAMP)
 
@@ -55,6 +55,11 @@ CLAUDE_CODE_VERSION ?=
 CODEX_VERSION ?=
 clients: setup
 	$(BIN)/python -m clients record $(if $(CLAUDE_CODE_VERSION),--claude-code-version $(CLAUDE_CODE_VERSION)) $(if $(CODEX_VERSION),--codex-version $(CODEX_VERSION))
+
+# The same CLIs with their telemetry sent to the OTLP gateway of a temporary `cos up`, then their transcripts
+# imported: each call the fake model answered billed once, with its usage (exit 1 otherwise). Not in `make test`.
+clients-gateway: setup
+	$(BIN)/python -m clients gateway $(if $(CLAUDE_CODE_VERSION),--claude-code-version $(CLAUDE_CODE_VERSION)) $(if $(CODEX_VERSION),--codex-version $(CODEX_VERSION))
 
 clean:
 	rm -rf $(VENV) .cos .pytest_cache .mypy_cache .ruff_cache bench/out
