@@ -147,6 +147,10 @@ async def test_the_list_pages_by_keyset_and_filters(
     assert [r["id"] for r in blank["sessions"]] == [r["id"] for r in rows]
     async with client.get("/api/sessions?since=yesterday") as r:
         assert r.status == 422
+    # PostgreSQL's text cannot hold a NUL: refused before any query.
+    for url in ("/api/sessions?q=a%00b", "/sessions?tag=x%00", "/api/sessions?status=%00"):
+        async with client.get(url) as r:
+            assert r.status == 422, url
     async with client.get("/api/sessions?cursor=garbage") as r:
         assert r.status == 422
     async with client.get("/api/sessions?since=2026-11-01T00:00:00") as r:

@@ -79,7 +79,18 @@ class Instrumented:
                 REQUESTS.labels(template, scope["method"], str(code)).inc()
             await send(message)
 
+        if _has_nul(scope):
+            # PostgreSQL's text cannot hold NUL: refused here for every page, as a validation error.
+            refusal = JSONResponse({"detail": "a NUL character is not accepted in a URL"}, status_code=422)
+            await refusal(scope, receive, send_wrapped)
+            return
         await self.app(scope, receive, send_wrapped)
+
+
+def _has_nul(scope: Scope) -> bool:
+    query = bytes(scope.get("query_string", b"")).lower()
+    raw_path = bytes(scope.get("raw_path") or b"").lower()
+    return b"%00" in query or b"\x00" in query or b"%00" in raw_path or "\x00" in str(scope.get("path", ""))
 
 
 def page_modules() -> list[str]:
