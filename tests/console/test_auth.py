@@ -10,10 +10,11 @@ import sys
 from http.cookies import SimpleCookie
 from pathlib import Path
 
+import aiohttp
 import pytest
-from fastapi import HTTPException
+from fastapi import HTTPException, WebSocket
 
-from commonos.console.auth import COOKIE
+from commonos.console.auth import COOKIE, websocket_principal
 from commonos.console.db import Database
 from commonos.console.users import Role, User, Users, verify_password
 from tests.console.conftest import PASSWORDS, RunningConsole, Seeded, StartConsole
@@ -249,3 +250,29 @@ def test_cos_console_user_add_writes_an_argon2_hash(tmp_path: Path) -> None:
     assert (carol.role, carol.profiles, carol.db_role) == (Role.ANALYST, ("acme",), "carol")
     assert verify_password(carol, "a-long-password") and not verify_password(carol, "another-password")
     assert path.stat().st_mode & 0o077 == 0
+
+
+async def test_a_websocket_needs_the_sign_in_and_this_origin(console: RunningConsole) -> None:
+    """websocket_principal, as the chat's WebSocket uses it: the cookie, and an Origin of this console."""
+
+    async def whoami(websocket: WebSocket) -> None:
+        who = websocket_principal(websocket)
+        if who is None:
+            await websocket.close(code=1008)
+            return
+        await websocket.accept()
+        await websocket.send_text(who.user.name)
+        await websocket.close()
+
+    console.app.add_api_websocket_route("/test/whoami", whoami)
+    client, _ = await console.signed_in("alice")
+    async with client.ws_connect("/test/whoami", origin=console.url) as ws:
+        assert (await ws.receive_str()) == "alice"
+    # Closed before it is accepted: the handshake is refused (403).
+    for origin in ("https://evil.example", None):
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await client.ws_connect("/test/whoami", origin=origin)
+        assert refused.value.status == 403, origin
+    stranger = await console.client()
+    with pytest.raises(aiohttp.WSServerHandshakeError):
+        await stranger.ws_connect("/test/whoami", origin=console.url)

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from typing import Annotated, Final
 from urllib.parse import urlsplit
 
-from fastapi import Depends, HTTPException, Request
+from fastapi import Depends, HTTPException, Request, WebSocket
 from itsdangerous import BadSignature, URLSafeTimedSerializer
+from starlette.requests import HTTPConnection
 from starlette.responses import Response
 
 from commonos.console.settings import ConsoleSettings
@@ -79,7 +80,7 @@ class Auth:
     def csrf_token(self, binding: str) -> str:
         return hmac.new(self._csrf_key, binding.encode(), hashlib.sha256).hexdigest()
 
-    def _from_cookie(self, request: Request) -> Principal | None:
+    def _from_cookie(self, request: HTTPConnection) -> Principal | None:
         raw = request.cookies.get(COOKIE)
         if not raw:
             return None
@@ -94,7 +95,7 @@ class Auth:
             return None
         return Principal(user, self.csrf_token("s:" + data["s"]), "cookie")
 
-    def trusted_peer(self, request: Request) -> bool:
+    def trusted_peer(self, request: HTTPConnection) -> bool:
         if request.client is None or not self.settings.trusted_proxies:
             return False
         try:
@@ -103,7 +104,7 @@ class Auth:
             return False
         return any(address in net for net in self.settings.trusted_proxies)
 
-    def _from_proxy(self, request: Request) -> Principal | None:
+    def _from_proxy(self, request: HTTPConnection) -> Principal | None:
         header = self.settings.trusted_header
         if header is None:
             return None
@@ -115,7 +116,7 @@ class Auth:
             return None
         return Principal(user, self.csrf_token("p:" + user.name), "proxy")
 
-    def principal(self, request: Request) -> Principal | None:
+    def principal(self, request: HTTPConnection) -> Principal | None:
         """The person making `request`, or None. The proxy header, when believed, wins over a cookie."""
         cached = request.scope.get("cos.principal", False)
         if cached is not False:
@@ -124,7 +125,7 @@ class Auth:
         request.scope["cos.principal"] = found
         return found
 
-    def same_origin(self, request: Request) -> bool:
+    def same_origin(self, request: HTTPConnection) -> bool:
         """False when the browser says the request comes from a page of another origin."""
         origin = request.headers.get("origin")
         if origin is None or origin == "null":
@@ -145,7 +146,7 @@ class Auth:
             raise HTTPException(403, "missing or wrong CSRF token")
 
 
-def get_auth(request: Request) -> Auth:
+def get_auth(request: HTTPConnection) -> Auth:
     auth: Auth = request.app.state.auth
     return auth
 
@@ -174,6 +175,15 @@ async def require_csrf(request: Request) -> Principal:
             form_token = value if isinstance(value, str) else None
     get_auth(request).check_csrf(request, principal, form_token)
     return principal
+
+
+def websocket_principal(websocket: WebSocket) -> Principal | None:
+    """The person opening a WebSocket, or None: a browser's WebSocket is not bound by the same-origin policy
+    and carries the cookie, so a handshake from another origin's page is refused (close it with 1008)."""
+    auth = get_auth(websocket)
+    if websocket.headers.get("origin") is None or not auth.same_origin(websocket):
+        return None
+    return auth.principal(websocket)
 
 
 def require_operator(principal: Annotated[Principal, Depends(require_principal)]) -> Principal:
