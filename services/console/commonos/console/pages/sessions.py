@@ -441,6 +441,8 @@ class SessionView(BaseModel):
     updated_at: datetime
     status: str | None
     turns: list[TurnView]
+    #: Messages recorded outside any turn (none from today's loop; kept so that nothing stored is hidden).
+    messages_outside_turns: list[MessageView] = Field(default_factory=list)
     #: Child sessions no turn of this session is known to have delegated to.
     children: list[SessionView]
     #: This session's model calls with those of its children.
@@ -630,6 +632,7 @@ def assemble(
             updated_at=s["updated_at"],
             status=own_turns[-1].status if own_turns else None,
             turns=own_turns,
+            messages_outside_turns=loose_messages.get(s["id"], []),
             children=[],
             totals=Totals(),
             truncated=len(messages) >= MAX_ROWS,
