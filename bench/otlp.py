@@ -9,6 +9,8 @@ database with billing running and ready before the clock starts:
   model call's row;
 * **gateway**: ``python -m bench.otlp_send`` creates the spans with the SDK and its BatchSpanProcessor, and
   the SDK's OTLP/HTTP exporter (protobuf) sends them to ``python -m commonos.otlp_gateway``; same stop.
+  ``exporters`` agents do so at once, each its share of the turns (a gateway serves many agents; one
+  exporter alone sends its next batch only once the gateway has answered the last).
 
 Spans per second count every span sent (the ``invoke_agent`` of each turn and its ``chat`` spans); the
 ratio is gateway over direct, medians of alternating runs. The gateway's peak RSS is read from /proc.
@@ -102,10 +104,17 @@ async def _wait_rows(dsn: str, want: int, billing: ServiceRun, timeout_s: float 
 
 class OtlpPhase:
     def __init__(
-        self, root: Path, logs: Path, pg: PostgresCluster, say: Callable[[str], None], turns: int, calls: int
+        self,
+        root: Path,
+        logs: Path,
+        pg: PostgresCluster,
+        say: Callable[[str], None],
+        turns: int,
+        calls: int,
+        exporters: int = 2,
     ) -> None:
         self.root, self.logs, self.pg, self.say = root, logs, pg, say
-        self.turns, self.calls = turns, calls
+        self.turns, self.calls, self.exporters = turns, calls, exporters
 
     async def _fresh_db(self, name: str) -> str:
         admin = await asyncpg.connect(self.pg.url)
@@ -192,28 +201,36 @@ class OtlpPhase:
             token = out.decode().split()[0]
             gateway.start()
             await gateway.wait_ready()
+            shares = [self.turns // self.exporters] * self.exporters
+            shares[-1] += self.turns - sum(shares)
+            firsts = [sum(shares[:i]) for i in range(self.exporters)]
             started = time.monotonic()
-            sender = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "bench.otlp_send",
-                "--endpoint",
-                f"http://127.0.0.1:{port}",
-                "--token",
-                token,
-                "--turns",
-                str(self.turns),
-                "--calls",
-                str(self.calls),
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-            )
-            sent, sender_err = await sender.communicate()
-            if sender.returncode != 0:
-                raise BenchError(f"the span sender exited {sender.returncode}: {sender_err.decode()[-800:]}")
-            report = json.loads(sent.decode().strip().splitlines()[-1])
-            if not report["flushed"]:
-                raise BenchError("the SDK did not flush every span")
+            senders = [
+                await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    "-m",
+                    "bench.otlp_send",
+                    "--endpoint",
+                    f"http://127.0.0.1:{port}",
+                    "--token",
+                    token,
+                    "--turns",
+                    str(share),
+                    "--first-turn",
+                    str(first),
+                    "--calls",
+                    str(self.calls),
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE,
+                )
+                for share, first in zip(shares, firsts, strict=True)
+            ]
+            for sender in senders:
+                sent, sender_err = await sender.communicate()
+                if sender.returncode != 0:
+                    raise BenchError(f"a span sender exited {sender.returncode}: {sender_err.decode()[-800:]}")
+                if not json.loads(sent.decode().strip().splitlines()[-1])["flushed"]:
+                    raise BenchError("the SDK did not flush every span")
             done = await _wait_rows(dsn, self.turns * self.calls, billing)
             gateway.check_alive()
             peak = gateway.peak_rss_kb() or 0
@@ -227,7 +244,10 @@ class OtlpPhase:
     async def run(self, runs: int, fits: Callable[[float], bool]) -> OtlpResult:
         events = mapped_events(self.turns, self.calls)
         result = OtlpResult(spans=self.turns * (self.calls + 1), calls=self.turns * self.calls)
-        self.say(f"otlp: {result.spans:,} spans ({result.calls:,} model calls) -> {len(events):,} events per run")
+        self.say(
+            f"otlp: {result.spans:,} spans ({result.calls:,} model calls) -> {len(events):,} events per run; "
+            f"{self.exporters} exporter process(es)"
+        )
         for run in range(runs):
             if run and not fits(max(result.direct_s) + max(result.gateway_s) + 10):
                 break

@@ -28,9 +28,9 @@ RESOURCE_ATTRIBUTES = {"service.name": "bench-agent", "client": "acme", "project
 MODEL = "claude-sonnet-4-5"
 
 
-def emit(provider: TracerProvider, turns: int, calls: int) -> None:
+def emit(provider: TracerProvider, turns: int, calls: int, first: int = 0) -> None:
     tracer = provider.get_tracer("bench.agent")
-    for turn in range(turns):
+    for turn in range(first, first + turns):
         attributes = {
             "gen_ai.operation.name": "invoke_agent",
             "gen_ai.agent.name": "bench",
@@ -83,6 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--token", required=True, help="a bearer token of the gateway (cos otlp token create)")
     parser.add_argument("--turns", type=int, default=2_000)
     parser.add_argument("--calls", type=int, default=10, help="chat spans per turn")
+    parser.add_argument("--first-turn", type=int, default=0, help="number of the first turn (agents in parallel)")
     parser.add_argument("--encoding", choices=("protobuf", "json"), default="protobuf")
     parser.add_argument("--batch", type=int, default=512, help="spans per export request")
     args = parser.parse_args(argv)
@@ -97,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     )
     started = time.monotonic()
-    emit(provider, args.turns, args.calls)
+    emit(provider, args.turns, args.calls, args.first_turn)
     flushed = provider.force_flush(timeout_millis=600_000)
     seconds = time.monotonic() - started
     provider.shutdown()
