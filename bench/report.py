@@ -109,6 +109,7 @@ LABELS: Final[dict[str, str]] = {
     "otlp_gateway_vs_direct": "OTLP gateway / direct publish",
     "otlp_gateway_peak_rss_mb": "OTLP gateway peak RSS, MB",
     "otlp_runs": "runs: OTLP gateway and direct (n each)",
+    "otlp_exporters": "OTLP: exporter processes sending at once",
     "bench_wall_s": "whole benchmark, s",
     "publish_sequential_runs": "runs: sequential publish (n)",
     "naive_consumer_runs": "runs: naive consumer (n)",

@@ -560,10 +560,13 @@ class Bench:
 
     async def otlp(self) -> None:
         s, f = self.sizes, self.results.figures
-        phase = OtlpPhase(self.root, self.logs, self.pg, self.say, s.otlp_turns, s.otlp_calls)
+        phase = OtlpPhase(
+            self.root, self.logs, self.pg, self.say, s.otlp_turns, s.otlp_calls, self.args.otlp_exporters
+        )
         result = await phase.run(s.otlp_runs, lambda run_s: self.another_run_fits("otlp", run_s))
         f["otlp_spans"] = result.spans
         f["otlp_runs"] = len(result.gateway_s)
+        f["otlp_exporters"] = self.args.otlp_exporters
         f["otlp_gateway_spans_per_s"] = round(result.gateway_spans_per_s)
         self.results.baselines["otlp_direct_spans_per_s"] = round(result.direct_spans_per_s)
         f["otlp_gateway_peak_rss_mb"] = round(max(result.gateway_peak_rss_kb) / 1024, 1)
@@ -669,6 +672,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--skip", nargs="*", default=[], choices=PHASES, metavar="PHASE", help=", ".join(PHASES))
     parser.add_argument("--out", default=str(REPO / "bench" / "out"), help="where summary.json and logs go")
     parser.add_argument("--keep", action="store_true", help="keep the servers' temporary folder")
+    parser.add_argument(
+        "--otlp-exporters", type=int, default=2, help="agents sending spans to the OTLP gateway at once (2)"
+    )
     return parser.parse_args(argv)
 
 
