@@ -16,7 +16,7 @@ One message is one JSON `Delta`:
   result are in the stored `tool_call_*` events).
 * `kind` `done`: the model call ended; `text` is its stop reason (`end_turn`, `tool_use`, `stop`,
   `tool_calls`, ..., empty when the vendor gave none), or `error` when the call failed. A turn with
-  tool calls has one `done` per model call; the turn's end is its stored `turn_completed`/`turn_failed`.
+  tool calls has one `done` per model call; the turn's end is its stored `turn_finished`.
 """
 
 from __future__ import annotations
