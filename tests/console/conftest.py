@@ -6,6 +6,8 @@ PostgreSQL (tests/conftest.py), with a people file of an operator, an analyst of
   and the analyst's database role (unique per test: roles are per cluster) granted acme.
 * `console`: the running console (`RunningConsole`: its URL, its app, `client()` and `signed_in(name)`).
 * `start_console(**overrides)`: another console with other settings (trusted proxies, secure cookies).
+* `hostile`: beside console_db's data, a session of acme whose text is attacker-controlled markup (SCRIPT, a
+  tool's HOSTILE_RESULT, a <b> title) that delegates to a child session with a risky approved tool call.
 """
 
 from __future__ import annotations
@@ -35,11 +37,12 @@ from commonos.journal_writer.graph_schema import SCHEMA as GRAPH_SCHEMA
 from commonos.journal_writer.schema import SCHEMA as CORE_SCHEMA
 from commonos.memory.schema import SCHEMA as MEMORY_SCHEMA
 from commonos.proto import events as ev
+from commonos.proto.messages import AssistantMessage, ToolCall, ToolResultMessage, UserMessage
 from commonos.runtime.embedded import free_port
 from commonos.runtime.postgres import apply_schemas, connect
 from commonos.runtime.settings import Settings
 from tests.billing.support import billing
-from tests.factories import Clock, conversation
+from tests.factories import Clock, SessionBuilder, conversation
 from tests.support import InProcess, publish_all, wait_for_position
 
 REPO = Path(__file__).resolve().parents[2]
@@ -246,3 +249,59 @@ async def start_console(tmp_path: Path, nats_url: str, database_url: str) -> Asy
 @pytest.fixture
 async def console(console_db: Seeded, start_console: StartConsole) -> RunningConsole:
     return await start_console(analyst_role=console_db.analyst_role)
+
+
+SCRIPT = '<script>alert("owned")</script> the xylophone umbrella'
+LOOK = "look around: is 1 < 2 & xylophone > 0?"
+HOSTILE_RESULT = '<img src=x onerror="alert(2)"> xylophone result'
+
+
+def hostile_sessions(clock: Clock) -> tuple[SessionBuilder, SessionBuilder, uuid.UUID]:
+    """A session of acme whose user writes a script tag, and that delegates to a child session whose tool
+    (risky, approved) returns markup; both with model calls."""
+    parent = SessionBuilder("acme", clock, ("client:acme", "team:red")).create(
+        source="web", title="Hostile <b>title</b>"
+    )
+    turn = parent.start_turn()
+    parent.message(turn, UserMessage(text=SCRIPT))
+    parent.model_call(turn, input_tokens=1200, output_tokens=300)
+    parent.message(turn, AssistantMessage(tool_calls=(ToolCall(id="d1", name="delegate", args={"goal": "look"}),)))
+    child = SessionBuilder(
+        "acme",
+        clock,
+        ("client:acme",),
+    ).create(source="delegate", title="helper", parent_session_id=parent.session_id)
+    child_turn = child.start_turn(parent_turn_id=turn, depth=1)
+    child.message(child_turn, UserMessage(text=LOOK))
+    child.model_call(child_turn, input_tokens=500, output_tokens=50)
+    child.message(
+        child_turn, AssistantMessage(tool_calls=(ToolCall(id="s1", name="shell", args={"cmd": "rm -rf <tmp>"}),))
+    )
+    child.tool_call(
+        child_turn,
+        "s1",
+        "shell",
+        {"cmd": "rm -rf <tmp>"},
+        HOSTILE_RESULT,
+        risk=ev.Risk.HIGH,
+        approval=ev.ApprovalStatus.APPROVED,
+    )
+    child.message(child_turn, ToolResultMessage(call_id="s1", content=HOSTILE_RESULT))
+    child.message(child_turn, AssistantMessage(text="done"))
+    child.finish(child_turn)
+    parent.tool_call(turn, "d1", "delegate", {"goal": "look"}, "done")
+    parent.message(turn, ToolResultMessage(call_id="d1", content="done"))
+    parent.message(turn, AssistantMessage(text="All done."))
+    parent.finish(turn)
+    return parent, child, turn
+
+
+@pytest.fixture
+async def hostile(console_db: Seeded, nats_url: str) -> tuple[SessionBuilder, SessionBuilder]:
+    clock = Clock()
+    clock.tick(3_600_000)  # after the sample data
+    parent, child, _ = hostile_sessions(clock)
+    events = parent.events + child.events
+    await project(nats_url, console_db.dsn, events)
+    console_db.events += events
+    return parent, child

@@ -276,3 +276,22 @@ async def test_a_websocket_needs_the_sign_in_and_this_origin(console: RunningCon
     stranger = await console.client()
     with pytest.raises(aiohttp.WSServerHandshakeError):
         await stranger.ws_connect("/test/whoami", origin=console.url)
+
+
+async def test_a_public_origin_behind_a_proxy_is_accepted(start_console: StartConsole) -> None:
+    """COS_CONSOLE_ORIGINS: a proxy may rewrite Host; the browser's Origin is then the public one."""
+    behind = await start_console(origins=("https://console.example.com",))
+    client = await behind.client()
+    async with client.post(
+        "/api/login",
+        json={"name": "olivia", "password": PASSWORDS["olivia"]},
+        headers={"Origin": "https://console.example.com"},
+    ) as r:
+        assert r.status == 200
+        token = (await r.json())["csrf_token"]
+    async with client.post("/api/logout", headers={"X-CSRF-Token": token, "Origin": "https://other.example.com"}) as r:
+        assert r.status == 403
+    async with client.post(
+        "/api/logout", headers={"X-CSRF-Token": token, "Origin": "https://console.example.com"}
+    ) as r:
+        assert r.status == 204

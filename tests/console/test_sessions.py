@@ -31,65 +31,26 @@ from commonos.proto.graph import (
     encode_graph,
 )
 from commonos.proto.graph import Session as GraphSession
-from commonos.proto.messages import AssistantMessage, ToolCall, ToolResultMessage, UserMessage
-from tests.console.conftest import RunningConsole, Seeded, StartConsole, project
+from commonos.proto.messages import UserMessage
+from tests.console.conftest import (
+    HOSTILE_RESULT,
+    SCRIPT,
+    RunningConsole,
+    Seeded,
+    StartConsole,
+    project,
+)
 from tests.factories import Clock, SessionBuilder
 from tests.support import publish_all
 
-SCRIPT = '<script>alert("owned")</script> the xylophone umbrella'
-LOOK = "look around: is 1 < 2 & xylophone > 0?"
-HOSTILE_RESULT = '<img src=x onerror="alert(2)"> xylophone result'
 
+def __getattr__(name: str) -> Any:
+    """`hostile` lives in conftest.py now (every test of tests/console has it); kept for imports from here."""
+    if name == "hostile":
+        from tests.console import conftest
 
-def hostile_sessions(clock: Clock) -> tuple[SessionBuilder, SessionBuilder, uuid.UUID]:
-    """A session of acme whose user writes a script tag, and that delegates to a child session whose tool
-    (risky, approved) returns markup; both with model calls."""
-    parent = SessionBuilder("acme", clock, ("client:acme", "team:red")).create(
-        source="web", title="Hostile <b>title</b>"
-    )
-    turn = parent.start_turn()
-    parent.message(turn, UserMessage(text=SCRIPT))
-    parent.model_call(turn, input_tokens=1200, output_tokens=300)
-    parent.message(turn, AssistantMessage(tool_calls=(ToolCall(id="d1", name="delegate", args={"goal": "look"}),)))
-    child = SessionBuilder(
-        "acme",
-        clock,
-        ("client:acme",),
-    ).create(source="delegate", title="helper", parent_session_id=parent.session_id)
-    child_turn = child.start_turn(parent_turn_id=turn, depth=1)
-    child.message(child_turn, UserMessage(text=LOOK))
-    child.model_call(child_turn, input_tokens=500, output_tokens=50)
-    child.message(
-        child_turn, AssistantMessage(tool_calls=(ToolCall(id="s1", name="shell", args={"cmd": "rm -rf <tmp>"}),))
-    )
-    child.tool_call(
-        child_turn,
-        "s1",
-        "shell",
-        {"cmd": "rm -rf <tmp>"},
-        HOSTILE_RESULT,
-        risk=ev.Risk.HIGH,
-        approval=ev.ApprovalStatus.APPROVED,
-    )
-    child.message(child_turn, ToolResultMessage(call_id="s1", content=HOSTILE_RESULT))
-    child.message(child_turn, AssistantMessage(text="done"))
-    child.finish(child_turn)
-    parent.tool_call(turn, "d1", "delegate", {"goal": "look"}, "done")
-    parent.message(turn, ToolResultMessage(call_id="d1", content="done"))
-    parent.message(turn, AssistantMessage(text="All done."))
-    parent.finish(turn)
-    return parent, child, turn
-
-
-@pytest.fixture
-async def hostile(console_db: Seeded, nats_url: str) -> tuple[SessionBuilder, SessionBuilder]:
-    clock = Clock()
-    clock.tick(3_600_000)  # after the sample data
-    parent, child, _ = hostile_sessions(clock)
-    events = parent.events + child.events
-    await project(nats_url, console_db.dsn, events)
-    console_db.events += events
-    return parent, child
+        return conftest.hostile
+    raise AttributeError(name)
 
 
 async def get_json(client: aiohttp.ClientSession, url: str, status: int = 200) -> Any:

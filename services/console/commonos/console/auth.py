@@ -131,6 +131,8 @@ class Auth:
         if origin is None or origin == "null":
             # No Origin (an old browser, a script): SameSite=Lax and the token still stand. "null" is refused.
             return origin is None
+        if origin.rstrip("/").lower() in self.settings.origins:
+            return True
         parts = urlsplit(origin)
         host = request.headers.get("host", "")
         return parts.netloc.lower() == host.lower()

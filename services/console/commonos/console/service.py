@@ -61,6 +61,11 @@ async def serve(settings: ConsoleSettings) -> int:
     install_stop_signals(stop)
     stopper = asyncio.create_task(stop.wait())
     stopper.add_done_callback(lambda _: srv.stop())
+    if not settings.users_file.exists():
+        log.warning(
+            "console: no people file at %s: nobody can sign in (cos console user add NAME --role operator)",
+            settings.users_file,
+        )
     if settings.secret_is_random:
         log.warning("console: COS_CONSOLE_SECRET is not set: sign-ins end when the console restarts")
     log.info("console: http://%s:%d/", settings.host, settings.port)

@@ -11,6 +11,8 @@
                                   X-Forwarded-User); believed only from COS_CONSOLE_TRUSTED_PROXIES
     COS_CONSOLE_TRUSTED_PROXIES   comma-separated addresses or networks of those proxies (e.g. 10.0.0.0/8)
     COS_CONSOLE_STATEMENT_TIMEOUT_MS  the longest a page's query may run (default 10000)
+    COS_CONSOLE_ORIGINS           comma-separated origins the browser may call from besides the request's own
+                                  Host (e.g. https://console.example.com behind a proxy that rewrites Host)
 
 COS_NATS_URL and COS_DATABASE_URL (and their credentials) are read as by every service.
 """
@@ -90,6 +92,8 @@ class ConsoleSettings:
     trusted_proxies: tuple[Network, ...] = ()
     statement_timeout_ms: int = 10_000
     pool_max_size: int = 8
+    #: Origins (scheme://host[:port]) accepted besides the request's Host, for the CSRF and WebSocket checks.
+    origins: tuple[str, ...] = ()
     #: True when no COS_CONSOLE_SECRET was given (a random key: sign-ins end with the process).
     secret_is_random: bool = True
 
@@ -108,7 +112,14 @@ class ConsoleSettings:
         insecure = env.get("COS_CONSOLE_INSECURE_COOKIES", "").strip().lower()
         if insecure not in {"", "0", "1", "false", "true", "no", "yes"}:
             raise ConfigError(f"COS_CONSOLE_INSECURE_COOKIES={insecure!r} is not 0 or 1")
+        origins = tuple(
+            o.strip().rstrip("/").lower() for o in env.get("COS_CONSOLE_ORIGINS", "").split(",") if o.strip()
+        )
+        for origin in origins:
+            if not re.fullmatch(r"https?://[a-z0-9.\-\[\]:]+", origin):
+                raise ConfigError(f"COS_CONSOLE_ORIGINS: {origin!r} is not an origin (https://host[:port])")
         values: dict[str, object] = {
+            "origins": origins,
             "common": common if common is not None else Settings.from_env(env),
             "host": env.get("COS_CONSOLE_HOST", "").strip() or "127.0.0.1",
             "port": int(_number(env, "COS_CONSOLE_PORT", DEFAULT_PORT, 0, 65535)),
