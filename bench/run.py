@@ -560,9 +560,7 @@ class Bench:
 
     async def otlp(self) -> None:
         s, f = self.sizes, self.results.figures
-        phase = OtlpPhase(
-            self.root, self.logs, self.pg, self.say, s.otlp_turns, s.otlp_calls, self.args.otlp_exporters
-        )
+        phase = OtlpPhase(self.root, self.logs, self.pg, self.say, s.otlp_turns, s.otlp_calls, self.args.otlp_exporters)
         result = await phase.run(s.otlp_runs, lambda run_s: self.another_run_fits("otlp", run_s))
         f["otlp_spans"] = result.spans
         f["otlp_runs"] = len(result.gateway_s)
