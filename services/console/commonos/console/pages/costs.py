@@ -551,7 +551,7 @@ def bar_chart(chart_id: str, title: str, rows: list[CostRow], colour_of: dict[st
     """Horizontal bars of each row's USD, as an accessible SVG image (title, description, a label per bar).
 
     Every piece of text is escaped: group names are tag values, models, profiles (data, not markup)."""
-    shown = rows[:30]
+    shown = rows[:31]
     height = max(1, len(shown)) * BAR_HEIGHT + 10
     top = max((r.usd or Decimal(0) for r in shown), default=Decimal(0))
     scale = (CHART_WIDTH - LABEL_WIDTH - 110) / float(top) if top > 0 else 0.0
@@ -599,7 +599,7 @@ async def costs_page(request: Request, who: SignedIn, db: Db, r: RangeParams) ->
         "origin": bar_chart(
             "chart-origin", "Cost by origin: the loop and imported work", report.by_origin.rows, COLOURS
         ),
-        "day": bar_chart("chart-day", "Cost by day (UTC)", report.by_day.rows),
+        "day": bar_chart("chart-day", "Cost by day (UTC), the last 31 days of the range", report.by_day.rows[-31:]),
     }
     tables = [
         ("origin", "By origin (the loop's own calls and imported Claude Code / Codex work)", report.by_origin),
