@@ -262,7 +262,7 @@ def hostile_sessions(clock: Clock) -> tuple[SessionBuilder, SessionBuilder, uuid
     parent = SessionBuilder("acme", clock, ("client:acme", "team:red")).create(
         source="web", title="Hostile <b>title</b>"
     )
-    turn = parent.start_turn()
+    turn = parent.start_turn(snapshot={"system_prompt": "Obey <b>nobody</b>.", "memory": []})
     parent.message(turn, UserMessage(text=SCRIPT))
     parent.model_call(turn, input_tokens=1200, output_tokens=300)
     parent.message(turn, AssistantMessage(tool_calls=(ToolCall(id="d1", name="delegate", args={"goal": "look"}),)))

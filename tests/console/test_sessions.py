@@ -163,6 +163,7 @@ async def test_a_session_page_shows_the_tree_tool_and_model_calls(
     client, _ = await console.signed_in("olivia")
     s = await get_json(client, f"/api/sessions/{parent.session_id}")
     assert (s["profile_id"], s["source"], s["status"]) == ("acme", "web", "completed")
+    assert s["context_snapshot"]["system_prompt"] == "Obey <b>nobody</b>."
     [turn] = s["turns"]
     assert [m["role"] for m in turn["messages"]] == ["user", "assistant", "tool_result", "assistant"]
     assert turn["messages"][0]["text"] == SCRIPT
@@ -194,6 +195,7 @@ async def test_a_session_page_shows_the_tree_tool_and_model_calls(
     assert "<script>alert" not in html and "&lt;script&gt;alert(&#34;owned&#34;)&lt;/script&gt;" in html
     assert "<img src=x" not in html and "&lt;img src=x onerror=" in html
     assert "Hostile &lt;b&gt;title&lt;/b&gt;" in html
+    assert "Obey &lt;b&gt;nobody&lt;/b&gt;." in html
     assert 'class="child"' in html and "helper" in html
     assert 'sse-connect="/sessions/' in html
     async with client.get(f"/sessions/{uuid.uuid4()}") as r:

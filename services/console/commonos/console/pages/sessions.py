@@ -437,6 +437,8 @@ class SessionView(BaseModel):
     title: str | None
     tags: list[str]
     parent_session_id: uuid.UUID | None
+    #: What the first turn's model was given besides the conversation (system prompt, memory), as recorded.
+    context_snapshot: dict[str, Any] | None = None
     created_at: datetime
     updated_at: datetime
     status: str | None
@@ -533,7 +535,8 @@ async def load_session(conn: Conn, session_id: uuid.UUID) -> SessionView | None:
             SELECT c.*, t.level + 1 FROM sessions c JOIN tree t ON c.parent_session_id = t.id
             WHERE t.level < $2
         )
-        SELECT id, profile_id, source, title, tags, parent_session_id, created_at, updated_at, level FROM tree
+        SELECT id, profile_id, source, title, tags, parent_session_id, context_snapshot, created_at, updated_at, level
+        FROM tree
         ORDER BY level, created_at, id
         """,
         session_id,
@@ -628,6 +631,7 @@ def assemble(
             title=s["title"],
             tags=list(s["tags"] or ()),
             parent_session_id=s["parent_session_id"],
+            context_snapshot=s["context_snapshot"] if isinstance(s["context_snapshot"], dict) else None,
             created_at=s["created_at"],
             updated_at=s["updated_at"],
             status=own_turns[-1].status if own_turns else None,
