@@ -16,6 +16,7 @@ from fastapi import HTTPException, WebSocket
 
 from commonos.console.auth import COOKIE, websocket_principal
 from commonos.console.db import Database
+from commonos.console.pages import signin
 from commonos.console.users import Role, User, Users, verify_password
 from tests.console.conftest import PASSWORDS, RunningConsole, Seeded, StartConsole
 
@@ -295,3 +296,16 @@ async def test_a_public_origin_behind_a_proxy_is_accepted(start_console: StartCo
         "/api/logout", headers={"X-CSRF-Token": token, "Origin": "https://console.example.com"}
     ) as r:
         assert r.status == 204
+
+
+async def test_guessing_passwords_is_throttled(console: RunningConsole, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(signin, "MAX_FAILURES", 3)
+    client = await console.client()
+    for _ in range(3):
+        async with client.post("/api/login", json={"name": "olivia", "password": "a-wrong-guess"}) as r:
+            assert r.status == 401
+    async with client.post("/api/login", json={"name": "olivia", "password": PASSWORDS["olivia"]}) as r:
+        assert r.status == 429
+        assert int(r.headers["Retry-After"]) > 0
+    async with client.post("/login", data={"name": "olivia", "password": PASSWORDS["olivia"]}) as r:
+        assert r.status == 429

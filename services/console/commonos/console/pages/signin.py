@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+import time
 from typing import Annotated
 
 from fastapi import APIRouter, Form, HTTPException, Request
@@ -14,6 +16,45 @@ from commonos.console.templating import render
 from commonos.console.users import verify_password
 
 router = APIRouter(tags=["sign-in"])
+
+#: Failed sign-ins allowed per client address within WINDOW_S; past them the address waits (429).
+MAX_FAILURES = 20
+WINDOW_S = 300.0
+
+
+class Throttle:
+    """Failed sign-ins by client address (each check costs an argon2 hash: a guessing loop is also a load)."""
+
+    def __init__(self) -> None:
+        self._failures: dict[str, collections.deque[float]] = {}
+
+    def _recent(self, address: str) -> collections.deque[float]:
+        now = time.monotonic()
+        q = self._failures.setdefault(address, collections.deque())
+        while q and now - q[0] > WINDOW_S:
+            q.popleft()
+        return q
+
+    def check(self, request: Request) -> None:
+        address = request.client.host if request.client else "?"
+        q = self._recent(address)
+        if len(q) >= MAX_FAILURES:
+            retry = max(1, int(WINDOW_S - (time.monotonic() - q[0])) + 1)
+            raise HTTPException(429, "too many failed sign-ins: try again later", headers={"Retry-After": str(retry)})
+
+    def failed(self, request: Request) -> None:
+        self._recent(request.client.host if request.client else "?").append(time.monotonic())
+        if len(self._failures) > 10_000:  # forget the oldest addresses rather than grow without bound
+            for key in list(self._failures)[:5_000]:
+                del self._failures[key]
+
+
+def _throttle(request: Request) -> Throttle:
+    state = request.app.state
+    if not hasattr(state, "sign_in_throttle"):
+        state.sign_in_throttle = Throttle()
+    throttle: Throttle = state.sign_in_throttle
+    return throttle
 
 
 class Credentials(BaseModel):
@@ -57,9 +98,11 @@ async def login_form(
     auth = get_auth(request)
     if not auth.same_origin(request):
         raise HTTPException(403, "cross-origin request refused")
+    _throttle(request).check(request)
     user = auth.users.get(name)
     if not verify_password(user, password) or user is None:
         SIGN_INS.labels("refused").inc()
+        _throttle(request).failed(request)
         return render(
             request,
             "login.html",
@@ -84,15 +127,21 @@ async def logout_form(request: Request, who: CsrfChecked) -> Response:
     return response
 
 
-@router.post("/api/login", response_model=Me, responses={401: {"description": "wrong name or password"}})
+@router.post(
+    "/api/login",
+    response_model=Me,
+    responses={401: {"description": "wrong name or password"}, 429: {"description": "too many failed sign-ins"}},
+)
 async def api_login(request: Request, credentials: Credentials, response: Response) -> Me:
     """Sign in: sets the session cookie; the answer carries the CSRF token for later calls."""
     auth = get_auth(request)
     if not auth.same_origin(request):
         raise HTTPException(403, "cross-origin request refused")
+    _throttle(request).check(request)
     user = auth.users.get(credentials.name)
     if not verify_password(user, credentials.password) or user is None:
         SIGN_INS.labels("refused").inc()
+        _throttle(request).failed(request)
         raise HTTPException(401, "wrong name or password")
     SIGN_INS.labels("ok").inc()
     principal = auth.sign_in(response, user)
