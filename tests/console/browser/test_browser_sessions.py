@@ -1,0 +1,180 @@
+"""Signing in, the Sessions page and a session's page in headless Chromium, on data published through the real
+journal-writer and billing: a wrong password refused, search highlighting a message, attacker-controlled text
+(a `<script>` message, markup in a tool's result, in a title and in live events) shown as text with nothing run,
+and an analyst refused another profile's session by URL and by API while seeing its own."""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+from playwright.async_api import expect
+
+from commonos.proto import events as ev
+from commonos.proto.messages import ToolResultMessage, UserMessage
+from tests.console.browser.conftest import Tab, shoot
+from tests.console.conftest import HOSTILE_RESULT, LOOK, SCRIPT, Seeded
+from tests.factories import SessionBuilder
+from tests.support import publish_all
+
+#: Set on every page before its own scripts: wraps EventSource so that a test knows when a live stream follows
+#: its session (the server's `ready` event comes once its NATS subscription is made), and the sentinel that any
+#: script smuggled in through content would have to change.
+INSTRUMENT = """
+window.__cosPwned = 0;
+window.__cosLiveReady = 0;
+const Native = window.EventSource;
+window.EventSource = function (url, init) {
+  const source = new Native(url, init);
+  source.addEventListener("ready", () => { window.__cosLiveReady += 1; });
+  return source;
+};
+window.EventSource.prototype = Native.prototype;
+"""
+
+LIVE_SCRIPT = "<script>window.__cosPwned = 1; alert('live')</script> a live <b>question</b>"
+LIVE_RESULT = '<img src=x onerror="window.__cosPwned = 2"> live result'
+
+
+async def test_sign_in_and_a_wrong_password(tab: Tab) -> None:
+    page = tab.page
+    await page.goto("/sessions")
+    await expect(page).to_have_url(re.compile(r"/login\?next=%2Fsessions$"))
+    await expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
+    await shoot(page, "login")
+
+    await page.get_by_label("Name").fill("olivia")
+    await page.get_by_label("Password").fill("not-her-password")
+    async with page.expect_response(lambda r: r.url.endswith("/login") and r.request.method == "POST") as refused:
+        await page.get_by_role("button", name="Sign in").click()
+    assert (await refused.value).status == 401
+    await expect(page.get_by_role("alert")).to_have_text("Wrong name or password.")
+    await expect(page.get_by_label("Name")).to_have_value("olivia")
+    await shoot(page, "login-refused")
+    assert (await page.request.get("/api/me")).status == 401
+
+    # The right password: back to the page first asked for, signed in.
+    await page.get_by_label("Password").fill("operator-password")
+    await page.get_by_role("button", name="Sign in").click()
+    await expect(page).to_have_url(re.compile(r"/sessions$"))
+    await expect(page.locator("header .who")).to_contain_text("olivia")
+    await expect(page.locator("header .role")).to_have_text("operator")
+    await expect(page.locator("table.sessions tbody tr")).to_have_count(3)
+    me = await page.request.get("/api/me")
+    assert me.status == 200 and (await me.json())["name"] == "olivia"
+    cookies = await page.context.cookies()
+    assert cookies and all(c["httpOnly"] and c["sameSite"] == "Lax" for c in cookies)
+    await shoot(page, "sessions")
+
+    # Signing out ends it.
+    await page.get_by_role("button", name="Sign out").click()
+    await expect(page).to_have_url(re.compile(r"/login$"))
+    assert (await page.request.get("/api/me")).status == 401
+
+
+async def test_search_finds_a_message_and_highlights_it(
+    tab: Tab, hostile: tuple[SessionBuilder, SessionBuilder]
+) -> None:
+    _, child = hostile
+    page = tab.page
+    await tab.sign_in("olivia")
+    await expect(page.locator("table.sessions tbody tr")).to_have_count(5)
+    await page.get_by_label("Search messages").fill("xylophone")
+    await page.get_by_label("Search messages").press("Enter")
+    # htmx swaps the results in place and pushes the query into the address bar.
+    await expect(page).to_have_url(re.compile(r"[?&]q=xylophone"))
+    rows = page.locator("table.sessions tbody tr")
+    await expect(rows).to_have_count(2)
+    await expect(rows.nth(0).get_by_role("link")).to_have_attribute("href", f"/sessions/{child.session_id}")
+    await expect(rows.nth(1).get_by_role("link")).to_have_text("Hostile <b>title</b>")
+    marks = page.locator(".snippet mark")
+    await expect(marks).to_have_count(2)
+    for mark in await marks.all():
+        await expect(mark).to_have_text(re.compile("^xylophone$", re.IGNORECASE))
+        assert await mark.evaluate("m => getComputedStyle(m).backgroundColor") != "rgba(0, 0, 0, 0)"
+    # The child's snippet is the message's text with its < and & as characters.
+    await expect(rows.nth(0).locator(".snippet")).to_contain_text("1 < 2 & xylophone")
+    await shoot(page, "sessions-search")
+
+    await page.get_by_label("Search messages").fill("nonexistentword")
+    await page.get_by_label("Search messages").press("Enter")
+    await expect(page.locator("#results")).to_contain_text("No sessions with a message matching “nonexistentword”")
+    await expect(page.locator("table.sessions")).to_have_count(0)
+    # Back in history: the previous results again.
+    await page.go_back()
+    await expect(page).to_have_url(re.compile(r"q=xylophone"))
+    await expect(page.locator(".snippet mark")).to_have_count(2)
+    assert tab.errors == [] and tab.dialogs == []
+
+
+async def test_a_script_in_a_message_renders_as_text(
+    tab: Tab, hostile: tuple[SessionBuilder, SessionBuilder], nats_url: str
+) -> None:
+    parent, _ = hostile
+    page = tab.page
+    await page.add_init_script(INSTRUMENT)
+    await tab.sign_in("olivia")
+    await page.goto(f"/sessions/{parent.session_id}")
+    await expect(page.get_by_role("heading", level=1)).to_contain_text("Hostile <b>title</b>")
+    # The user's message is the very text typed, script tag and all.
+    await expect(page.locator(".message.user .text").first).to_have_text(SCRIPT)
+    await expect(page.get_by_text(LOOK)).to_be_visible()
+    # The delegated child's risky tool call: its result is text, no <img> was made of it.
+    await page.locator("details.toolcall", has_text="shell").locator("summary").click()
+    await expect(page.locator("details.toolcall pre", has_text="xylophone result")).to_have_text(HOSTILE_RESULT)
+    await expect(page.locator("details.toolcall", has_text="shell")).to_contain_text("approved by cli:tester")
+    assert await page.locator("main img, main b, main script").count() == 0
+    await page.wait_for_function("window.__cosLiveReady > 0")
+    await shoot(page, "session", full_page=True)
+
+    # The same text arriving live (htmx swapping the server's fragments in) is text too.
+    parent.events.clear()
+    turn = parent.start_turn()
+    parent.message(turn, UserMessage(text=LIVE_SCRIPT))
+    parent.tool_call(turn, "x1", "fetch_url", {"url": "<script>"}, LIVE_RESULT, risk=ev.Risk.HIGH)
+    parent.message(turn, ToolResultMessage(call_id="x1", content=LIVE_RESULT))
+    await publish_all(nats_url, parent.events)
+    log = page.locator("#live-log")
+    await expect(log.locator(".message.user .text")).to_have_text(LIVE_SCRIPT)
+    await expect(log.locator("details.toolcall")).to_contain_text("fetch_url")
+    await expect(log.locator(".message.tool pre")).to_have_text(LIVE_RESULT)
+    await expect(page.locator(".live-status")).to_contain_text("running")
+    assert await page.locator("main img, main b, main script").count() == 0
+    await shoot(page, "session-live", full_page=True)
+
+    assert await page.evaluate("window.__cosPwned") == 0
+    assert tab.dialogs == [], tab.dialogs
+    assert tab.errors == [], tab.errors
+
+
+async def test_an_analyst_sees_its_profiles_sessions_only(tab: Tab, console_db: Seeded) -> None:
+    page = tab.page
+    [globex] = console_db.sessions("globex")
+    acme = console_db.sessions("acme")
+    await tab.sign_in("alice")
+    await expect(page.locator("header .role")).to_have_text("analyst")
+    rows = page.locator("table.sessions tbody tr")
+    await expect(rows).to_have_count(len(acme))
+    for row in await rows.all():
+        await expect(row.locator("td").nth(2)).to_have_text("acme")
+    assert f"/sessions/{globex}" not in await page.content()
+    await shoot(page, "sessions-analyst")
+
+    # Its own profile's session, whole.
+    await page.locator(f'a[href="/sessions/{acme[0]}"]').click()
+    await expect(page).to_have_url(re.compile(f"/sessions/{acme[0]}$"))
+    await expect(page.locator("dl.facts")).to_contain_text("acme")
+    assert (await page.request.get(f"/api/sessions/{acme[0]}")).status == 200
+
+    # Another profile's: by URL and by API, as if it did not exist.
+    response = await page.goto(f"/sessions/{globex}")
+    assert response is not None and response.status == 404
+    await expect(page.get_by_role("heading", level=1)).to_have_text("404 Not found")
+    assert "globex" not in await page.content()
+    await shoot(page, "session-not-found")
+    api = await page.request.get(f"/api/sessions/{globex}")
+    assert api.status == 404, await api.text()
+    assert (await page.request.get(f"/api/sessions/{uuid.uuid4()}")).status == 404
+    assert (await page.request.get(f"/api/sessions/{globex}/events")).status == 404
+    listed = await (await page.request.get("/api/sessions?profile=globex")).json()
+    assert listed["sessions"] == []
