@@ -384,9 +384,9 @@ def test_our_own_loops_spans_map_to_nothing() -> None:
         span(4, 1, chat(**ours), start=5, end=6),
     ]
     for requests in ([spans], [spans[1:], spans[:1]]):
-        mapped = [map_spans(request(*spans_), SOURCE) for spans_ in requests]
-        assert [e for m in mapped for e in m.events] == []
-        assert sum(m.ignored for m in mapped) == 4 and sum(m.rejected for m in mapped) == 0
+        each = [map_spans(request(*spans_), SOURCE) for spans_ in requests]
+        assert [e for m in each for e in m.events] == []
+        assert sum(m.ignored for m in each) == 4 and sum(m.rejected for m in each) == 0
     # An id of ours that is no UUID is a broken span, refused with the reason.
     mapped = map_spans(request(span(2, None, chat(**{**ours, "cos.event_id": "nope"}))), SOURCE)
     assert mapped.rejected == 1 and "cos.event_id 'nope' is not a UUID" in mapped.errors[0]
