@@ -8,6 +8,11 @@ loop's own and refused in an answer. No answer before the profile's timeout mean
 (`timed_out`). An answer not taken (neither approved nor denied, a `decided_by` holding U+0000, or one
 after the decision) gets a not-ok ack saying why; until one is taken the approval keeps waiting. The
 approval id is the tool call's `tool_call_id`.
+
+Pending approvals live only in the waiting loops (`NatsApprover.pending`): a loop service answers
+`cos.approvals.pending` (`PendingQuery` → `PendingApprovals`) with those of its turns, and `list_pending`
+gathers every loop's answer (a console's Approvals page). `cos.approvals.<profile>.request` tells of each new
+one as it starts to wait.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from commonos.loop.subjects import (
+    APPROVALS_PENDING,
     RESERVED_DECIDERS,
     approval_answers_subject,
     approval_decide_subject,
@@ -62,6 +68,18 @@ class ApprovalAnswer(msgspec.Struct, frozen=True, kw_only=True):
 class ApprovalAck(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     ok: bool
     error: str | None = None
+
+
+class PendingQuery(msgspec.Struct, frozen=True, kw_only=True):
+    """Which pending approvals are asked for: those of `profile_ids`, or (None) of every profile."""
+
+    profile_ids: tuple[str, ...] | None = None
+
+
+class PendingApprovals(msgspec.Struct, frozen=True, kw_only=True):
+    """A loop service's answer to `cos.approvals.pending`: the approvals its turns wait for, oldest first."""
+
+    approvals: tuple[ApprovalRequest, ...] = ()
 
 
 class Approver(Protocol):
@@ -103,6 +121,14 @@ def new_request(
 class NatsApprover:
     def __init__(self, nc: Client) -> None:
         self.nc = nc
+        #: The approvals waiting for an answer now, by approval id (in the order they started to wait).
+        self.pending: dict[uuid.UUID, ApprovalRequest] = {}
+
+    def waiting(self, profile_ids: tuple[str, ...] | None = None) -> PendingApprovals:
+        """The approvals waiting now, of `profile_ids` (None: every profile)."""
+        return PendingApprovals(
+            approvals=tuple(r for r in self.pending.values() if profile_ids is None or r.profile_id in profile_ids)
+        )
 
     async def ask(self, request: ApprovalRequest, timeout_s: float) -> ApprovalAnswer:
         decided: asyncio.Future[ApprovalAnswer] = asyncio.get_running_loop().create_future()
@@ -132,6 +158,7 @@ class NatsApprover:
                     await msg.respond(msgspec.json.encode(ack))
 
         sub = await self.nc.subscribe(approval_answers_subject(request.profile_id, request.approval_id), cb=on_answer)
+        self.pending[request.approval_id] = request
         try:
             try:
                 await self.nc.publish(approval_request_subject(request.profile_id), msgspec.json.encode(request))
@@ -142,6 +169,7 @@ class NatsApprover:
             except TimeoutError:
                 return TIMED_OUT
         finally:
+            self.pending.pop(request.approval_id, None)
             with contextlib.suppress(nats.errors.Error):
                 await sub.unsubscribe()
 
@@ -180,3 +208,49 @@ async def send_decision(
     except nats.errors.TimeoutError:
         return ApprovalAck(ok=False, error=f"no answer from the loop within {timeout_s:.0f}s")
     return msgspec.json.decode(reply.data, type=ApprovalAck)
+
+
+async def list_pending(
+    nc: Client, profile_ids: tuple[str, ...] | None = None, timeout_s: float = 2.0, settle_s: float = 0.15
+) -> list[ApprovalRequest]:
+    """The approvals waiting in every loop service (of `profile_ids`, or all), oldest first.
+
+    Asks `cos.approvals.pending` once and gathers the answers: each loop answers with its own, so after the
+    first answer this waits `settle_s` more for the others (at most `timeout_s` in all). No loop service
+    (NATS says no one listens) or no answer in time is an empty list."""
+    inbox = nc.new_inbox()
+    answers: asyncio.Queue[Msg] = asyncio.Queue()
+
+    async def on_answer(msg: Msg) -> None:
+        answers.put_nowait(msg)
+
+    sub = await nc.subscribe(inbox, cb=on_answer)
+    found: dict[uuid.UUID, ApprovalRequest] = {}
+    try:
+        await nc.publish(APPROVALS_PENDING, msgspec.json.encode(PendingQuery(profile_ids=profile_ids)), reply=inbox)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        first = True
+        while True:
+            left = deadline - loop.time()
+            if not first:
+                left = min(left, settle_s)
+            if left <= 0:
+                break
+            try:
+                msg = await asyncio.wait_for(answers.get(), left)
+            except TimeoutError:
+                break
+            if msg.headers and msg.headers.get("Status") == "503":
+                break  # no responders: no loop service runs
+            first = False
+            try:
+                for request in msgspec.json.decode(msg.data, type=PendingApprovals).approvals:
+                    found[request.approval_id] = request
+            except msgspec.DecodeError as exc:
+                log.warning("not a pending approvals answer: %s", exc)
+    finally:
+        with contextlib.suppress(nats.errors.Error):
+            await sub.unsubscribe()
+    wanted = found.values() if profile_ids is None else (r for r in found.values() if r.profile_id in profile_ids)
+    return sorted(wanted, key=lambda r: (r.expires_at, str(r.approval_id)))

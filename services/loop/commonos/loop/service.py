@@ -1,5 +1,10 @@
 """The loop as a service: chat requests on NATS (`cos.cmd.<profile>.chat`), /metrics /healthz /readyz.
 
+A chat request with `started` is answered twice on its reply subject: `started` (the session and turn ids)
+as soon as the turn has them, then the final reply, so that a requester starting a new session learns which
+session's deltas (`cos.deltas.<profile>.<session>`) and events to follow. It answers `cos.approvals.pending`
+with the approvals its turns wait for (`commonos.loop.approvals.list_pending`).
+
 At start it publishes each profile's `profile_upserted`, but a deleted profile's (it warns instead: the
 profile stays deleted and its chats are refused), and warns of every profile it published before whose
 folder is gone. It answers `cos.cmd.<profile>.delete.<requester>` by publishing the profile's deletion.
@@ -29,7 +34,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from commonos.loop.approvals import NatsApprover
+from commonos.loop.approvals import NatsApprover, PendingApprovals, PendingQuery
 from commonos.loop.deltas import DeltaPublisher
 from commonos.loop.event_journal import LOOP_SOURCE
 from commonos.loop.journal import JournalError, MessageTooLarge, SessionNotFound
@@ -42,7 +47,13 @@ from commonos.loop.providers import build_provider
 from commonos.loop.providers.base import Provider
 from commonos.loop.registry import NatsTurnRegistry
 from commonos.loop.search import MessageSearch, NoSearch, PostgresMessageSearch
-from commonos.loop.subjects import CHAT_QUEUE_GROUP, DELETE_REQUESTS_ALL, chat_subject, check_approver
+from commonos.loop.subjects import (
+    APPROVALS_PENDING,
+    CHAT_QUEUE_GROUP,
+    DELETE_REQUESTS_ALL,
+    chat_subject,
+    check_approver,
+)
 from commonos.proto.events import TurnStatus
 from commonos.proto.identity import TurnInfo
 from commonos.proto.profiles import deleted_when_by
@@ -73,11 +84,15 @@ class ChatRequest(msgspec.Struct, frozen=True, kw_only=True):
     source: str = "service"
     #: A new session's parent: a session of the same profile.
     parent_session_id: uuid.UUID | None = None
+    #: Reply `started` (with the session and turn ids) as soon as the turn starts, then the final reply (the
+    #: requester reads two messages from its reply subject; an older loop ignores this and replies once).
+    started: bool = False
 
 
 class ChatReply(msgspec.Struct, frozen=True, kw_only=True):
     """`status`: a TurnStatus (completed, failed, cancelled, interrupted), or `busy` (another turn of the
-    session is running), `rejected` (a bad request) or `unavailable` (the service is stopping)."""
+    session is running), `rejected` (a bad request) or `unavailable` (the service is stopping); `started`
+    (the turn runs, the final reply follows) only for a request with `started`."""
 
     status: str
     session_id: uuid.UUID | None = None
@@ -134,6 +149,8 @@ class LoopService:
             sub = await self.nc.subscribe(chat_subject(profile_id), queue=CHAT_QUEUE_GROUP, cb=self._on_chat)
             self._subs.append(sub)
         self._subs.append(await self.nc.subscribe(DELETE_REQUESTS_ALL, queue=CHAT_QUEUE_GROUP, cb=self._on_delete))
+        # Every loop service answers (no queue group): each knows only the approvals its own turns wait for.
+        self._subs.append(await self.nc.subscribe(APPROVALS_PENDING, cb=self._on_pending))
         await self.nc.flush()
         self.health.set_ready("starting", True)
         log.info("loop serving profiles %s", ", ".join(self.loop.profiles))
@@ -241,6 +258,14 @@ class LoopService:
             await self._reply(msg, ChatReply(status="rejected", error=f"bad chat request: {exc}"))
             return
         started: list[TurnInfo] = []
+        notices: list[asyncio.Task[None]] = []
+
+        def on_start(turn: TurnInfo) -> None:
+            started.append(turn)
+            if request.started:
+                notice = ChatReply(status="started", session_id=turn.session_id, turn_id=turn.turn_id)
+                notices.append(asyncio.create_task(self._reply(msg, notice)))
+
         try:
             result = await self.loop.run_turn(
                 TurnRequest(
@@ -251,7 +276,7 @@ class LoopService:
                     source=request.source,
                     parent_session_id=request.parent_session_id,
                 ),
-                on_start=started.append,
+                on_start=on_start,
             )
             reply = ChatReply(
                 status=result.status.value,
@@ -278,7 +303,22 @@ class LoopService:
             reply = ChatReply(status="rejected", session_id=request.session_id, error=str(exc))
         except (JournalError, LockUnavailable) as exc:
             reply = ChatReply(status=TurnStatus.FAILED.value, session_id=request.session_id, error=str(exc))
+        if notices:  # the `started` reply goes first
+            await asyncio.gather(*notices, return_exceptions=True)
         await self._reply(msg, reply)
+
+    async def _on_pending(self, msg: Msg) -> None:
+        """`cos.approvals.pending`: the approvals this service's turns wait for (of the profiles asked)."""
+        if not msg.reply:
+            return
+        approver = self.loop.approver
+        try:
+            query = msgspec.json.decode(msg.data or b"{}", type=PendingQuery)
+        except msgspec.DecodeError:
+            query = PendingQuery(profile_ids=())
+        answer = approver.waiting(query.profile_ids) if isinstance(approver, NatsApprover) else PendingApprovals()
+        with contextlib.suppress(nats.errors.Error):
+            await msg.respond(msgspec.json.encode(answer))
 
     async def _on_delete(self, msg: Msg) -> None:
         """`cos.cmd.<profile>.delete.<requester>`: publish the profile's deletion, `deleted_by` the requester."""

@@ -4,6 +4,9 @@
 * `cos.approvals.<profile>.request` — a risky tool call waits for a decision (`ApprovalRequest`).
 * `cos.approvals.decide.<profile>.<approval_id>.<approver>` — the decision (`ApprovalAnswer` → `ApprovalAck`), sent by
   `cos approve ID` / `cos deny ID`; the waiting loop answers whether it took it.
+* `cos.approvals.pending` — which approvals are waiting now (`PendingQuery` → `PendingApprovals`, in
+  `commonos.loop.approvals`): every loop service answers with the approvals its turns wait for (no queue group),
+  so a requester gathers the answers for a moment (`list_pending`).
 * `cos.cmd.<profile>.delete.<requester>` — delete the profile (`DeleteRequest` → `DeleteReply`, in
   `commonos.proto.profiles`): a loop service publishes its `profile_deleted`, with `<requester>` as
   `deleted_by`, so NATS permissions on the subject decide who may delete which profiles.
@@ -19,6 +22,8 @@ from commonos.proto.tags import check_profile_id
 
 CHAT_QUEUE_GROUP: Final = "cos-loop"
 APPROVAL_REQUESTS_ALL: Final = "cos.approvals.*.request"
+#: Asked of every loop service: the approvals waiting in it (three tokens: no profile's subject is like it).
+APPROVALS_PENDING: Final = "cos.approvals.pending"
 
 
 def chat_subject(profile_id: str) -> str:

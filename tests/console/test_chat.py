@@ -1,0 +1,205 @@
+"""Chat on real servers (nats-server, PostgreSQL, the loop service on the scripted provider, the journal-writer):
+the WebSocket starts a `web` session with an extra tag and streams the reply before its final message, tool
+calls included; a continued session; refusals (a bad tag, tags with a session, an analyst, another profile's
+approver); the handshake's checks (sign-in, CSRF token, Origin); POST /api/chat; the page; and the console's copy
+of the loop's messages agreeing with the loop's own."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import aiohttp
+import msgspec
+import pytest
+
+from commonos.console import loop_requests as console_side
+from commonos.loop import approvals as loop_approvals
+from commonos.loop import service as loop_service_module
+from commonos.loop.service import LoopService
+from commonos.proto.events import ApprovalStatus, Risk, utcnow
+from tests.console.chat_support import fetch_value, loop_service
+from tests.console.conftest import RunningConsole, Seeded
+
+__all__ = ["loop_service"]
+
+
+async def socket(console: RunningConsole, client: aiohttp.ClientSession, token: str) -> aiohttp.ClientWebSocketResponse:
+    ws = await client.ws_connect(f"/api/chat/ws?csrf_token={token}", headers={"Origin": console.url})
+    return ws
+
+
+async def turn(ws: aiohttp.ClientWebSocketResponse, message: dict[str, Any]) -> list[dict[str, Any]]:
+    """Send a chat message; every message the console sends back up to `done` or `error`."""
+    await ws.send_str(json.dumps(message))
+    out: list[dict[str, Any]] = []
+    while True:
+        received = await ws.receive_json(timeout=30)
+        out.append(received)
+        if received["type"] in {"done", "error"}:
+            return out
+
+
+async def test_a_web_session_streams_its_reply_and_tool_calls(
+    console: RunningConsole, console_db: Seeded, loop_service: LoopService
+) -> None:
+    client, token = await console.signed_in("olivia")
+    ws = await socket(console, client, token)
+    got = await turn(ws, {"text": "weather in Charleston?", "profile_id": "acme", "tags": ["client:web-test"]})
+    kinds = [m["type"] for m in got]
+    assert kinds[0] == "started" and kinds[-1] == "done", kinds
+    done = got[-1]
+    assert (done["status"], done["text"], done["error"]) == (
+        "completed",
+        "Bring an umbrella: 18°C and light rain.",
+        None,
+    )
+    session = done["session_id"]
+    assert got[0]["session_id"] == session and got[0]["turn_id"] == done["turn_id"]
+    deltas = [m for m in got if m["type"] == "delta"]
+    assert [d["seq"] for d in deltas] == list(range(len(deltas)))
+    assert "".join(d["text"] for d in deltas if d["kind"] == "text") == done["text"]
+    assert [d["text"] for d in deltas if d["kind"] == "tool_call"] == ["list_dir"]
+    [tool] = [m for m in got if m["type"] == "tool_call"]
+    assert (tool["name"], tool["args"], tool["is_error"]) == ("list_dir", {"path": "."}, False)
+    # The tool call and every delta came before the final message.
+    assert kinds.index("tool_call") < kinds.index("done") and max(got.index(d) for d in deltas) < len(got) - 1
+
+    # Stored: a web session with the extra tag, the turn's tags the profile's and the session's.
+    dsn = console_db.dsn
+    sid = uuid.UUID(session)
+    assert await fetch_value(dsn, "SELECT source FROM sessions WHERE id = $1", sid) == "web"
+    assert await fetch_value(dsn, "SELECT tags FROM sessions WHERE id = $1", sid) == ["client:web-test"]
+    turn_tags = await fetch_value(dsn, "SELECT tags FROM turns WHERE id = $1", uuid.UUID(done["turn_id"]))
+    assert turn_tags == ["client:web-test", "team:core"]
+
+    # Continued on the same socket (before or after the journal-writer has it).
+    again = await turn(ws, {"text": "and now?", "profile_id": "acme", "session_id": session})
+    assert (again[-1]["status"], again[-1]["session_id"]) == ("completed", session) and again[-1]["text"]
+    assert "".join(m["text"] for m in again if m["type"] == "delta" and m["kind"] == "text") == again[-1]["text"]
+
+    # Refused, with the reason, and the socket stays open.
+    [bad] = await turn(ws, {"text": "x", "profile_id": "acme", "tags": ["Bad:tag"]})
+    assert bad["type"] == "error" and "invalid tag 'Bad:tag': upper case in the key" in bad["error"]
+    [fixed] = await turn(ws, {"text": "x", "profile_id": "acme", "session_id": session, "tags": ["a:b"]})
+    assert fixed["type"] == "error" and "tags are fixed" in fixed["error"]
+    [other] = await turn(ws, {"text": "x", "profile_id": "globex", "session_id": session})
+    assert other["type"] == "error" and "is of profile 'acme'" in other["error"]
+    [unknown] = await turn(ws, {"text": "x", "profile_id": "acme", "session_id": str(uuid.uuid4())})
+    assert unknown["type"] == "error" and unknown["code"] == 404
+    [garbage] = await turn(ws, {"profile_id": "acme"})
+    assert garbage["type"] == "error" and garbage["error"].startswith("not a chat message: text")
+    [nobody] = (await turn(ws, {"text": "hi", "profile_id": "globex"}))[-1:]
+    assert (nobody["type"], nobody["status"]) == ("done", "unavailable")
+    assert "no loop service answers for profile 'globex'" in nobody["error"]
+    assert (await turn(ws, {"text": "still here", "profile_id": "acme"}))[-1]["status"] == "completed"
+    await ws.close()
+
+
+async def test_who_may_chat(console: RunningConsole, console_db: Seeded, loop_service: LoopService) -> None:
+    # An analyst reads only.
+    alice, alice_token = await console.signed_in("alice")
+    ws = await socket(console, alice, alice_token)
+    [refused] = await turn(ws, {"text": "hello", "profile_id": "acme"})
+    assert refused["code"] == 403 and "analysts read only" in refused["error"]
+    await ws.close()
+    # An approver chats with its profiles only; it sees the session it continues.
+    abel, abel_token = await console.signed_in("abel")
+    ws = await socket(console, abel, abel_token)
+    [refused] = await turn(ws, {"text": "hello", "profile_id": "globex"})
+    assert refused["code"] == 403 and "not one of yours" in refused["error"]
+    [globex_session] = console_db.sessions("globex")
+    [hidden] = await turn(ws, {"text": "x", "profile_id": "globex", "session_id": str(globex_session)})
+    assert hidden["code"] == 403
+    acme_session = console_db.sessions("acme")[0]
+    done = (await turn(ws, {"text": "hello", "profile_id": "acme", "session_id": str(acme_session)}))[-1]
+    assert (done["status"], done["session_id"]) == ("completed", str(acme_session))
+    await ws.close()
+
+
+async def test_the_handshake_needs_the_sign_in_its_token_and_this_origin(
+    console: RunningConsole, loop_service: LoopService
+) -> None:
+    client, token = await console.signed_in("olivia")
+    for url, headers in (
+        ("/api/chat/ws", {"Origin": console.url}),  # no token
+        ("/api/chat/ws?csrf_token=wrong", {"Origin": console.url}),
+        (f"/api/chat/ws?csrf_token={token}", {"Origin": "http://evil.example"}),
+        (f"/api/chat/ws?csrf_token={token}", {"Origin": "null"}),
+    ):
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await client.ws_connect(url, headers=headers)
+        assert refused.value.status == 403, url
+    stranger = await console.client()
+    with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+        await stranger.ws_connect(f"/api/chat/ws?csrf_token={token}", headers={"Origin": console.url})
+    assert refused.value.status == 403
+    # Without an Origin (not a browser), the token and the cookie are enough.
+    ws = await client.ws_connect(f"/api/chat/ws?csrf_token={token}")
+    assert (await turn(ws, {"text": "hi", "profile_id": "acme"}))[-1]["status"] == "completed"
+    await ws.close()
+
+
+async def test_post_api_chat(console: RunningConsole, console_db: Seeded, loop_service: LoopService) -> None:
+    abel, token = await console.signed_in("abel")
+    body = {"text": "weather?", "profile_id": "acme", "tags": ["client:api"]}
+    async with abel.post("/api/chat", json=body) as r:
+        assert r.status == 403, await r.text()
+    async with abel.post("/api/chat", json=body, headers={"X-CSRF-Token": token}) as r:
+        assert r.status == 200, await r.text()
+        result = await r.json()
+    assert (result["status"], result["text"]) == ("completed", "Bring an umbrella: 18°C and light rain.")
+    assert [c["name"] for c in result["tool_calls"]] == ["list_dir"]
+    sid = uuid.UUID(result["session_id"])
+    assert await fetch_value(console_db.dsn, "SELECT tags FROM sessions WHERE id = $1", sid) == ["client:api"]
+    async with abel.post("/api/chat", json={**body, "tags": ["a b"]}, headers={"X-CSRF-Token": token}) as r:
+        assert r.status == 422 and "no spaces allowed" in (await r.json())["detail"]
+    async with abel.post("/api/chat", json={**body, "profile_id": "globex"}, headers={"X-CSRF-Token": token}) as r:
+        assert r.status == 403
+    # The page: the profiles this person may chat with, the socket's token, no inline script.
+    async with abel.get("/chat") as r:
+        html = await r.text()
+    assert r.status == 200 and "<option selected>acme</option>" in html and "globex" not in html
+    assert f'data-csrf="{token}"' in html and "/static/chat.js" in html
+    alice, _ = await console.signed_in("alice")
+    async with alice.get("/chat") as r:
+        assert "Analysts read only" in await r.text()
+    async with (await console.client()).get("/static/chat.js") as r:
+        assert r.status == 200 and "textContent" in await r.text()
+
+
+def test_the_console_and_the_loop_read_each_other_s_messages() -> None:
+    def both(value: msgspec.Struct, other: type[msgspec.Struct]) -> msgspec.Struct:
+        return msgspec.json.decode(msgspec.json.encode(value), type=other)
+
+    sid = uuid.uuid4()
+    ours = console_side.ChatRequest(text="hi", session_id=sid, tags=("a:b",), source="web", started=True)
+    theirs = both(ours, loop_service_module.ChatRequest)
+    assert msgspec.structs.asdict(theirs) == {**msgspec.structs.asdict(ours), "tags": ("a:b",)}
+    reply = loop_service_module.ChatReply(status="started", session_id=sid, turn_id=sid)
+    assert msgspec.structs.asdict(both(reply, console_side.ChatReply)) == msgspec.structs.asdict(reply)
+    request = loop_approvals.ApprovalRequest(
+        approval_id=sid,
+        profile_id="acme",
+        session_id=sid,
+        turn_id=sid,
+        call_id="c1",
+        tool="shell",
+        args={"command": "ls"},
+        risk=Risk.HIGH,
+        expires_at=utcnow(),
+    )
+    pending = loop_approvals.PendingApprovals(approvals=(request,))
+    mirrored = both(pending, console_side.PendingApprovals)
+    assert msgspec.json.encode(mirrored) == msgspec.json.encode(pending)
+    query = console_side.PendingQuery(profile_ids=("acme",))
+    assert both(query, loop_approvals.PendingQuery) == loop_approvals.PendingQuery(profile_ids=("acme",))
+    answer = console_side.ApprovalAnswer(status=ApprovalStatus.APPROVED, decided_by="web:abel")
+    assert both(answer, loop_approvals.ApprovalAnswer) == loop_approvals.ApprovalAnswer(
+        status=ApprovalStatus.APPROVED, decided_by="web:abel"
+    )
+    ack = loop_approvals.ApprovalAck(ok=False, error="already decided")
+    assert both(ack, console_side.ApprovalAck) == console_side.ApprovalAck(ok=False, error="already decided")
+    assert console_side.chat_subject("acme") == "cos.cmd.acme.chat"
+    assert console_side.APPROVALS_PENDING == "cos.approvals.pending"
