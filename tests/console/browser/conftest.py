@@ -9,7 +9,8 @@ with `executable_path`, never a browser Playwright downloads. A missing browser 
 * `shoot(page, name)`: a screenshot in COS_SCREENSHOTS_DIR, or by default in <tmp>/cos-console-screenshots
   (outside the repository).
 
-COS_CHROMIUM names another Chromium binary.
+COS_CHROMIUM names another Chromium binary. COS_README_SCREENSHOT=docs/console.png writes the README's picture
+(test_browser_sessions.py, a session one click from the list, 1280x800; then `pngquant` it).
 """
 
 from __future__ import annotations

@@ -5,16 +5,18 @@ and an analyst refused another profile's session by URL and by API while seeing 
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import uuid
 
 from playwright.async_api import expect
 
 from commonos.proto import events as ev
-from commonos.proto.messages import ToolResultMessage, UserMessage
+from commonos.proto.messages import AssistantMessage, ToolCall, ToolResultMessage, UserMessage
 from tests.console.browser.conftest import Tab, shoot
-from tests.console.conftest import HOSTILE_RESULT, LOOK, SCRIPT, Seeded
-from tests.factories import SessionBuilder
+from tests.console.conftest import HOSTILE_RESULT, LOOK, SCRIPT, Seeded, project
+from tests.factories import Clock, SessionBuilder
 from tests.support import publish_all
 
 #: Set on every page before its own scripts: wraps EventSource so that a test knows when a live stream follows
@@ -178,3 +180,81 @@ async def test_an_analyst_sees_its_profiles_sessions_only(tab: Tab, console_db: 
     assert (await page.request.get(f"/api/sessions/{globex}/events")).status == 404
     listed = await (await page.request.get("/api/sessions?profile=globex")).json()
     assert listed["sessions"] == []
+
+
+def report_session(clock: Clock) -> tuple[SessionBuilder, SessionBuilder]:
+    """A session as a person would run one: a query tool, a delegated child with a risky call approved, model
+    calls in both."""
+    parent = SessionBuilder("acme", clock, ("client:acme", "project:reports")).create(
+        source="web", title="Weekly orders report for Acme"
+    )
+    turn = parent.start_turn()
+    parent.message(turn, UserMessage(text="Summarise last week's orders for Acme and flag anything unusual."))
+    parent.model_call(turn, input_tokens=2400, output_tokens=180)
+    query: dict[str, object] = {"sql": "SELECT day, count(*), sum(total) FROM orders WHERE week = 47 GROUP BY day"}
+    parent.message(turn, AssistantMessage(tool_calls=(ToolCall(id="q1", name="sql_query", args=query),)))
+    parent.tool_call(turn, "q1", "sql_query", query, "7 rows: 412 orders, $38,120 in total; Thursday 9 orders")
+    parent.message(turn, ToolResultMessage(call_id="q1", content="7 rows: 412 orders, $38,120 in total"))
+    goal: dict[str, object] = {"goal": "Find why Thursday had 9 orders"}
+    parent.message(turn, AssistantMessage(tool_calls=(ToolCall(id="d1", name="delegate", args=goal),)))
+    child = SessionBuilder("acme", clock, ("client:acme", "project:reports")).create(
+        source="delegate", title="Thursday's orders", parent_session_id=parent.session_id
+    )
+    child_turn = child.start_turn(parent_turn_id=turn, depth=1)
+    child.message(child_turn, UserMessage(text="Find why Thursday had 9 orders"))
+    child.model_call(child_turn, input_tokens=900, output_tokens=120)
+    logs: dict[str, object] = {"command": "grep -c 'checkout failed' /var/log/shop/2026-11-19.log"}
+    child.message(child_turn, AssistantMessage(tool_calls=(ToolCall(id="s1", name="shell", args=logs),)))
+    child.tool_call(child_turn, "s1", "shell", logs, "1873", risk=ev.Risk.HIGH, approval=ev.ApprovalStatus.APPROVED)
+    child.message(child_turn, ToolResultMessage(call_id="s1", content="1873"))
+    child.message(child_turn, AssistantMessage(text="Checkout failed 1,873 times on Thursday: the payment outage."))
+    child.finish(child_turn)
+    parent.tool_call(turn, "d1", "delegate", goal, "Checkout failed 1,873 times on Thursday")
+    parent.message(turn, ToolResultMessage(call_id="d1", content="Checkout failed 1,873 times on Thursday"))
+    parent.model_call(turn, input_tokens=3100, output_tokens=260)
+    parent.message(
+        turn,
+        AssistantMessage(
+            text="412 orders ($38,120), up 6% on the week before. Unusual: Thursday had 9 orders because "
+            "checkout failed 1,873 times during the payment provider's outage."
+        ),
+    )
+    parent.finish(turn)
+    return parent, child
+
+
+async def test_a_session_one_click_from_the_list(tab: Tab, console_db: Seeded, nats_url: str) -> None:
+    """From the list to a session: the conversation, the tool calls with their arguments and results, the
+    delegated session inline with its approved risky call, the model calls with tokens and cost.
+
+    Its screenshot is also the README's when COS_README_SCREENSHOT names where to write it."""
+    clock = Clock()
+    clock.tick(3_600_000)
+    parent, child = report_session(clock)
+    await project(nats_url, console_db.dsn, parent.events + child.events)
+    page = tab.page
+    await tab.sign_in("olivia")
+    await page.get_by_role("link", name="Weekly orders report for Acme").click()
+    await expect(page).to_have_url(re.compile(f"/sessions/{parent.session_id}$"))
+    await expect(page.locator("dl.facts")).to_contain_text("project:reports")
+    await expect(page.locator("dl.facts")).to_contain_text("3 · 6400 in / 560 out")
+    query = page.locator("details.toolcall", has_text="sql_query")
+    await query.locator("summary").click()
+    await expect(query.locator("pre").first).to_contain_text("SELECT day, count(*)")
+    await expect(query.locator("pre").nth(1)).to_contain_text("412 orders")
+    child_block = page.locator(".child", has_text="Thursday's orders")
+    await expect(child_block).to_be_visible()
+    shell = child_block.locator("details.toolcall", has_text="shell")
+    await expect(shell.locator("summary")).to_contain_text("risk high")
+    await expect(shell.locator("summary")).to_contain_text("approved by cli:tester")
+    calls = page.locator("details.modelcall").first
+    await calls.locator("summary").click()
+    await expect(calls.locator("tbody tr")).to_have_count(2)
+    await expect(calls.locator("tbody tr").first).to_contain_text("anthropic/claude-sonnet-4-5")
+    await expect(calls.locator("tbody tr").first).to_contain_text("priced")
+    await page.evaluate("window.scrollTo(0, 0)")
+    path = await shoot(page, "readme")
+    await shoot(page, "session-tree", full_page=True)
+    if target := os.environ.get("COS_README_SCREENSHOT"):
+        shutil.copyfile(path, target)
+    assert tab.errors == [] and tab.dialogs == []
