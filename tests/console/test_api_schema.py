@@ -4,7 +4,8 @@ none may be answered with a server error (schemathesis's `not_a_server_error` ch
 
 On real data (the sample sessions, a hostile pair and a delegated child, projected by the journal-writer and
 billing), signed in as the operator and as an analyst (whose reads run under row-level security), with the
-CSRF token: path parameters are drawn both at random and from the sessions that exist. Deterministic
+CSRF token: schemathesis's coverage phase (boundary values, each way a parameter can be wrong) and its fuzzing
+(valid and invalid data), path parameters drawn both at random and from the sessions that exist. Deterministic
 (Hypothesis derandomized, no example database) and bounded (a few examples per operation and mode).
 
 schemathesis's requests are synchronous, and the console runs in this test's event loop: they run in a thread.
@@ -13,6 +14,7 @@ schemathesis's requests are synchronous, and the console runs in this test's eve
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 import traceback
 from collections.abc import Callable
@@ -25,7 +27,7 @@ import requests
 import schemathesis
 from hypothesis import HealthCheck, Phase, given
 from hypothesis import strategies as st
-from schemathesis import APIOperation, Case, GenerationMode
+from schemathesis import APIOperation, BaseSchema, Case, GenerationMode
 from schemathesis.checks import not_a_server_error
 
 from tests.console.conftest import RunningConsole, Seeded
@@ -33,12 +35,16 @@ from tests.factories import SessionBuilder
 
 #: Examples per operation, generation mode and path-parameter source: about 200 requests for each person.
 MAX_EXAMPLES = 8
+#: Coverage cases per operation (the operator's run only): boundary values and invalid parameters, about 400.
+COVERAGE_CASES = 60
 #: A stream answers with its headers and then follows: a read timeout is how such a call ends.
 REQUEST_TIMEOUT_S = 10.0
 #: Operations that would end the sign-in the run uses.
 SIGNS_OUT = {("POST", "/api/logout")}
-#: Operations whose answer does not depend on who is signed in, run once (signing in checks an argon2 hash: slow).
+#: Operations whose answer does not depend on who is signed in, run once with fewer cases (signing in checks an
+#: argon2 hash: slow).
 ANYONE = {("POST", "/api/login")}
+FEWER = 4
 #: Path parameters given the ids of what exists as well as random ones.
 EXISTING = "session_id"
 
@@ -59,7 +65,6 @@ SETTINGS = hypothesis.settings(
 class Finding:
     operation: str
     who: str
-    case: str
     error: str
 
 
@@ -68,7 +73,7 @@ class Run:
     console: RunningConsole
     who: str
     headers: dict[str, str]
-    #: The first run also covers the operations in ANYONE.
+    #: The first run also covers the operations in ANYONE, and runs the coverage phase.
     first: bool
     findings: list[Finding] = field(default_factory=list)
     calls: int = 0
@@ -109,8 +114,9 @@ def check(run: Run, operation: Operation, session: requests.Session) -> Callable
 def fuzz(run: Run, operation: Operation, strategy: st.SearchStrategy[Case[Any]], label: str) -> None:
     session = requests.Session()
     body = check(run, operation, session)
+    examples = FEWER if (operation.method.upper(), operation.path) in ANYONE else MAX_EXAMPLES
 
-    @SETTINGS
+    @hypothesis.settings(SETTINGS, max_examples=examples)
     @given(case=strategy)
     def generated(case: Case[Any]) -> None:
         body(case)
@@ -127,13 +133,36 @@ def fuzz(run: Run, operation: Operation, strategy: st.SearchStrategy[Case[Any]],
             Finding(
                 f"{operation.method.upper()} {operation.path}",
                 f"{run.who}, {label}",
-                "",
                 "".join(traceback.format_exception_only(type(exc), exc)).strip(),
             )
         )
     finally:
         session.close()
         run.timings[f"{operation.method.upper()} {operation.path} ({label})"] = time.perf_counter() - started
+
+
+def cover(run: Run, schema: BaseSchema, operation: Operation) -> None:
+    """schemathesis's coverage phase: the document's boundary values and each way a parameter can be wrong, in a
+    fixed order (the first COVERAGE_CASES of them); the first failure is kept."""
+    generation = schema.config.generation_for(operation=operation, phase="coverage")
+    cases = schema.iter_coverage_cases(operation, generation_modes=list(GenerationMode), generation_config=generation)
+    session = requests.Session()
+    body = check(run, operation, session)
+    started = time.perf_counter()
+    try:
+        limit = FEWER * 4 if (operation.method.upper(), operation.path) in ANYONE else COVERAGE_CASES
+        for case in itertools.islice(cases, limit):
+            try:
+                body(case)
+            except (Exception, BaseExceptionGroup) as exc:
+                error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+                run.findings.append(
+                    Finding(f"{operation.method.upper()} {operation.path}", f"{run.who}, coverage", error)
+                )
+                return
+    finally:
+        session.close()
+        run.timings[f"{operation.method.upper()} {operation.path} (coverage)"] = time.perf_counter() - started
 
 
 def existing(operation: Operation, ids: list[str]) -> st.SearchStrategy[Case[Any]]:
@@ -153,6 +182,8 @@ def exercise(run: Run, session_ids: list[str]) -> None:
         key = (operation.method.upper(), operation.path)
         if key in SIGNS_OUT or (key in ANYONE and not run.first):
             continue
+        if run.first:
+            cover(run, schema, operation)
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
             fuzz(run, operation, operation.as_strategy(generation_mode=mode), f"{mode.value} data")
         # Path parameters naming what exists (a session id), valid data otherwise.
