@@ -34,6 +34,7 @@ import nats.errors
 from rich.console import Console
 
 from bench.baselines import naive_consumer, raw_ceiling
+from bench.console import ConsolePhase
 from bench.imports import Unavailable, copy_corpus, corpus_claude_dir, ensure_ccusage
 from bench.latency import measure_latency
 from bench.load import StreamStats, publish_stream, realistic_events
@@ -72,6 +73,7 @@ PHASES: Final = (
     "latency",
     "otlp",
     "import",
+    "console",
 )
 
 #: What each phase measures, so a phase that fails marks its figures as skipped with the reason.
@@ -86,6 +88,12 @@ PHASE_FIGURES: Final[dict[str, tuple[str, ...]]] = {
     "latency": ("latency_p50_ms", "latency_p99_ms", "latency_max_ms"),
     "otlp": ("otlp_gateway_spans_per_s", "otlp_direct_spans_per_s", "otlp_gateway_peak_rss_mb"),
     "import": ("import_dry_run_s", "ccusage_s", "import_full_mb_per_s"),
+    "console": (
+        "console_list_p95_ms",
+        "console_search_p95_ms",
+        "console_session_page_p95_ms",
+        "console_live_p99_ms",
+    ),
 }
 
 
@@ -174,6 +182,7 @@ class Bench:
                 "latency": self.latency,
                 "otlp": self.otlp,
                 "import": self.imports,
+                "console": self.console_phase,
             }
             for name, step in steps.items():
                 if name in self.args.skip:
@@ -297,6 +306,7 @@ class Bench:
             "latency": self.sizes.latency_seconds + self.sizes.latency_warmup_s + 15.0,
             "otlp": 60.0,
             "import": 60.0,
+            "console": 60.0 if self.args.quick else 180.0,
         }
         rest = sum(estimates.get(p, 0.0) for p in later if p not in self.args.skip)
         fits = time.monotonic() - self.started + run_s + rest < BUDGET_S
@@ -633,6 +643,20 @@ class Bench:
         r.figures["import_full_mb_per_s"] = round(corpus.bytes / MB / done.seconds, 1)
         r.figures["import_full_peak_rss_mb"] = round(done.peak_rss_kb / 1024, 1)
         self.say(f"cos import (full): {done.seconds:.1f} s, {r.figures['import_full_mb_per_s']} MB/s")
+
+    async def console_phase(self) -> None:
+        phase = ConsolePhase(self.root, self.logs, self.pg, self.say, sessions=10_000 if self.args.quick else 100_000)
+        result = await phase.run()
+        self.results.figures.update(result.figures)
+        self.results.baselines.update(result.baselines)
+        for line in result.lines:
+            self.say(line)
+        f = result.figures
+        self.say(
+            f"console: list p95 {f['console_list_p95_ms']} ms, search p95 {f['console_search_p95_ms']} ms, "
+            f"session page p95 {f['console_session_page_p95_ms']} ms, event-to-browser p99 "
+            f"{f['console_live_p99_ms']} ms"
+        )
 
 
 def _nats_server_version() -> str:
