@@ -9,12 +9,15 @@
 --   cos_journal_writer  the journal-writer: creates and owns the core tables (and the graph schema)
 --   cos_billing         billing: creates and owns model_calls and its own tables; no core table
 --   cos_loop            the loop: reads messages (session_search), writes nothing
+--   cos_console         the web console: reads every projection (core tables, model_calls, budgets, positions,
+--                       graph.*), writes nothing; reads for an analyst after SET ROLE to that analyst's role,
+--                       so it must be a member of each: GRANT <analyst> TO cos_console
 --   cos_analyst         group role (no login) of read-only analysts; each analyst is a login role IN ROLE
 --                       cos_analyst and sees only the profiles granted to it in analyst_grants
 
 DO $$
 DECLARE
-    wanted text[] := ARRAY['cos_journal_writer', 'cos_billing', 'cos_loop'];
+    wanted text[] := ARRAY['cos_journal_writer', 'cos_billing', 'cos_loop', 'cos_console'];
     r text;
 BEGIN
     FOREACH r IN ARRAY wanted LOOP
@@ -27,7 +30,7 @@ BEGIN
     END IF;
     -- The writers apply their schemas on every start (`CREATE … IF NOT EXISTS`): they need CREATE on the
     -- schema, and the journal-writer on the database for its `graph` schema.
-    EXECUTE format('GRANT CONNECT ON DATABASE %I TO cos_journal_writer, cos_billing, cos_loop, cos_analyst',
+    EXECUTE format('GRANT CONNECT ON DATABASE %I TO cos_journal_writer, cos_billing, cos_loop, cos_console, cos_analyst',
                    current_database());
     EXECUTE format('GRANT CREATE ON DATABASE %I TO cos_journal_writer', current_database());
 END
@@ -35,5 +38,5 @@ $$;
 
 -- Before PostgreSQL 15 every role could create tables in public; only the writers may.
 REVOKE CREATE ON SCHEMA public FROM PUBLIC;
-GRANT USAGE ON SCHEMA public TO cos_journal_writer, cos_billing, cos_loop, cos_analyst;
+GRANT USAGE ON SCHEMA public TO cos_journal_writer, cos_billing, cos_loop, cos_console, cos_analyst;
 GRANT CREATE ON SCHEMA public TO cos_journal_writer, cos_billing;

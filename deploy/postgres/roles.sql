@@ -10,6 +10,10 @@
 -- * cos_billing owns (and alone writes) model_calls and billing's own tables; it has no privilege on any core
 --   table, so it can neither read nor write messages.
 -- * cos_loop may read messages (session_search), nothing else.
+-- * cos_console (the web console) reads the core tables, model_calls, the budget and position tables and the
+--   session graph, all rows (its operators see everything), and writes nothing. For an analyst it reads after
+--   `SET LOCAL ROLE <the analyst's role>`, so cos_analyst's policies below decide; it may take only the roles
+--   it is a member of:   GRANT alice TO cos_console;
 -- * Members of cos_analyst read sessions, turns, messages, tool calls, approvals, profiles and model calls of
 --   the profiles granted to them, and nothing else:
 --     CREATE ROLE alice LOGIN PASSWORD '…' IN ROLE cos_analyst;
@@ -64,7 +68,7 @@ BEGIN
                              'memory_profile_deletions', 'profile_deletions'] LOOP
         IF to_regclass('public.' || t) IS NOT NULL THEN
             EXECUTE format('ALTER TABLE %I OWNER TO cos_journal_writer', t);
-            EXECUTE format('REVOKE ALL ON %I FROM PUBLIC, cos_billing, cos_loop, cos_analyst', t);
+            EXECUTE format('REVOKE ALL ON %I FROM PUBLIC, cos_billing, cos_loop, cos_console, cos_analyst', t);
         END IF;
     END LOOP;
 END
@@ -72,10 +76,10 @@ $$;
 
 -- Nobody else holds a privilege on them (a grant made by hand is taken back).
 REVOKE ALL ON profiles, sessions, turns, messages, tool_calls, approvals, projection_positions
-    FROM PUBLIC, cos_billing, cos_loop, cos_analyst;
+    FROM PUBLIC, cos_billing, cos_loop, cos_console, cos_analyst;
 REVOKE ALL ON model_calls, billing_positions, budget_spend, budget_alerts, billing_reprices, billing_session_owners,
     billing_profile_deletions
-    FROM PUBLIC, cos_journal_writer, cos_loop, cos_analyst;
+    FROM PUBLIC, cos_journal_writer, cos_loop, cos_console, cos_analyst;
 
 -- The loop searches every profile's messages.
 GRANT SELECT ON messages TO cos_loop;
@@ -87,7 +91,7 @@ CREATE TABLE IF NOT EXISTS analyst_grants (
     granted_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (role_name, profile_id)
 );
-REVOKE ALL ON analyst_grants FROM PUBLIC, cos_journal_writer, cos_billing, cos_loop;
+REVOKE ALL ON analyst_grants FROM PUBLIC, cos_journal_writer, cos_billing, cos_loop, cos_console;
 GRANT SELECT ON analyst_grants TO cos_analyst;
 ALTER TABLE analyst_grants ENABLE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS analyst_own_grants ON analyst_grants;
@@ -133,6 +137,22 @@ DROP POLICY IF EXISTS analyst_by_profile ON model_calls;
 CREATE POLICY analyst_by_profile ON model_calls FOR SELECT TO cos_analyst
     USING (profile_id IN (SELECT profile_id FROM analyst_grants WHERE role_name = current_user));
 
+-- The console reads what its pages show, every row (row-level security is enabled on the per-profile tables:
+-- a policy of its own lets it see them all; an analyst's reads, after SET ROLE, get cos_analyst's policies).
+GRANT SELECT ON profiles, sessions, turns, messages, tool_calls, approvals, projection_positions, model_calls,
+    billing_positions, budget_spend, budget_alerts TO cos_console;
+DO $$
+DECLARE
+    t text;
+BEGIN
+    FOREACH t IN ARRAY ARRAY['profiles', 'sessions', 'turns', 'messages', 'tool_calls', 'approvals',
+                             'model_calls'] LOOP
+        EXECUTE format('DROP POLICY IF EXISTS console_reads_all ON %I', t);
+        EXECUTE format('CREATE POLICY console_reads_all ON %I FOR SELECT TO cos_console USING (true)', t);
+    END LOOP;
+END
+$$;
+
 -- The Memory plugin's entries, where they are projected, are per profile too.
 DO $$
 BEGIN
@@ -169,6 +189,15 @@ BEGIN
             -- graph.sessions is itself filtered for the analyst: a row is visible when its session is.
             EXECUTE format('CREATE POLICY analyst_by_session ON graph.%I FOR SELECT TO cos_analyst '
                            'USING (session_id IN (SELECT id FROM graph.sessions))', t);
+        END LOOP;
+        -- The console reads the whole graph (its Imported page, the projection's position).
+        GRANT USAGE ON SCHEMA graph TO cos_console;
+        FOR t IN SELECT tablename FROM pg_tables WHERE schemaname = 'graph' LOOP
+            EXECUTE format('GRANT SELECT ON graph.%I TO cos_console', t);
+            IF (SELECT relrowsecurity FROM pg_class WHERE oid = format('graph.%I', t)::regclass) THEN
+                EXECUTE format('DROP POLICY IF EXISTS console_reads_all ON graph.%I', t);
+                EXECUTE format('CREATE POLICY console_reads_all ON graph.%I FOR SELECT TO cos_console USING (true)', t);
+            END IF;
         END LOOP;
     END IF;
 END

@@ -251,6 +251,13 @@ def test_cos_console_user_add_writes_an_argon2_hash(tmp_path: Path) -> None:
     assert (carol.role, carol.profiles, carol.db_role) == (Role.ANALYST, ("acme",), "carol")
     assert verify_password(carol, "a-long-password") and not verify_password(carol, "another-password")
     assert path.stat().st_mode & 0o077 == 0
+    # What a superuser runs so that the console may read as carol, printed whole.
+    for statement in (
+        "CREATE ROLE carol NOLOGIN IN ROLE cos_analyst;",
+        "GRANT carol TO cos_console;",
+        "INSERT INTO analyst_grants (role_name, profile_id) VALUES ('carol', 'acme');",
+    ):
+        assert statement in result.stdout, result.stdout
 
 
 async def test_a_websocket_needs_the_sign_in_and_this_origin(console: RunningConsole) -> None:

@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 import yaml
 
+from commonos.console.settings import DEFAULT_PORT as CONSOLE_PORT
+from commonos.console.settings import ConsoleSettings
 from commonos.otlp_gateway.settings import DEFAULT_HTTP_PORT as GATEWAY_HTTP_PORT
 from commonos.otlp_gateway.settings import DEFAULT_OTLP_PORT, GatewaySettings
 from commonos.runtime.settings import Settings
@@ -43,6 +45,7 @@ DEFAULT_PORTS = {
     "commonos.journal_writer": 9462,
     "commonos.billing": 9463,
     "commonos.otlp_gateway": GATEWAY_HTTP_PORT,
+    "commonos.console": CONSOLE_PORT,
 }
 #: The Prometheus job of each service (alerts.yml and the dashboard select on these).
 JOBS = {
@@ -50,7 +53,20 @@ JOBS = {
     "commonos.journal_writer": "journal-writer",
     "commonos.billing": "billing",
     "commonos.otlp_gateway": "otlp-gateway",
+    "commonos.console": "console",
 }
+#: The console serves its pages, /metrics and the probes on one port of its own settings (COS_CONSOLE_*); every
+#: other service on COS_HTTP_HOST:COS_HTTP_PORT.
+PORT_VARIABLE = {"commonos.console": "COS_CONSOLE_PORT"}
+HOST_VARIABLE = {"commonos.console": "COS_CONSOLE_HOST"}
+
+
+def port_variable(command: list[str]) -> str:
+    return PORT_VARIABLE.get(str(python_module(command)), "COS_HTTP_PORT")
+
+
+def host_variable(command: list[str]) -> str:
+    return HOST_VARIABLE.get(str(python_module(command)), "COS_HTTP_HOST")
 
 
 class _Recorder(dict[str, str]):
@@ -70,11 +86,12 @@ class _Recorder(dict[str, str]):
 
 
 def settings_variables() -> set[str]:
-    """Every variable `Settings.from_env` (and the OTLP gateway's own `GatewaySettings.from_env`) reads, found by
+    """Every variable `Settings.from_env` (and the OTLP gateway's and the console's own settings) reads, found by
     asking them."""
     recorder = _Recorder()
     Settings.from_env(recorder)
     GatewaySettings.from_env(recorder)
+    ConsoleSettings.from_env(recorder)
     return recorder.asked
 
 
@@ -157,7 +174,7 @@ def test_compose_services_have_health_checks_resources_and_a_grace_period() -> N
         assert service.get("healthcheck", {}).get("test"), f"{name} has no health check"
         if ours(service):
             env = service["environment"]
-            port = env["COS_HTTP_PORT"]
+            port = env[port_variable(service["command"])]
             assert f"http://127.0.0.1:{port}/readyz" in " ".join(service["healthcheck"]["test"]), name
             drain = float(env.get("COS_DRAIN_TIMEOUT_S", drain_default))
             assert duration_s(service["stop_grace_period"]) > drain, name
@@ -214,6 +231,7 @@ def test_compose_runs_the_services_of_the_design() -> None:
             ("python", "-m", "commonos.journal_writer"),
             ("python", "-m", "commonos.loop", "serve"),
             ("python", "-m", "commonos.otlp_gateway"),
+            ("python", "-m", "commonos.console"),
         ]
     )
     for command in commands.values():
@@ -281,14 +299,14 @@ def test_prometheus_scrapes_every_service_of_compose() -> None:
         for target in static["targets"]
     }
     expected = {
-        (JOBS[str(python_module(s["command"]))], f"{name}:{s['environment']['COS_HTTP_PORT']}")
+        (JOBS[str(python_module(s["command"]))], f"{name}:{s['environment'][port_variable(s['command'])]}")
         for name, s in compose_services()
         if ours(s) and long_running(s)
     }
     assert expected <= targets
     for module, port in DEFAULT_PORTS.items():
         assert {
-            int(s["environment"]["COS_HTTP_PORT"])
+            int(s["environment"][port_variable(s["command"])])
             for s in COMPOSE["services"].values()
             if ours(s) and long_running(s) and python_module(s["command"]) == module
         } == {port}
@@ -354,6 +372,74 @@ def test_kubernetes_runs_the_otlp_gateway_scaled_out(k8s: list[dict[str, Any]]) 
     }
 
 
+# -- the console --------------------------------------------------------------------------------------------
+
+
+def test_compose_runs_the_console() -> None:
+    """The console on the host's 127.0.0.1:8470 (pages, API, probes and /metrics on one port), as the NATS user
+    console and the database role cos_console, its cookie key from deploy/.env and its people file mounted."""
+    [(name, console)] = [
+        (n, s) for n, s in compose_services() if ours(s) and python_module(s["command"]) == "commonos.console"
+    ]
+    env = console["environment"]
+    assert int(env["COS_CONSOLE_PORT"]) == CONSOLE_PORT and env["COS_CONSOLE_HOST"] == "0.0.0.0", name
+    assert f"127.0.0.1:{CONSOLE_PORT}:{CONSOLE_PORT}" in console["ports"], name
+    assert env["COS_NATS_USER"] == "console"
+    assert env["COS_DATABASE_URL"].startswith("postgresql://cos_console:${PG_CONSOLE_PASSWORD:?")
+    assert env["COS_CONSOLE_SECRET"].startswith("${CONSOLE_SECRET:?"), "a key shared by restarts, never random"
+    assert "COS_CONSOLE_INSECURE_COOKIES" not in env, "Secure cookies away from 127.0.0.1"
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in console["volumes"]}
+    assert (DEPLOY / mounts[env["COS_CONSOLE_USERS"]]).is_file()
+    settings = ConsoleSettings.from_env({k: str(v) for k, v in env.items() if "$" not in str(v)})
+    assert settings.secure_cookies and settings.port == CONSOLE_PORT
+
+
+def test_kubernetes_runs_the_console(k8s: list[dict[str, Any]]) -> None:
+    """A Deployment behind a Service with the port http (8470), its database URL and NATS password from the
+    Secrets of every service, its cookie key and people file from the Secret commonos-console, mounted."""
+    [deployment] = [d for d in k8s if d["kind"] == "Deployment" and d["metadata"]["name"] == "console"]
+    spec = deployment["spec"]
+    assert spec["replicas"] >= 2 and spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    pod = spec["template"]["spec"]
+    [container] = pod["containers"]
+    assert python_module(container["command"]) == "commonos.console"
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"http": CONSOLE_PORT}
+    assert env_value(container, "COS_CONSOLE_PORT") == str(CONSOLE_PORT)
+    assert env_value(container, "COS_NATS_USER") == "console"
+    env = {e["name"]: e for e in container["env"]}
+    url = env["COS_DATABASE_URL"]["valueFrom"]["secretKeyRef"]
+    assert url["name"].startswith("commonos-database-urls") and url["key"] == "console"
+    secrets = {d["metadata"]["name"]: d for d in k8s if d["kind"] == "Secret"}
+    assert "cos_console:" in _decoded(secrets[url["name"]], "console")
+    [volume] = [v for v in pod["volumes"] if "secret" in v]
+    mounted = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    files = {i["path"]: i["key"] for i in volume["secret"]["items"]}
+    secret = secrets[volume["secret"]["secretName"]]
+    assert set(files.values()) <= set(secret["data"])
+    for variable in ("COS_CONSOLE_USERS", "COS_CONSOLE_SECRET_FILE"):
+        folder, _, file_name = str(env_value(container, variable)).rpartition("/")
+        assert folder == mounted[volume["name"]] and file_name in files, variable
+    assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsUser"], "the files readable"
+    people = _decoded(secret, files["console-users.toml"])
+    from commonos.console.users import parse_users
+
+    assert [u.role.value for u in parse_users(people).values()] == ["operator"]
+    assert len(_decoded(secret, files["secret"])) >= 16
+    values = {e["name"]: str(e["value"]) for e in container["env"] if "value" in e}
+    ConsoleSettings.from_env({k: v for k, v in values.items() if k != "COS_CONSOLE_SECRET_FILE"})  # in the pod only
+    [service] = [d for d in k8s if d["kind"] == "Service" and d["metadata"]["name"] == "console"]
+    assert service["spec"]["selector"].items() <= spec["template"]["metadata"]["labels"].items()
+    assert [(p["name"], p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [
+        ("http", CONSOLE_PORT, "http")
+    ]
+
+
+def _decoded(secret: Mapping[str, Any], key: str) -> str:
+    import base64
+
+    return base64.b64decode(secret["data"][key]).decode()
+
+
 # -- Kubernetes -------------------------------------------------------------------------------------------
 
 
@@ -407,14 +493,14 @@ def test_kubernetes_workloads_have_probes_resources_and_a_grace_period(k8s: list
             assert c["readinessProbe"]["httpGet"]["path"] == "/readyz", name
             assert c["livenessProbe"]["httpGet"]["path"] == "/healthz", name
             for probe in ("readinessProbe", "livenessProbe"):
-                assert ports[c[probe]["httpGet"]["port"]] == int(env_value(c, "COS_HTTP_PORT") or 0), name
+                assert ports[c[probe]["httpGet"]["port"]] == int(env_value(c, port_variable(c["command"])) or 0), name
             drain = float(env_value(c, "COS_DRAIN_TIMEOUT_S") or drain_default)
             assert w["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > drain, name
-            assert env_value(c, "COS_HTTP_HOST") == "0.0.0.0", name
+            assert env_value(c, host_variable(c["command"])) == "0.0.0.0", name
             # Prometheus finds /metrics on the service port by the pod's annotations.
             annotations = w["spec"]["template"]["metadata"].get("annotations", {})
             assert annotations.get("prometheus.io/scrape") == "true", name
-            assert annotations.get("prometheus.io/port") == env_value(c, "COS_HTTP_PORT"), name
+            assert annotations.get("prometheus.io/port") == env_value(c, port_variable(c["command"])), name
             assert annotations.get("prometheus.io/path") == "/metrics", name
     assert seen == set(DEFAULT_PORTS)
 

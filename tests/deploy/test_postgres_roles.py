@@ -29,7 +29,7 @@ from tests.support import journal_writer, publish_all, wait_for_position
 
 BOOTSTRAP = (DEPLOY / "postgres" / "bootstrap.sql").read_text()
 ROLES = (DEPLOY / "postgres" / "roles.sql").read_text()
-SERVICE_ROLES = ("cos_journal_writer", "cos_billing", "cos_loop")
+SERVICE_ROLES = ("cos_journal_writer", "cos_billing", "cos_loop", "cos_console")
 #: Every table a profile's data lives in, and the column holding the profile.
 PROFILE_TABLES = {
     "profiles": "id",
@@ -190,6 +190,44 @@ async def test_each_service_writes_only_its_own_tables(secured_database: str) ->
             await conn.close()
 
 
+async def test_the_console_reads_everything_and_as_an_analyst_only_what_it_may(
+    secured_database: str, analyst: str
+) -> None:
+    """cos_console sees every profile's rows (the operators' view) of what its pages read, writes nothing, and
+    reads for an analyst after SET ROLE, as that analyst, once granted the analyst's role."""
+    analyst_role = urlsplit(analyst).username
+    console = await asyncpg.connect(as_role(secured_database, "cos_console", "test-cos_console"))
+    try:
+        for table, column in PROFILE_TABLES.items():
+            seen = await console.fetch(f"SELECT DISTINCT {column} AS p FROM {table}")
+            assert {r["p"] for r in seen} == {"acme", "globex"}, table
+        for table in ("projection_positions", "billing_positions", "budget_spend", "budget_alerts"):
+            await console.fetch(f"SELECT * FROM {table}")
+        for table in ("graph.sessions", "graph.model_invocations", "graph.positions"):
+            await console.fetch(f"SELECT * FROM {table}")
+        for statement in (
+            "UPDATE messages SET active = true",
+            "DELETE FROM model_calls",
+            "SELECT * FROM analyst_grants",
+        ):
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await console.execute(statement)
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):  # not yet a member of the analyst's role
+            await console.execute(f'SET ROLE "{analyst_role}"')
+        await execute(secured_database, f'GRANT "{analyst_role}" TO cos_console')
+        async with console.transaction():
+            await console.execute(f'SET LOCAL ROLE "{analyst_role}"')
+            for table, column in PROFILE_TABLES.items():
+                seen = await console.fetch(f"SELECT DISTINCT {column} AS p FROM {table}")
+                assert {r["p"] for r in seen} == {"acme"}, table
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):  # as the analyst, nothing beyond its grants
+            async with console.transaction():
+                await console.execute(f'SET LOCAL ROLE "{analyst_role}"')
+                await console.fetch("SELECT * FROM budget_spend")
+    finally:
+        await console.close()
+
+
 async def test_roles_sql_refuses_to_run_before_the_tables_exist(database_url: str) -> None:
     await execute(database_url, BOOTSTRAP)
     with pytest.raises(asyncpg.RaiseError, match="start the journal-writer and billing once"):
@@ -210,6 +248,7 @@ async def test_the_initdb_script_creates_the_roles_with_their_passwords(database
         "PG_JOURNAL_WRITER_PASSWORD": "jw-secret",
         "PG_BILLING_PASSWORD": "billing-secret",
         "PG_LOOP_PASSWORD": "it's-a-loop",
+        "PG_CONSOLE_PASSWORD": "console-secret",
     }
     script = DEPLOY / "postgres" / "initdb" / "10-commonos-roles.sh"
     result = await asyncio.to_thread(
@@ -225,6 +264,7 @@ async def test_the_initdb_script_creates_the_roles_with_their_passwords(database
         assert [tuple(r) for r in rows] == [
             ("cos_analyst", False, False),
             ("cos_billing", True, True),
+            ("cos_console", True, True),
             ("cos_journal_writer", True, True),
             ("cos_loop", True, True),
         ]

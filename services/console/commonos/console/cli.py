@@ -6,9 +6,10 @@
 
 The people file is COS_CONSOLE_USERS (default config/console-users.toml). An analyst (or approver) reads as a
 PostgreSQL role (--pg-role, default NAME) that is a member of cos_analyst, granted its profiles in
-analyst_grants, and that the console's own database role may SET ROLE to:
+analyst_grants, and that the console's own database role (cos_console, deploy/postgres) may SET ROLE to;
+`user add` prints these statements for the person it adds:
 
-    CREATE ROLE alice NOLOGIN IN ROLE cos_analyst;  GRANT alice TO <the console's role>;
+    CREATE ROLE alice NOLOGIN IN ROLE cos_analyst;  GRANT alice TO cos_console;
     INSERT INTO analyst_grants (role_name, profile_id) VALUES ('alice', 'acme');
 """
 
@@ -79,7 +80,25 @@ def _user_add(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         raise CliError(str(exc)) from None
     print(f"{'replaced' if replaced else 'added'} {user.name} ({user.role.value}) in {path}")
+    if user.db_role is not None:
+        print(database_steps(user.db_role, user.profiles))
     return 0
+
+
+def database_steps(role: str, profiles: tuple[str, ...] = ()) -> str:
+    """What a superuser runs once in the CommonOS database so that the console may read as `role` (row-level
+    security of deploy/postgres/roles.sql): the role in cos_analyst, the console's login a member of it, and
+    the profiles it sees."""
+    granted = profiles or ("<profile>",)
+    values = ", ".join(f"('{role}', '{p}')" for p in granted)
+    return "\n".join(
+        [
+            f"The console reads for this person as database role {role}; once, as a superuser of the database:",
+            f"  CREATE ROLE {role} NOLOGIN IN ROLE cos_analyst;   -- unless it exists",
+            f"  GRANT {role} TO cos_console;   -- the console's login (not needed for a superuser: cos up)",
+            f"  INSERT INTO analyst_grants (role_name, profile_id) VALUES {values};",
+        ]
+    )
 
 
 def _user_list(args: argparse.Namespace) -> int:
