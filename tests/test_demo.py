@@ -40,6 +40,8 @@ def test_demo_prints_the_three_query_results() -> None:
         # The OTLP gateway runs beside the other services, its endpoint and how to get a token said.
         assert "otlp-gateway" in out and "OpenTelemetry (OTLP/HTTP): http://127.0.0.1:" in out
         assert "cos otlp token create --profile default" in out
+        # So does the console, its URL and its first operator said.
+        assert "Console: http://127.0.0.1:" in out and "sign in as admin, password in " in out
         turns = out.split("The last ten turns")[1].split("Tool calls that needed approval")[0]
         assert "Summarise this forecast" in turns and "Do I need an umbrella" in turns
         approvals = out.split("Tool calls that needed approval")[1].split("Cost per client")[0]

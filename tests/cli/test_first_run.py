@@ -6,6 +6,7 @@ tree, with nothing configured but COS_DATA_DIR (and HOME where it matters).
 
 from __future__ import annotations
 
+import http.cookiejar
 import json
 import os
 import signal
@@ -53,10 +54,34 @@ def wait_for_calls(up: RunningUp, calls: int, *args: str, timeout_s: float = 60)
         time.sleep(0.5)
 
 
+def console_sessions(url: str, name: str, password: str) -> dict[str, Any]:
+    """Sign in to the console through its API (a cookie without Secure: cos up serves http://127.0.0.1) and read
+    /api/sessions with that cookie."""
+    jar = http.cookiejar.CookieJar()
+    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+    login = urllib.request.Request(
+        f"{url}/api/login",
+        data=json.dumps({"name": name, "password": password}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with opener.open(login, timeout=30) as answer:
+        assert answer.status == 200 and json.loads(answer.read())["role"] == "operator"
+        cookie = answer.headers["Set-Cookie"]
+        assert "httponly" in cookie.lower() and "secure" not in cookie.lower(), cookie
+    with opener.open(f"{url}/api/sessions", timeout=30) as answer:
+        assert answer.status == 200
+        body: dict[str, Any] = json.loads(answer.read())
+    return body
+
+
 def test_the_first_five_minutes(tmp_path: Path) -> None:
     root = make_temp_root("cos-first-run-")
     up = start_up(root)
     try:
+        # state.json is written just before cos up prints what it started: wait for the whole of it.
+        deadline = time.monotonic() + 60
+        while "Running. Ctrl-C" not in (root / "cos-up.out").read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
         said = lines((root / "cos-up.out").read_text())
         # What a person needs to connect, whole, and what to try next.
         psql = next(line for line in said if line.startswith("PostgreSQL: ")).removeprefix("PostgreSQL: ")
@@ -84,6 +109,16 @@ def test_the_first_five_minutes(tmp_path: Path) -> None:
             assert answer.status == 200 and json.loads(answer.read()) == {}
         listed = cos(up.data, "otlp", "token", "list")
         assert listed.returncode == 0 and "first-run" in listed.stdout and otlp_token not in listed.stdout
+
+        # The console: its URL and the first operator's password file said; signing in as admin reads sessions.
+        console = next(line for line in said if line.startswith("Console: "))
+        console_url = console.split()[1].rstrip("/")
+        assert console_url.startswith("http://127.0.0.1:"), console
+        password_file = Path(console.split("password in ")[1].split(";")[0])
+        assert password_file == up.data.resolve() / "secrets" / "console-admin.password"
+        assert f"cos console user add NAME --role operator|analyst|approver --users {up.data.resolve()}" in console
+        sessions = console_sessions(console_url, "admin", password_file.read_text().strip())
+        assert sessions["sessions"] == [] and sessions["next_cursor"] is None
 
         status = cos(up.data, "status")
         assert status.returncode == 0, status.stdout + status.stderr
@@ -118,7 +153,19 @@ def test_the_first_five_minutes(tmp_path: Path) -> None:
         assert state.returncode == 0, state.stdout
         body = json.loads(state.stdout)
         assert body["healthy"] is True and body["dead_letters"] == 0 and body["events"] > 0
-        assert {s["name"] for s in body["services"] if s["ok"]} == {"journal_writer", "billing", "loop", "otlp_gateway"}
+        assert {s["name"] for s in body["services"] if s["ok"]} == {
+            "journal_writer",
+            "billing",
+            "loop",
+            "otlp_gateway",
+            "console",
+        }
+        # The chat's session, now on the console too.
+        deadline = time.monotonic() + 30
+        while not (sessions := console_sessions(console_url, "admin", password_file.read_text().strip()))["sessions"]:
+            assert time.monotonic() < deadline, "the chat's session never reached the console"
+            time.sleep(0.5)
+        assert [s["source"] for s in sessions["sessions"] if s["kind"] == "loop"] == ["cli"]
         assert "journal-writer" in {c["name"] for c in body["consumers"]}
         for done in (status, chat, imported, table, state):
             no_traceback(done)

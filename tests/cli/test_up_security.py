@@ -44,6 +44,7 @@ SERVICE_USERS = {
     "billing": "billing",
     "loop": "loop",
     "otlp_gateway": "otlp-gateway",
+    "console": "console",
 }
 NATS_USERS = ("admin", "loop", "journal-writer", "billing", "otlp-gateway", "console", "subscriber")
 
@@ -185,6 +186,8 @@ def test_secrets_are_files_of_the_owner_alone(cos_up: RunningUp) -> None:
     in_auth_conf = re.findall(r"\$NATS_([A-Z_]+)_PASSWORD", (REPO / "deploy" / "nats" / "auth.conf").read_text())
     assert set(NATS_USERS) <= {u.lower().replace("_", "-") for u in in_auth_conf}
     expected = {"postgres.password", *(f"nats-{u.lower().replace('_', '-')}.password" for u in in_auth_conf)}
+    # The console's cookie key and its first operator's password (cos up wrote its people file).
+    expected |= {"console-cookies.password", "console-admin.password"}
     assert names == sorted(expected)
     passwords = set()
     for path in [*secrets.iterdir(), cos_up.data / "state.json"]:

@@ -1,9 +1,10 @@
 """`cos demo`: the whole system on one machine, one scripted conversation, the seed's three queries.
 
 It starts what `cos up` starts (its own NATS and PostgreSQL unless URLs are configured, the
-journal-writer, billing and the loop), sends the demo profile a message whose scripted replies make
-a tool call, a risky call that is approved, one refused by policy and a delegated child turn, waits
-until every event is projected, prints the results of the specification's three queries and stops.
+journal-writer, billing, the loop, the OTLP gateway and the console, whose addresses it prints), sends
+the demo profile a message whose scripted replies make a tool call, a risky call that is approved, one
+refused by policy and a delegated child turn, waits until every event is projected, prints the results
+of the specification's three queries and stops.
 """
 
 from __future__ import annotations

@@ -8,6 +8,11 @@ Its servers are its user's: nats-server has the users and permissions of deploy/
 PostgreSQL asks for a password on every connection. The passwords are made on the first start and
 kept in COS_DATA_DIR/secrets (files of the user's alone); each service logs in to NATS as its own
 user, and the `cos` commands of the same user find the admin's credentials in COS_DATA_DIR/state.json.
+
+The web console listens on http://127.0.0.1:8470 (COS_CONSOLE_PORT, or a free port when 8470 is taken), with
+cookies without the Secure flag only while it listens on a loopback address (COS_CONSOLE_HOST). Its people
+file is COS_CONSOLE_USERS, else COS_DATA_DIR/console-users.toml; when that file does not exist, cos up writes
+one with an operator `admin` whose password it makes into COS_DATA_DIR/secrets/console-admin.password.
 """
 
 from __future__ import annotations
@@ -59,7 +64,7 @@ class UpFailed(OperationalError):
 
 
 #: Services `cos up` runs, each `python -m commonos.<module>`, if that module exists.
-SERVICES = ("journal_writer", "billing", "loop", "otlp_gateway")
+SERVICES = ("journal_writer", "billing", "loop", "otlp_gateway", "console")
 DATABASE = "commonos"
 #: A user's password in deploy/nats/auth.conf: `$NATS_<USER>_PASSWORD` (JOURNAL_WRITER for journal-writer).
 NATS_PASSWORD_VARIABLE = re.compile(r"\$(NATS_([A-Z0-9_]+)_PASSWORD)\b")
@@ -69,9 +74,16 @@ SERVICE_NATS_USERS = {
     "billing": "billing",
     "loop": "loop",
     "otlp_gateway": "otlp-gateway",
+    "console": "console",
 }
 #: The port of the OTLP gateway `cos up` starts: COS_OTLP_PORT, else OTLP/HTTP's 4318 when free, else any.
 OTLP_PORT = 4318
+#: Started once the others are ready.
+LATER_SERVICES = ("console",)
+#: The console's port: COS_CONSOLE_PORT, else 8470 when free, else any.
+CONSOLE_PORT = 8470
+#: The console's first person, made by `cos up` when there is no people file: an operator.
+CONSOLE_ADMIN = "admin"
 #: Where the users and permissions of every NATS deployment are, in the source tree.
 NATS_AUTH_CONF = Path(__file__).resolve().parents[4] / "deploy" / "nats" / "auth.conf"
 #: The prices of the demo's scripted model (it has no public price), in the source tree.
@@ -109,6 +121,9 @@ class System:
     components: list[Component] = field(default_factory=list)
     #: Where the OTLP gateway listens (OTLP/HTTP), once started.
     otlp_url: str | None = None
+    #: Where the console listens, and its people file, once started.
+    console_url: str | None = None
+    console_users: Path | None = None
 
     def start_servers(self) -> Endpoints:
         s = self.settings
@@ -204,14 +219,22 @@ class System:
         finally:
             await conn.close()
 
-    def start_services(self, wait_ready_s: float = 30.0) -> None:
+    def start_services(self, wait_ready_s: float = 60.0) -> None:
+        """The services, each ready within `wait_ready_s`; the console once the others are (it serves what
+        they write, and its start would only slow theirs on a small machine)."""
+        first = [s for s in SERVICES if s not in LATER_SERVICES]
+        self._start(first, wait_ready_s)
+        self._start([s for s in SERVICES if s in LATER_SERVICES], wait_ready_s)
+
+    def _start(self, services: list[str], wait_ready_s: float) -> None:
         assert self.endpoints is not None
         logs = private_dir(self.settings.data_dir.resolve() / "logs")
-        for service in SERVICES:
+        started: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
+        for service in services:
             module = f"commonos.{service}"
             if importlib.util.find_spec(module) is None or importlib.util.find_spec(module + ".__main__") is None:
                 continue
-            port = free_port()
+            port = _console_port() if service == "console" else free_port()
             env = {
                 **os.environ,
                 "COS_NATS_URL": self.endpoints.nats_url,
@@ -222,6 +245,8 @@ class System:
                 otlp_port = _otlp_port()
                 env["COS_OTLP_PORT"] = str(otlp_port)
                 self.otlp_url = f"http://127.0.0.1:{otlp_port}"
+            if service == "console":
+                env |= self._console_env(port)
             if self.nats is not None:  # its own NATS user, its password read from its file
                 user = SERVICE_NATS_USERS[service]
                 env = {k: v for k, v in env.items() if k not in NATS_IDENTITY}
@@ -234,13 +259,44 @@ class System:
             argv = [sys.executable, "-m", module, *(["serve"] if service == "loop" else [])]
             proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             log.close()
-            self.children[service] = (proc, port)
+            self.children[service] = started[service] = (proc, port)
         deadline = time.monotonic() + wait_ready_s
-        for service, (proc, port) in self.children.items():
+        for service, (proc, port) in started.items():
             state = _wait_ready(proc, port, deadline)
             self.components.append(Component(service.replace("_", "-"), f"http://127.0.0.1:{port}", proc.pid, state))
             if state != "ready":
                 raise UpFailed(f"{service} is {state}; see {logs / (service + '.log')}")
+
+    def _console_env(self, port: int) -> dict[str, str]:
+        """The console's variables: its port, its people file (made with a first operator when missing), a
+        cookie key kept in COS_DATA_DIR/secrets (sign-ins survive a restart), and cookies without the Secure
+        flag only while it listens on a loopback address (http://127.0.0.1 has no TLS)."""
+        host = os.environ.get("COS_CONSOLE_HOST", "").strip() or "127.0.0.1"
+        env = {"COS_CONSOLE_HOST": host, "COS_CONSOLE_PORT": str(port)}
+        if _is_loopback(host) and not os.environ.get("COS_CONSOLE_INSECURE_COOKIES", "").strip():
+            env["COS_CONSOLE_INSECURE_COOKIES"] = "1"
+        if not (os.environ.get("COS_CONSOLE_SECRET") or os.environ.get("COS_CONSOLE_SECRET_FILE")):
+            ensure_secret(self.settings, "console-cookies")
+            env["COS_CONSOLE_SECRET_FILE"] = str(secret_path(self.settings, "console-cookies"))
+        configured = os.environ.get("COS_CONSOLE_USERS", "").strip()
+        users = Path(configured).expanduser() if configured else self.settings.data_dir.resolve() / "console-users.toml"
+        if not users.exists():
+            self._first_console_user(users)
+        env["COS_CONSOLE_USERS"] = str(users.resolve())
+        self.console_users = users.resolve()
+        shown = "127.0.0.1" if host in {"0.0.0.0", "::", "localhost"} else f"[{host}]" if ":" in host else host
+        self.console_url = f"http://{shown}:{port}"
+        return env
+
+    def _first_console_user(self, users: Path) -> None:
+        """The people file with one operator, `admin`, whose password is made into COS_DATA_DIR/secrets; written
+        by the console's own `cos console user add`."""
+        password = ensure_secret(self.settings, "console-admin")
+        argv = [sys.executable, "-m", "commonos.cli.main", "console", "user", "add", CONSOLE_ADMIN]
+        argv += ["--role", "operator", "--password-stdin", "--users", str(users)]
+        done = subprocess.run(argv, input=password + "\n", capture_output=True, text=True, check=False, timeout=60)
+        if done.returncode != 0:
+            raise UpFailed(f"could not write the console's people file {users}: {done.stderr.strip()}")
 
     def stop(self) -> None:
         for proc, _ in self.children.values():
@@ -291,6 +347,17 @@ class System:
                 f"OTEL_EXPORTER_OTLP_ENDPOINT={self.otlp_url} "
                 'OTEL_EXPORTER_OTLP_HEADERS="Authorization=Bearer <token>" (README: Send OpenTelemetry)'
             )
+        if self.console_url is not None and self.console_users is not None:
+            admin = secret_path(s, "console-admin")
+            first = (
+                f"sign in as {CONSOLE_ADMIN}, password in {admin}; "
+                if admin.exists() and _lists(self.console_users, CONSOLE_ADMIN)
+                else ""
+            )
+            lines.append(
+                f"Console: {self.console_url}/ — {first}add a person: cos console user add NAME --role "
+                f"operator|analyst|approver --users {self.console_users} (README: Console)"
+            )
         lines.append('Next, in another shell: cos chat "hello" · cos import claude · cos report cost · cos status')
         return lines
 
@@ -330,6 +397,32 @@ def _otlp_port() -> int:
     if raw.isdigit() and 0 < int(raw) < 65536:
         return int(raw)
     return OTLP_PORT if _port_free(OTLP_PORT) else free_port()
+
+
+def _console_port() -> int:
+    raw = os.environ.get("COS_CONSOLE_PORT", "").strip()
+    if raw.isdigit() and 0 < int(raw) < 65536:
+        return int(raw)
+    return CONSOLE_PORT if _port_free(CONSOLE_PORT) else free_port()
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _lists(users: Path, name: str) -> bool:
+    """Whether the people file names `name` (read as text: the console's parser is the console's)."""
+    try:
+        return f'name = "{name}"' in users.read_text(encoding="utf-8")
+    except OSError:
+        return False
 
 
 def _wait_ready(proc: subprocess.Popen[bytes], port: int, deadline: float) -> str:
