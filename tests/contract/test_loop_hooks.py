@@ -14,7 +14,7 @@ import msgspec
 import pytest
 
 from commonos.accounting.usage import TokenUsage
-from commonos.loop.approvals import ApprovalAnswer, FixedApprover
+from commonos.loop.approvals import FixedApprover
 from commonos.loop.event_journal import EventJournal
 from commonos.loop.hooks import POINTS, Hook, HookSetup, Refusal
 from commonos.loop.journal import ToolCallRecord
@@ -35,6 +35,7 @@ from commonos.proto.events import (
 )
 from commonos.proto.identity import TurnInfo
 from commonos.proto.messages import AssistantMessage, Message, ToolCall, ToolResultMessage, UserMessage
+from commonos.proto.requests import ApprovalAnswer
 from tests.loop.helpers import of_type, write_profile
 
 SCRIPT = """

@@ -21,7 +21,7 @@ from commonos.billing.service import alert_message
 from commonos.importer.claude import read_claude
 from commonos.importer.codex import read_codex
 from commonos.importer.events import EVENT_SOURCE, events_for
-from commonos.loop.approvals import TIMED_OUT, ApprovalAnswer, ApprovalRequest
+from commonos.loop.approvals import TIMED_OUT
 from commonos.loop.event_journal import LOOP_SOURCE
 from commonos.loop.locks import MemorySessionLocks
 from commonos.loop.loop import Loop, TurnRequest
@@ -31,6 +31,7 @@ from commonos.loop.providers import build_provider
 from commonos.loop.search import MemoryMessageSearch
 from commonos.proto import events as ev
 from commonos.proto.cloudevents import event_headers
+from commonos.proto.requests import ApprovalAnswer, ApprovalRequest
 from tests.contract.test_schema_validators import UNION_ID, python_errors
 from tests.loop.helpers import write_profile
 

@@ -28,11 +28,10 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from commonos.billing.service import CONSUMER_NAME as BILLING_CONSUMER
 from commonos.journal_writer.service import consumer_options, writer_projections
-from commonos.loop.service import ChatReply, ChatRequest
-from commonos.loop.subjects import chat_subject
 from commonos.otlp_gateway.auth import create_token, tokens_bucket
 from commonos.proto import events as ev
 from commonos.proto.messages import AssistantMessage, UserMessage
+from commonos.proto.requests import ChatReply, ChatRequest, chat_subject
 from commonos.proto.subjects import EVENTS_ALL, EVENTS_PREFIX, EVENTS_STREAM, MODEL_CALLS_FILTER
 from commonos.runtime.consumer import Projection, partition_suffix
 from commonos.runtime.embedded import free_port

@@ -8,7 +8,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from commonos.console.loop_requests import ChatRequest, decide, list_pending
+from commonos.console.loop_requests import decide, list_pending
 from commonos.console.pages.chat import run_turn
 from commonos.loop.approvals import NatsApprover
 from commonos.loop.deltas import DeltaPublisher
@@ -18,6 +18,7 @@ from commonos.loop.nats_journal import NatsJournal
 from commonos.loop.providers import build_provider
 from commonos.loop.service import LoopService
 from commonos.proto.events import ApprovalStatus
+from commonos.proto.requests import ChatRequest
 from commonos.runtime.nats import ensure_streams
 from tests.deploy.conftest import SecuredNats
 from tests.loop.helpers import write_profile

@@ -41,13 +41,13 @@ from commonos.loop.locks import NatsSessionLocks
 from commonos.loop.loop import Loop
 from commonos.loop.nats_journal import NatsJournal
 from commonos.loop.providers import ModelRequest, ModelResponse
-from commonos.loop.service import ChatReply, ChatRequest, LoopService
-from commonos.loop.subjects import chat_subject
+from commonos.loop.service import LoopService
 from commonos.loop.tools import MAX_RESULT_CHARS, ToolContext, ToolOutput, builtin_tools
 from commonos.proto import events as ev
 from commonos.proto.identity import TurnInfo
 from commonos.proto.ids import new_id
 from commonos.proto.messages import AssistantMessage, Message, ToolCall, ToolResultMessage, UserMessage
+from commonos.proto.requests import ChatReply, ChatRequest, chat_subject
 from commonos.proto.subjects import EVENTS_ALL
 from commonos.runtime.embedded import NatsServer
 from commonos.runtime.nats import ensure_streams

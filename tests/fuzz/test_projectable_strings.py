@@ -38,7 +38,7 @@ from hypothesis import strategies as st
 from commonos.accounting.usage import TokenUsage
 from commonos.journal_writer.projection import check_event, plan_events, profiles_mentioned
 from commonos.journal_writer.service import serve, writer_projections, writer_schemas
-from commonos.loop.approvals import ApprovalAnswer, FixedApprover
+from commonos.loop.approvals import FixedApprover
 from commonos.loop.locks import MemorySessionLocks
 from commonos.loop.loop import BadRequest, Loop, TurnRequest
 from commonos.loop.memory import MemoryJournal
@@ -49,6 +49,7 @@ from commonos.memory.schema import memory_rows
 from commonos.proto import events as ev
 from commonos.proto.identity import stored_title, title_from_text
 from commonos.proto.messages import AssistantMessage, ToolCall
+from commonos.proto.requests import ApprovalAnswer
 from commonos.proto.text import ESCAPE_SYMBOL, NUL, NUL_SYMBOL, unescape_nul, unescape_nul_json
 from commonos.runtime.dlq import list_dead_letters
 from commonos.runtime.settings import Settings

@@ -13,7 +13,7 @@ import asyncpg
 import pytest
 from nats.js import JetStreamContext
 
-from commonos.loop.approvals import ApprovalAnswer, FixedApprover
+from commonos.loop.approvals import FixedApprover
 from commonos.loop.compaction import SUMMARY_PREFIX, estimate_tokens, message_tokens, split_point
 from commonos.loop.event_journal import EventJournal
 from commonos.loop.journal import HistoryEntry
@@ -26,6 +26,7 @@ from commonos.loop.providers import ModelRequest, ModelResponse, build_provider
 from commonos.loop.providers.base import COMPACTION_SYSTEM
 from commonos.proto import events as ev
 from commonos.proto.messages import AssistantMessage, ToolCall, ToolResultMessage, UserMessage
+from commonos.proto.requests import ApprovalAnswer
 from tests.loop.helpers import of_type, write_profile
 from tests.support import journal_writer
 

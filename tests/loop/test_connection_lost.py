@@ -21,9 +21,9 @@ from commonos.loop.locks import NatsSessionLocks
 from commonos.loop.loop import Loop
 from commonos.loop.nats_journal import NatsJournal
 from commonos.loop.providers import build_provider
-from commonos.loop.service import ChatRequest, LoopService
-from commonos.loop.subjects import chat_subject
+from commonos.loop.service import LoopService
 from commonos.proto.events import TurnStarted
+from commonos.proto.requests import ChatRequest, chat_subject
 from commonos.proto.subjects import EVENTS_ALL
 from commonos.runtime.embedded import NatsServer, free_port
 from commonos.runtime.http import Health, HttpServer

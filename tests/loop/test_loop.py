@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from commonos.loop.approvals import TIMED_OUT, ApprovalAnswer, ApprovalRequest, FixedApprover
+from commonos.loop.approvals import TIMED_OUT, FixedApprover
 from commonos.loop.journal import SessionNotFound
 from commonos.loop.locks import MemorySessionLocks, SessionBusy
 from commonos.loop.loop import (
@@ -38,6 +38,7 @@ from commonos.proto.events import (
 )
 from commonos.proto.identity import TurnInfo
 from commonos.proto.messages import AssistantMessage, Message, ToolCall, ToolResultMessage, UserMessage
+from commonos.proto.requests import ApprovalAnswer, ApprovalRequest
 from tests.loop.helpers import of_type, write_profile
 
 

@@ -16,13 +16,12 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from commonos.loop.approvals import ApprovalRequest, NatsApprover, send_decision
+from commonos.loop.approvals import NatsApprover, send_decision
 from commonos.loop.locks import NatsSessionLocks, SessionBusy
 from commonos.loop.loop import Loop, TurnRequest
 from commonos.loop.nats_journal import NatsJournal
 from commonos.loop.profiles import Profile
 from commonos.loop.providers import build_provider
-from commonos.loop.subjects import approval_request_subject
 from commonos.loop.tools import Tool, ToolContext, ToolOutput, builtin_tools
 from commonos.proto.events import (
     ApprovalDecided,
@@ -37,6 +36,7 @@ from commonos.proto.events import (
     TurnStarted,
     TurnStatus,
 )
+from commonos.proto.requests import ApprovalRequest, approval_request_subject
 from commonos.proto.subjects import EVENTS_ALL
 from commonos.runtime.embedded import NatsServer
 from tests.harness import ExternalServer

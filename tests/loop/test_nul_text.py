@@ -18,13 +18,14 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from commonos.journal_writer.service import serve, writer_projections, writer_schemas
-from commonos.loop.approvals import ApprovalAnswer, FixedApprover
+from commonos.loop.approvals import FixedApprover
 from commonos.loop.locks import NatsSessionLocks
 from commonos.loop.loop import Loop, TurnRequest
 from commonos.loop.nats_journal import NatsJournal
 from commonos.loop.profiles import load_profile
 from commonos.loop.providers import build_provider
 from commonos.proto import events as ev
+from commonos.proto.requests import ApprovalAnswer
 from commonos.proto.subjects import EVENTS_ALL
 from commonos.proto.text import unescape_nul, unescape_nul_json
 from commonos.runtime.dlq import list_dead_letters

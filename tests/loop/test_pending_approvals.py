@@ -13,14 +13,14 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from commonos.loop.approvals import ApprovalRequest, NatsApprover, list_pending, send_decision
+from commonos.loop.approvals import NatsApprover, list_pending, send_decision
 from commonos.loop.locks import NatsSessionLocks
 from commonos.loop.loop import Loop
 from commonos.loop.nats_journal import NatsJournal
 from commonos.loop.providers import build_provider
-from commonos.loop.service import ChatReply, ChatRequest, LoopService
-from commonos.loop.subjects import chat_subject
+from commonos.loop.service import LoopService
 from commonos.proto.events import ApprovalStatus
+from commonos.proto.requests import ApprovalRequest, ChatReply, ChatRequest, chat_subject
 from commonos.runtime.nats import ensure_streams
 from tests.loop.helpers import write_profile
 

@@ -28,8 +28,8 @@ from commonos.loop.profile_admin import DeleteReply, DeleteRequest, ProfileAdmin
 from commonos.loop.profiles import Profile, load_profiles
 from commonos.loop.providers import ModelRequest, ModelResponse, build_provider
 from commonos.loop.providers.base import Provider
-from commonos.loop.service import ChatReply, ChatRequest, LoopService
-from commonos.loop.subjects import chat_subject, delete_subject
+from commonos.loop.service import LoopService
+from commonos.loop.subjects import delete_subject
 from commonos.proto.events import (
     NO_SESSION,
     MemoryOp,
@@ -42,6 +42,7 @@ from commonos.proto.events import (
 )
 from commonos.proto.identity import NewSession, TurnInfo
 from commonos.proto.ids import new_id
+from commonos.proto.requests import ChatReply, ChatRequest, chat_subject
 from commonos.proto.subjects import EVENTS_ALL
 from commonos.runtime.nats import ensure_streams
 from commonos.runtime.publisher import EventPublisher

@@ -16,16 +16,16 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from commonos.loop.approvals import ApprovalRequest, NatsApprover, new_request, send_decision
+from commonos.loop.approvals import NatsApprover, new_request, send_decision
 from commonos.loop.locks import NatsSessionLocks
 from commonos.loop.loop import Loop
 from commonos.loop.nats_journal import NatsJournal
 from commonos.loop.profiles import Profile
 from commonos.loop.providers import build_provider
-from commonos.loop.service import ChatReply, ChatRequest, LoopService
-from commonos.loop.subjects import approval_request_subject, chat_subject
+from commonos.loop.service import LoopService
 from commonos.proto.events import ApprovalStatus, ProfileUpserted, Risk, TurnFinished, TurnStatus
 from commonos.proto.ids import new_id
+from commonos.proto.requests import ApprovalRequest, ChatReply, ChatRequest, approval_request_subject, chat_subject
 from commonos.proto.subjects import EVENTS_ALL
 from commonos.runtime.embedded import free_port
 from commonos.runtime.nats import ensure_streams

@@ -21,8 +21,7 @@ from commonos.loop.loop import Loop
 from commonos.loop.nats_journal import NatsJournal
 from commonos.loop.profiles import Profile
 from commonos.loop.providers import build_provider
-from commonos.loop.service import ChatReply, ChatRequest, LoopService
-from commonos.loop.subjects import chat_subject
+from commonos.loop.service import LoopService
 from commonos.loop.tools import MAX_RESULT_CHARS
 from commonos.proto.cloudevents import event_headers
 from commonos.proto.events import (
@@ -38,6 +37,7 @@ from commonos.proto.events import (
 )
 from commonos.proto.ids import new_id
 from commonos.proto.messages import ToolResultMessage, UserMessage
+from commonos.proto.requests import ChatReply, ChatRequest, chat_subject
 from commonos.proto.subjects import EVENTS_ALL, EVENTS_STREAM
 from commonos.runtime.embedded import NatsServer
 from commonos.runtime.limits import header_bytes, message_bytes, with_stream_header

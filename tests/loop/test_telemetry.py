@@ -37,9 +37,8 @@ from commonos.loop.loop import Loop, TurnRequest
 from commonos.loop.nats_journal import NatsJournal
 from commonos.loop.profiles import Profile
 from commonos.loop.providers import build_provider
-from commonos.loop.service import ChatReply, ChatRequest
-from commonos.loop.subjects import chat_subject
 from commonos.proto import events as ev
+from commonos.proto.requests import ChatReply, ChatRequest, chat_subject
 from commonos.proto.subjects import EVENTS_STREAM
 from commonos.runtime import telemetry
 from commonos.runtime.embedded import free_port

@@ -1,95 +1,36 @@
-"""What the console asks of the loop service over NATS: the loop's own request and answer messages.
+"""What the console asks of the loop services over NATS: the approvals waiting, and a decision.
 
-Services never import each other (import-linter), so these are the wire forms of `commonos.loop.service`'s
-`ChatRequest`/`ChatReply` and `commonos.loop.approvals`' `ApprovalRequest`, `ApprovalAnswer`, `ApprovalAck`,
-`PendingQuery` and `PendingApprovals`, on the loop's subjects (`commonos.loop.subjects`); unknown fields are
-ignored both ways. tests/console/test_chat.py checks that both sides encode and decode each other's messages.
+The messages and subjects are the loop's contract, `commonos.proto.requests`; these are the console's own
+requesters (as `commonos.loop.approvals`' `list_pending` and `send_decision` are the loop's and `cos approve`'s):
 
-* `cos.cmd.<profile>.chat` — a turn (`ChatRequest`, with `started`: the reply subject gets `started` with the
-  session and turn ids, then the final `ChatReply`).
-* `cos.approvals.pending` — every loop service answers with the approvals its turns wait for.
-* `cos.approvals.<profile>.request` — a new approval starts to wait (the loop publishes it).
-* `cos.approvals.decide.<profile>.<approval_id>.<approver>` — a decision; the subject's last token is who decided.
+* `list_pending` asks `cos.approvals.pending` and gathers every loop service's `PendingApprovals`.
+* `decide` sends an `ApprovalAnswer` on `cos.approvals.decide.<profile>.<approval_id>.<approver>` and returns the
+  waiting loop's `ApprovalAck` (or a not-ok one saying why there is none).
+
+Chat requests are sent by `commonos.console.pages.chat.run_turn`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import uuid
-from datetime import datetime
-from typing import Any, Final
 
 import msgspec
 import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from commonos.proto.events import ApprovalStatus, Risk
-from commonos.proto.tags import check_profile_id
-
-APPROVALS_PENDING: Final = "cos.approvals.pending"
-APPROVAL_REQUESTS_ALL: Final = "cos.approvals.*.request"
-#: An approver's name is one subject token (the loop's `check_approver`).
-APPROVER: Final = re.compile(r"[A-Za-z0-9_:@+=-]{1,128}")
-
-
-def chat_subject(profile_id: str) -> str:
-    return f"cos.cmd.{check_profile_id(profile_id)}.chat"
-
-
-def approval_decide_subject(profile_id: str, approval_id: uuid.UUID, approver: str) -> str:
-    if not APPROVER.fullmatch(approver):
-        raise ValueError(f"{approver!r} cannot name an approver (letters, digits and _ : @ + = - only)")
-    return f"cos.approvals.decide.{check_profile_id(profile_id)}.{approval_id}.{approver}"
-
-
-class ChatRequest(msgspec.Struct, frozen=True, kw_only=True):
-    text: str
-    session_id: uuid.UUID | None = None
-    tags: tuple[str, ...] = ()
-    source: str = "web"
-    parent_session_id: uuid.UUID | None = None
-    started: bool = False
-
-
-class ChatReply(msgspec.Struct, frozen=True, kw_only=True):
-    status: str
-    session_id: uuid.UUID | None = None
-    turn_id: uuid.UUID | None = None
-    text: str = ""
-    error: str | None = None
-
-
-class ApprovalRequest(msgspec.Struct, frozen=True, kw_only=True):
-    approval_id: uuid.UUID
-    profile_id: str
-    session_id: uuid.UUID
-    turn_id: uuid.UUID
-    call_id: str
-    tool: str
-    args: dict[str, Any] = {}
-    risk: Risk = Risk.HIGH
-    expires_at: datetime
-
-
-class ApprovalAnswer(msgspec.Struct, frozen=True, kw_only=True):
-    status: ApprovalStatus
-    decided_by: str = "unknown"
-
-
-class ApprovalAck(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    ok: bool
-    error: str | None = None
-
-
-class PendingQuery(msgspec.Struct, frozen=True, kw_only=True):
-    profile_ids: tuple[str, ...] | None = None
-
-
-class PendingApprovals(msgspec.Struct, frozen=True, kw_only=True):
-    approvals: tuple[ApprovalRequest, ...] = ()
+from commonos.proto.events import ApprovalStatus
+from commonos.proto.requests import (
+    APPROVALS_PENDING,
+    ApprovalAck,
+    ApprovalAnswer,
+    ApprovalRequest,
+    PendingApprovals,
+    PendingQuery,
+    approval_decide_subject,
+)
 
 
 async def list_pending(

@@ -12,7 +12,7 @@ approval id is the tool call's `tool_call_id`.
 Pending approvals live only in the waiting loops (`NatsApprover.pending`): a loop service answers
 `cos.approvals.pending` (`PendingQuery` → `PendingApprovals`) with those of its turns, and `list_pending`
 gathers every loop's answer (a console's Approvals page). `cos.approvals.<profile>.request` tells of each new
-one as it starts to wait.
+one as it starts to wait. The messages and the subjects the loop shares are in `commonos.proto.requests`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any, Protocol
 
 import msgspec
@@ -29,57 +29,25 @@ import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from commonos.loop.subjects import (
+from commonos.loop.subjects import RESERVED_DECIDERS, approval_answers_subject
+from commonos.proto.events import ApprovalStatus, Risk, utcnow
+from commonos.proto.requests import (
     APPROVALS_PENDING,
-    RESERVED_DECIDERS,
-    approval_answers_subject,
+    ApprovalAck,
+    ApprovalAnswer,
+    ApprovalRequest,
+    PendingApprovals,
+    PendingQuery,
     approval_decide_subject,
     approval_request_subject,
 )
-from commonos.proto.events import ApprovalStatus, Risk, utcnow
 from commonos.proto.text import NUL
 
 log = logging.getLogger(__name__)
 
 
-class ApprovalRequest(msgspec.Struct, frozen=True, kw_only=True):
-    approval_id: uuid.UUID
-    profile_id: str
-    session_id: uuid.UUID
-    turn_id: uuid.UUID
-    call_id: str
-    tool: str
-    args: dict[str, Any] = {}
-    risk: Risk = Risk.HIGH
-    expires_at: datetime
-
-
 #: An answer whose `decided_by` holds U+0000 is refused (the approval keeps waiting for a good one).
 NUL_DECIDER = "decided_by contains U+0000 (NUL), which cannot be stored; the approval is still waiting"
-
-
-class ApprovalAnswer(msgspec.Struct, frozen=True, kw_only=True):
-    """A decision: `approved` or `denied`, and who decided (`cli:<user>`; no U+0000)."""
-
-    status: ApprovalStatus
-    decided_by: str = "unknown"
-
-
-class ApprovalAck(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    ok: bool
-    error: str | None = None
-
-
-class PendingQuery(msgspec.Struct, frozen=True, kw_only=True):
-    """Which pending approvals are asked for: those of `profile_ids`, or (None) of every profile."""
-
-    profile_ids: tuple[str, ...] | None = None
-
-
-class PendingApprovals(msgspec.Struct, frozen=True, kw_only=True):
-    """A loop service's answer to `cos.approvals.pending`: the approvals its turns wait for, oldest first."""
-
-    approvals: tuple[ApprovalRequest, ...] = ()
 
 
 class Approver(Protocol):

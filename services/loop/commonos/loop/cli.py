@@ -22,10 +22,16 @@ import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from commonos.loop.approvals import ApprovalRequest, send_decision
-from commonos.loop.service import ChatReply, ChatRequest
-from commonos.loop.subjects import approval_request_subject, chat_subject, check_approver
+from commonos.loop.approvals import send_decision
 from commonos.proto.events import ApprovalStatus, EventDecodeError, ToolCallRecorded, decode_event
+from commonos.proto.requests import (
+    ApprovalRequest,
+    ChatReply,
+    ChatRequest,
+    approval_request_subject,
+    chat_subject,
+    check_approver,
+)
 from commonos.proto.subjects import EVENTS_PREFIX
 from commonos.proto.tags import InvalidTag, parse_tag
 from commonos.runtime import nats as cos_nats

@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
@@ -34,7 +33,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from commonos.loop.approvals import NatsApprover, PendingApprovals, PendingQuery
+from commonos.loop.approvals import NatsApprover
 from commonos.loop.deltas import DeltaPublisher
 from commonos.loop.event_journal import LOOP_SOURCE
 from commonos.loop.journal import JournalError, MessageTooLarge, SessionNotFound
@@ -47,16 +46,19 @@ from commonos.loop.providers import build_provider
 from commonos.loop.providers.base import Provider
 from commonos.loop.registry import NatsTurnRegistry
 from commonos.loop.search import MessageSearch, NoSearch, PostgresMessageSearch
-from commonos.loop.subjects import (
-    APPROVALS_PENDING,
-    CHAT_QUEUE_GROUP,
-    DELETE_REQUESTS_ALL,
-    chat_subject,
-    check_approver,
-)
+from commonos.loop.subjects import CHAT_QUEUE_GROUP, DELETE_REQUESTS_ALL
 from commonos.proto.events import TurnStatus
 from commonos.proto.identity import TurnInfo
 from commonos.proto.profiles import deleted_when_by
+from commonos.proto.requests import (
+    APPROVALS_PENDING,
+    ChatReply,
+    ChatRequest,
+    PendingApprovals,
+    PendingQuery,
+    chat_subject,
+    check_approver,
+)
 from commonos.proto.tags import InvalidTag
 from commonos.runtime import nats as cos_nats
 from commonos.runtime import telemetry
@@ -71,34 +73,6 @@ log = logging.getLogger(__name__)
 HEARTBEAT_S = 5.0
 #: How long turns cancelled because the connection was lost may take to unwind before the service exits.
 LOST_WAIT_S = 1.0
-
-
-class ChatRequest(msgspec.Struct, frozen=True, kw_only=True):
-    """A chat request (`cos.cmd.<profile>.chat`); what it may carry is `commonos.loop.loop.TurnRequest`'s."""
-
-    text: str
-    session_id: uuid.UUID | None = None
-    #: Only with a new session.
-    tags: tuple[str, ...] = ()
-    #: `web`, `cli` or `service`.
-    source: str = "service"
-    #: A new session's parent: a session of the same profile.
-    parent_session_id: uuid.UUID | None = None
-    #: Reply `started` (with the session and turn ids) as soon as the turn starts, then the final reply (the
-    #: requester reads two messages from its reply subject; an older loop ignores this and replies once).
-    started: bool = False
-
-
-class ChatReply(msgspec.Struct, frozen=True, kw_only=True):
-    """`status`: a TurnStatus (completed, failed, cancelled, interrupted), or `busy` (another turn of the
-    session is running), `rejected` (a bad request) or `unavailable` (the service is stopping); `started`
-    (the turn runs, the final reply follows) only for a request with `started`."""
-
-    status: str
-    session_id: uuid.UUID | None = None
-    turn_id: uuid.UUID | None = None
-    text: str = ""
-    error: str | None = None
 
 
 class LoopService:

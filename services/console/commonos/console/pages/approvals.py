@@ -36,17 +36,12 @@ from pydantic import BaseModel
 from sse_starlette.sse import EventSourceResponse
 
 from commonos.console.auth import CsrfChecked, SignedIn
-from commonos.console.loop_requests import (
-    APPROVAL_REQUESTS_ALL,
-    APPROVER,
-    ApprovalRequest,
-    decide,
-    list_pending,
-)
+from commonos.console.loop_requests import decide, list_pending
 from commonos.console.metrics import LIVE_WATCHERS
 from commonos.console.templating import render
 from commonos.console.users import Role, User
 from commonos.proto.events import ApprovalStatus
+from commonos.proto.requests import APPROVAL_REQUESTS_ALL, APPROVER, ApprovalRequest
 
 router = APIRouter(tags=["approvals"])
 

@@ -1,7 +1,8 @@
 """Chat: /chat (a page, static/chat.js), the WebSocket /api/chat/ws, and POST /api/chat for API users.
 
-The console only asks the loop service, as `cos chat` does (`cos.cmd.<profile>.chat`, commonos.console.
-loop_requests); the loop records everything. A new session's source is `web`.
+The console only asks the loop service, as `cos chat` does (`cos.cmd.<profile>.chat`, commonos.proto.
+requests); the loop records everything. A new session's source is `web` (said in each request: a request's
+default source is `service`).
 
 Who may chat: chatting is writing (a turn runs tools and costs money), so operators may chat with every profile
 and approvers with the profiles of theirs in the people file (`profiles`); analysts read only. To continue a
@@ -55,12 +56,12 @@ from pydantic import BaseModel, Field, ValidationError
 
 from commonos.console.auth import Auth, CsrfChecked, Principal, SignedIn
 from commonos.console.db import Database, get_db
-from commonos.console.loop_requests import ApprovalRequest, ChatReply, ChatRequest, chat_subject
 from commonos.console.templating import render
 from commonos.console.users import Role, User
 from commonos.proto import events as ev
 from commonos.proto.deltas import decode_delta, deltas_subject
 from commonos.proto.events import decode_event
+from commonos.proto.requests import ApprovalRequest, ChatReply, ChatRequest, chat_subject
 from commonos.proto.tags import InvalidTag, parse_tag
 
 log = logging.getLogger(__name__)
