@@ -30,6 +30,7 @@ from starlette.responses import Response
 
 from commonos.console.settings import ConsoleSettings
 from commonos.console.users import User, Users
+from commonos.proto.errors import DataError
 
 COOKIE: Final = "cos_console"
 CSRF_FIELD: Final = "csrf_token"
@@ -47,7 +48,7 @@ class Principal:
     via: str
 
 
-class NotSignedIn(Exception):
+class NotSignedIn(DataError):
     """No valid sign-in: HTML pages redirect to /login, the API answers 401 (app.py)."""
 
 

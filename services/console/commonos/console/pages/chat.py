@@ -60,6 +60,7 @@ from commonos.console.templating import render
 from commonos.console.users import Role, User
 from commonos.proto import events as ev
 from commonos.proto.deltas import decode_delta, deltas_subject
+from commonos.proto.errors import DataError, OperationalError
 from commonos.proto.events import decode_event
 from commonos.proto.requests import ApprovalRequest, ChatReply, ChatRequest, chat_subject
 from commonos.proto.tags import InvalidTag, parse_tag
@@ -111,10 +112,22 @@ class ChatResult(BaseModel):
     tool_calls: list[ChatToolCall] = []
 
 
-class ChatRefused(Exception):
+class ChatRefused(DataError):
+    """A chat message refused as it is (a 4xx): not allowed, a bad tag, an unknown session, ..."""
+
     def __init__(self, status_code: int, message: str) -> None:
         super().__init__(message)
         self.status_code = status_code
+        self.message = message
+
+
+class ChatUnavailable(OperationalError):
+    """The console cannot take a chat now (503): no database or NATS connection."""
+
+    status_code = 503
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
         self.message = message
 
 
@@ -149,7 +162,7 @@ async def check_message(
         profile = (started_here or {}).get(message.session_id)
         if profile is None:
             if db is None:
-                raise ChatRefused(503, "the console has no database (COS_DATABASE_URL)")
+                raise ChatUnavailable("the console has no database (COS_DATABASE_URL)")
             async with db.reader(user) as conn:
                 profile = await conn.fetchval("SELECT profile_id FROM sessions WHERE id = $1", message.session_id)
         if profile is None:
@@ -335,7 +348,7 @@ async def _follow(
 def _nc(app_state: Any) -> Client:
     nc: Client | None = app_state.nc
     if nc is None:
-        raise ChatRefused(503, "the console has no NATS connection (COS_NATS_URL)")
+        raise ChatUnavailable("the console has no NATS connection (COS_NATS_URL)")
     return nc
 
 
@@ -366,7 +379,7 @@ async def api_chat(request: Request, who: CsrfChecked, message: ChatMessage) -> 
     try:
         chat_request = await check_message(request.app.state.db, who.user, message)
         result = await run_turn(_nc(request.app.state), message.profile_id, chat_request, ignore)
-    except ChatRefused as exc:
+    except (ChatRefused, ChatUnavailable) as exc:
         raise HTTPException(exc.status_code, exc.message) from None
     return JSONResponse(result.model_dump(mode="json"), status_code=STATUS_CODES.get(result.status, 200))
 
@@ -451,7 +464,7 @@ async def chat_socket(websocket: WebSocket) -> None:
             try:
                 request = await check_message(websocket.app.state.db, user, message, started_here)
                 nc = _nc(websocket.app.state)
-            except ChatRefused as exc:
+            except (ChatRefused, ChatUnavailable) as exc:
                 await emit({"type": "error", "error": exc.message, "code": exc.status_code})
                 continue
             result = await run_turn(nc, message.profile_id, request, emit)
