@@ -3,8 +3,9 @@ with `executable_path`, never a browser Playwright downloads. A missing browser 
 
 * `browser`: one Chromium per test module (headless; `--no-sandbox` when running as root, as in a container).
 * `tab`: a page of a fresh browser context (its own cookies) on the console of the test (tests/console/conftest.py),
-  1280x800, every dialog and page error recorded (`Tab.dialogs`, `Tab.errors`) so that a test can say that no
-  script of the page's content ran.
+  1280x800, every dialog, page error and console error recorded (`Tab.dialogs`, `Tab.errors`,
+  `Tab.console_errors`) so that a test can say that no script of the page's content ran and the content security
+  policy blocked nothing (`Tab.assert_clean()`).
 * `open_tab(browser, console)`: another such tab, for a second person at once.
 * `shoot(page, name)`: a screenshot in COS_SCREENSHOTS_DIR, or by default in <tmp>/cos-console-screenshots
   (outside the repository).
@@ -82,6 +83,18 @@ class Tab:
     console: RunningConsole
     dialogs: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    #: The browser console's errors (a request refused, the content security policy blocking something).
+    console_errors: list[str] = field(default_factory=list)
+
+    @property
+    def csp_violations(self) -> list[str]:
+        return [e for e in self.console_errors if "Content Security Policy" in e]
+
+    def assert_clean(self) -> None:
+        """No script error, no dialog, nothing the content security policy had to block."""
+        assert self.errors == [], self.errors
+        assert self.dialogs == [], self.dialogs
+        assert self.csp_violations == [], self.csp_violations
 
     async def sign_in(self, name: str, password: str | None = None, *, start: str = "/sessions") -> None:
         """Through the sign-in form, as a person would: `start` redirects to /login and back once signed in."""
@@ -107,6 +120,7 @@ async def open_tab(browser: Browser, console: RunningConsole) -> AsyncIterator[T
 
     page.on("dialog", on_dialog)
     page.on("pageerror", lambda exc: opened.errors.append(str(exc)))
+    page.on("console", lambda m: opened.console_errors.append(f"{page.url}: {m.text}") if m.type == "error" else None)
     try:
         yield opened
     finally:

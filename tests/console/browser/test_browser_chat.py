@@ -88,7 +88,7 @@ async def test_chat_from_the_page_streams_the_reply_and_the_tool_call(
     await expect(page).to_have_url(re.compile(f"/sessions/{session_id}$"))
     await expect(page.locator("dl.facts")).to_contain_text("client:web-test")
     await expect(page.locator(".message.assistant .text")).to_have_text(REPLY)
-    assert tab.errors == [] and tab.dialogs == []
+    tab.assert_clean()
 
 
 async def test_approve_a_risky_call_from_the_approvals_page_while_the_turn_waits(
@@ -140,5 +140,5 @@ async def test_approve_a_risky_call_from_the_approvals_page_while_the_turn_waits
         await shoot(page, "chat-approved")
         decided_by = await fetch_value(console_db.dsn, "SELECT decided_by FROM approvals WHERE status = 'approved'")
         assert decided_by == "web:abel"
-        assert approver.errors == [] and approver.dialogs == []
-    assert tab.errors == [] and tab.dialogs == []
+        approver.assert_clean()
+    tab.assert_clean()

@@ -114,4 +114,4 @@ async def test_the_costs_page_shows_the_cost_per_client_of_cos_report_cost(
     await expect(page).to_have_url(re.compile(r"[?&]tag=project"))
     await expect(page.get_by_role("heading", name="By tag project:*")).to_be_visible()
     await expect(page.locator("section[aria-labelledby=by-tag] table.costs")).to_contain_text("project:web")
-    assert tab.errors == [] and tab.dialogs == []
+    tab.assert_clean()

@@ -39,7 +39,7 @@ async def test_imported_work_from_the_navigation(tab: Tab, imports: dict[str, uu
     assert "&lt;img src=x onerror=" in html and HOSTILE_OUTPUT not in html
     assert await page.locator("main img, main b, main script, main em").count() == 0
     await shoot(page, "imported-session", full_page=True)
-    assert tab.errors == [] and tab.dialogs == []
+    tab.assert_clean()
 
 
 async def test_operations_for_operators_only(tab: Tab, dead_letters: int) -> None:
@@ -55,7 +55,7 @@ async def test_operations_for_operators_only(tab: Tab, dead_letters: int) -> Non
     await expect(page.get_by_text("cos dlq replay --all").first).to_be_visible()
     assert await page.locator("main script").count() == 0
     await shoot(page, "operations", full_page=True)
-    assert tab.errors == [] and tab.dialogs == []
+    tab.assert_clean()
 
     # An analyst: no link, and the page refused by URL.
     await page.get_by_role("button", name="Sign out").click()

@@ -10,6 +10,7 @@ import re
 import shutil
 import uuid
 
+import pytest
 from playwright.async_api import expect
 
 from commonos.proto import events as ev
@@ -96,17 +97,18 @@ async def test_search_finds_a_message_and_highlights_it(
         assert await mark.evaluate("m => getComputedStyle(m).backgroundColor") != "rgba(0, 0, 0, 0)"
     # The child's snippet is the message's text with its < and & as characters.
     await expect(rows.nth(0).locator(".snippet")).to_contain_text("1 < 2 & xylophone")
-    await shoot(page, "sessions-search")
 
     await page.get_by_label("Search messages").fill("nonexistentword")
     await page.get_by_label("Search messages").press("Enter")
     await expect(page.locator("#results")).to_contain_text("No sessions with a message matching “nonexistentword”")
     await expect(page.locator("table.sessions")).to_have_count(0)
-    # Back in history: the previous results again.
+    # Back in history: the previous results again (htmx restores them).
     await page.go_back()
     await expect(page).to_have_url(re.compile(r"q=xylophone"))
     await expect(page.locator(".snippet mark")).to_have_count(2)
-    assert tab.errors == [] and tab.dialogs == []
+    # Last: a screenshot's own styles would be in what htmx keeps for history.
+    await shoot(page, "sessions-search")
+    tab.assert_clean()
 
 
 async def test_a_script_in_a_message_renders_as_text(
@@ -145,8 +147,24 @@ async def test_a_script_in_a_message_renders_as_text(
     await shoot(page, "session-live", full_page=True)
 
     assert await page.evaluate("window.__cosPwned") == 0
-    assert tab.dialogs == [], tab.dialogs
-    assert tab.errors == [], tab.errors
+    tab.assert_clean()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a tool call's arguments are shown through Jinja's tojson, which writes <, > and & as \\u003c, "
+    "\\u003e and \\u0026: the session page shows rm -rf \\u003ctmp\\u003e for rm -rf <tmp>",
+)
+async def test_tool_arguments_show_their_own_characters(
+    tab: Tab, hostile: tuple[SessionBuilder, SessionBuilder]
+) -> None:
+    _, child = hostile
+    page = tab.page
+    await tab.sign_in("olivia")
+    await page.goto(f"/sessions/{child.session_id}")
+    shell = page.locator("details.toolcall", has_text="shell")
+    await expect(shell.locator("summary")).to_contain_text("risk high")
+    await expect(shell.locator("pre").first).to_contain_text('"cmd": "rm -rf <tmp>"', timeout=2_000)
 
 
 async def test_an_analyst_sees_its_profiles_sessions_only(tab: Tab, console_db: Seeded) -> None:
@@ -257,4 +275,4 @@ async def test_a_session_one_click_from_the_list(tab: Tab, console_db: Seeded, n
     await shoot(page, "session-tree", full_page=True)
     if target := os.environ.get("COS_README_SCREENSHOT"):
         shutil.copyfile(path, target)
-    assert tab.errors == [] and tab.dialogs == []
+    tab.assert_clean()
