@@ -146,35 +146,45 @@ class _Query:
 LATEST_STATUS: Final = "(SELECT t.status FROM turns t WHERE t.session_id = s.id ORDER BY t.started_at DESC LIMIT 1)"
 
 
-#: With fewer matching messages than this, search starts from the matches (GIN); with more, from the newest
-#: sessions, checking each (a common word matches within the first few).
-FEW_HITS: Final = 2000
+#: With fewer matching messages than this, search starts from the matches (the GIN index, read once: the count
+#: and the matching sessions come from the same scan); with more, from the newest sessions, checking each (a
+#: common word matches within the first few). A match read costs about 5-10 µs, a session checked (its ~10
+#: messages) about 100 µs: at 100,000 sessions a word with 2,158 matches took 20-30 ms from its matches and
+#: 250 ms from the newest sessions (2,468 checked), while counting to 5,000 costs a common word 15-35 ms.
+FEW_HITS: Final = 5000
+
+
+def _first_match(session: str, ts: str) -> str:
+    """A session's messages in seq order (its (session_id, seq) index) up to the first matching `ts`: OFFSET 0
+    keeps the match a filter of those few rows, where the planner would otherwise AND them with a scan of the
+    GIN index for every session."""
+    return (
+        f"(SELECT m.seq, m.content, m.search FROM messages m WHERE m.session_id = {session} ORDER BY m.seq OFFSET 0) m "
+        f"WHERE m.search @@ websearch_to_tsquery('english', {ts}) ORDER BY m.seq LIMIT 1"
+    )
 
 
 def _loop_query(
-    f: SessionFilters, after: tuple[datetime, uuid.UUID] | None, limit: int, few_hits: bool = False
+    f: SessionFilters, after: tuple[datetime, uuid.UUID] | None, limit: int, hits: list[uuid.UUID] | None = None
 ) -> tuple[str, list[Any]]:
+    """The loop's sessions; with `q`, those with a matching message, each with its first match's snippet.
+
+    `hits` (with `q`): every session with a match, when they were few; the page comes from them, looked up by id.
+    Without it, from the newest sessions, each checked in seq order until a message matches. The search's
+    statements are planned for their own `q` (plan_cache_mode, see list_sessions): the tsquery is computed
+    once, when planning, and a rare word's estimate is its own.
+    """
     q = _Query()
     source = "sessions s"
     select = (
         "SELECT s.id, 'loop' AS kind, s.profile_id, s.source, NULL::text AS vendor, s.title, s.tags, "
         f"{LATEST_STATUS} AS status, s.created_at, s.updated_at, s.parent_session_id"
     )
-    if f.q and few_hits:
-        # The matches' sessions first (the GIN index), then their order: fast when they are few.
-        ts = q.arg(f.q)
-        source = (
-            "(SELECT DISTINCT m.session_id FROM messages m "
-            f"WHERE m.search @@ websearch_to_tsquery('english', {ts}) OFFSET 0) h "
-            "JOIN sessions s ON s.id = h.session_id"
-        )
+    ts = q.arg(f.q) if f.q else ""
+    if f.q and hits is not None:
+        q.add(f"s.id = ANY({q.arg(hits)}::uuid[])")
     elif f.q:
-        # The newest sessions, each checked for a match: fast when many match.
-        ts = q.arg(f.q)
-        q.add(
-            "EXISTS (SELECT 1 FROM messages m WHERE m.session_id = s.id "
-            f"AND m.search @@ websearch_to_tsquery('english', {ts}))"
-        )
+        source = f"sessions s CROSS JOIN LATERAL (SELECT 1 FROM {_first_match('s.id', ts)}) h"
     if f.profile:
         q.add(f"s.profile_id = {q.arg(f.profile)}")
     if f.source:
@@ -195,9 +205,8 @@ def _loop_query(
         sql = (
             f"SELECT p.*, h.snippet FROM ({sql}) p LEFT JOIN LATERAL ("
             f"SELECT ts_headline('english', translate({MESSAGE_TEXT}, E'\\x02\\x03', ''), "
-            f"websearch_to_tsquery('english', $1), {q.arg(HEADLINE_OPTIONS)}) AS snippet FROM messages m "
-            "WHERE m.session_id = p.id AND m.search @@ websearch_to_tsquery('english', $1) ORDER BY m.seq LIMIT 1"
-            ") h ON true ORDER BY p.created_at DESC, p.id DESC"
+            f"websearch_to_tsquery('english', {ts}), {q.arg(HEADLINE_OPTIONS)}) AS snippet "
+            f"FROM {_first_match('p.id', ts)}) h ON true ORDER BY p.created_at DESC, p.id DESC"
         )
     else:
         sql = f"SELECT p.*, NULL::text AS snippet FROM ({sql}) p"
@@ -265,11 +274,20 @@ async def list_sessions(
     imported_wanted = f.kind != "loop" and not (f.q or f.tag or f.source)
     rows: list[Row] = []
     if loop_wanted:
-        few_hits = False
+        hits: list[uuid.UUID] | None = None
         if f.q:
-            probe = "SELECT 1 FROM messages m WHERE m.search @@ websearch_to_tsquery('english', $1) LIMIT $2"
-            few_hits = await conn.fetchval(f"SELECT count(*) FROM ({probe}) x", f.q, FEW_HITS) < FEW_HITS
-        sql, args = _loop_query(f, after, limit + 1, few_hits)
+            # Planned for this `q` each time: a generic plan of a prepared statement (asyncpg's, after five runs)
+            # computes the tsquery again for every row it checks, and cannot tell a rare word from a common one.
+            await conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
+            probe = await conn.fetchrow(
+                "SELECT count(*) AS n, array_agg(DISTINCT x.session_id) AS ids FROM (SELECT m.session_id "
+                "FROM messages m WHERE m.search @@ websearch_to_tsquery('english', $1) LIMIT $2) x",
+                f.q,
+                FEW_HITS,
+            )
+            if probe is not None and probe["n"] < FEW_HITS:
+                hits = list(probe["ids"] or ())
+        sql, args = _loop_query(f, after, limit + 1, hits)
         rows += await conn.fetch(sql, *args)
     if imported_wanted:
         sql, args = _imported_query(f, after, limit + 1)
