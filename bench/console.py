@@ -17,9 +17,10 @@ foreign keys are not re-checked during it (`session_replication_role = replica`:
 loaded in the same run), then VACUUM (ANALYZE), as after the writer's phase.
 
 The text: a Zipf-distributed vocabulary (the tests' words first, then 3,000 made-up words) and planted
-words for search (`SEARCH_WORDS`: at 1M messages in about 15, 700 and 2,100 messages (the last just past the
-console's FEW_HITS, so searched from the newest sessions), and in none); five profiles, a client tag on every
-session and a team tag on some, sources cli/web/api, 4% of sessions ending failed, 2% delegated children.
+words for search (`SEARCH_WORDS`: at 1M messages in about 15, 700 and 2,100 messages (all under the console's
+FEW_HITS, so searched from their matches; the common words are searched from the newest sessions), and in none);
+five profiles, a client tag on every session and a team tag on some, sources cli/web/api, 4% of sessions ending
+failed, 2% delegated children.
 
 **What is measured**, each request alone on a keep-alive connection (aiohttp), signed in as an operator
 through POST /api/login (the cookie), timed from sending the request to the end of its body:
