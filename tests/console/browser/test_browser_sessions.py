@@ -10,7 +10,6 @@ import re
 import shutil
 import uuid
 
-import pytest
 from playwright.async_api import expect
 
 from commonos.proto import events as ev
@@ -150,11 +149,6 @@ async def test_a_script_in_a_message_renders_as_text(
     tab.assert_clean()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a tool call's arguments are shown through Jinja's tojson, which writes <, > and & as \\u003c, "
-    "\\u003e and \\u0026: the session page shows rm -rf \\u003ctmp\\u003e for rm -rf <tmp>",
-)
 async def test_tool_arguments_show_their_own_characters(
     tab: Tab, hostile: tuple[SessionBuilder, SessionBuilder]
 ) -> None:

@@ -6,6 +6,7 @@ A page renders with `render(request, "sessions.html", {...})`: the context gets 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from datetime import datetime
 from decimal import Decimal
@@ -44,6 +45,12 @@ def _usd(value: Decimal | float | None) -> str:
     return f"${Decimal(value):,.6f}".rstrip("0").rstrip(".") if value else "$0"
 
 
+def _pretty_json(value: Any) -> str:
+    """JSON for a person to read, its own characters kept: autoescaping then makes it safe in HTML (Jinja's
+    `tojson` is for scripts: it writes `<`, `>` and `&` as `\\u003c`, which a reader would see)."""
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False, default=str)
+
+
 def make_environment() -> Environment:
     env = Environment(
         loader=FileSystemLoader(TEMPLATES_DIR),
@@ -54,6 +61,7 @@ def make_environment() -> Environment:
     )
     env.filters["when"] = _when
     env.filters["usd"] = _usd
+    env.filters["pretty_json"] = _pretty_json
     env.globals["version"] = VERSION
     env.globals["static"] = lambda path: f"/static/{path}?v={VERSION}"
     return env
