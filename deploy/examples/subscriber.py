@@ -256,7 +256,7 @@ async def read(nc: Client, args: argparse.Namespace, stop: asyncio.Event) -> Non
                 return
             try:
                 msgs = fetching.result()
-            except nats.errors.TimeoutError:
+            except TimeoutError:  # nats-py's own (a subclass), or asyncio's when a batch times out part-way
                 continue
             for msg in msgs:
                 when = occurred_at(msg)
