@@ -22,7 +22,6 @@ MAX_MAX_PAYLOAD: Final = 64 * 1024 * 1024
 _HEADER_FRAME: Final = len(b"NATS/1.0\r\n") + len(b"\r\n")
 #: The header nats-py's `js.publish(..., stream=...)` adds to every message.
 EXPECTED_STREAM: Final = "Nats-Expected-Stream"
-_NEWLINES: Final = str.maketrans({"\r": " ", "\n": " "})
 
 
 class MessageTooLarge(DataError):
@@ -50,7 +49,10 @@ def header_bytes(headers: Mapping[str, str] | None) -> int:
         name = key.strip()
         if not name:
             continue
-        size += len(name.encode()) + 2 + len(value.strip().translate(_NEWLINES).encode()) + 2
+        # nats-py writes CR and LF in a value as spaces: one byte for one, so the size is the value's own.
+        text = value.strip()
+        size += (len(name) if name.isascii() else len(name.encode())) + 2
+        size += (len(text) if text.isascii() else len(text.encode())) + 2
     return size
 
 
