@@ -408,6 +408,19 @@ def test_malformed_spans_are_refused() -> None:
     assert any("trace id" in e for e in mapped.errors) and any("ends before it starts" in e for e in mapped.errors)
 
 
+def test_an_agent_without_a_time_is_refused_and_its_calls_still_mapped() -> None:
+    """The agent (no start time) is refused; its call keeps the agent's turn, and the session's time is the
+    call's, never the agent's missing one (a session_created must have a time)."""
+    untimed = span(1, None, agent(1, **{"gen_ai.conversation.id": "conv-u"}), start=0, end=10)
+    untimed.start_time_unix_nano = 0
+    mapped = map_spans(request(span(2, 1, chat(), start=1, end=3), untimed), SOURCE)
+    assert mapped.rejected == 1 and any("no start or end time" in e for e in mapped.errors)
+    (created,) = of_type(mapped, ev.SessionCreated)
+    assert created.occurred_at == datetime.fromtimestamp((T0 + 1_000_000_000) / 1e9, UTC)
+    (call,) = of_type(mapped, ev.ModelCallCompleted)
+    assert call.turn_id == turn_of(1)
+
+
 # --- through the journal-writer -----------------------------------------------------------------------
 
 

@@ -160,32 +160,57 @@ def provider_name(value: str) -> str:
     return _PROVIDERS.get(name, name)
 
 
-@dataclass(eq=False)
 class _Span:
-    trace: str
-    span: str
-    parent: str | None
-    name: str
-    attrs: dict[str, Any]
-    start_ns: int
-    end_ns: int
-    error: bool
-    status_message: str
-    tags: tuple[str, ...]
+    """A span as the mapping reads it: its ids as hex, its attributes as Python values, its times once."""
 
-    @property
-    def key(self) -> tuple[str, str]:
-        return (self.trace, self.span)
+    __slots__ = (
+        "attrs",
+        "end",
+        "end_ns",
+        "error",
+        "key",
+        "name",
+        "op",
+        "ours",
+        "parent",
+        "span",
+        "start",
+        "start_ns",
+        "status_message",
+        "tags",
+        "trace",
+    )
 
-    @property
-    def op(self) -> str | None:
-        op = self.attrs.get("gen_ai.operation.name")
-        return op if isinstance(op, str) else None
-
-    @property
-    def ours(self) -> bool:
-        """A span of our own loop: it published the events itself."""
-        return "cos.turn_id" in self.attrs
+    def __init__(
+        self,
+        trace: str,
+        span: str,
+        parent: str | None,
+        name: str,
+        attrs: dict[str, Any],
+        start_ns: int,
+        end_ns: int,
+        error: bool,
+        status_message: str,
+        tags: tuple[str, ...],
+    ) -> None:
+        self.trace = trace
+        self.span = span
+        self.parent = parent
+        self.name = name
+        self.attrs = attrs
+        self.start_ns = start_ns
+        self.end_ns = end_ns
+        self.error = error
+        self.status_message = status_message
+        self.tags = tags
+        self.key = (trace, span)
+        op = attrs.get("gen_ai.operation.name")
+        self.op: str | None = op if isinstance(op, str) else None
+        #: A span of our own loop: it published the events itself.
+        self.ours = "cos.turn_id" in attrs
+        self.start = from_nanos(start_ns)
+        self.end = self.start if end_ns == start_ns else from_nanos(end_ns)
 
     def error_text(self) -> str:
         error_type = self.attrs.get("error.type")
@@ -198,6 +223,7 @@ class _Session:
     id: uuid.UUID
     #: False for one of our sessions (`cos.session_id`): it exists, no `session_created`.
     create: bool
+    #: The earliest start of its spans that have one (0: none yet); every span with an event has one.
     first_ns: int = 0
     tags: tuple[str, ...] = ()
     parent: uuid.UUID | None = None
@@ -301,8 +327,9 @@ class _Mapper:
     def _session(self, session_id: uuid.UUID, create: bool, span: _Span) -> _Session:
         session = self.out.sessions.get(session_id)
         if session is None:
-            session = self.out.sessions[session_id] = _Session(session_id, create, span.start_ns, span.tags)
-        elif span.start_ns < session.first_ns:
+            session = self.out.sessions[session_id] = _Session(session_id, create, 0, span.tags)
+        # Only a span with a time dates the session (an agent without one is refused, its calls are not).
+        if span.start is not None and (session.first_ns == 0 or span.start_ns < session.first_ns):
             session.first_ns = span.start_ns
         return session
 
@@ -386,7 +413,7 @@ class _Mapper:
     ) -> ev.TurnStarted:
         return ev.TurnStarted(
             event_id=self.event_id("turn_started", span),
-            occurred_at=_at(span.start_ns),
+            occurred_at=_at(span.start),
             profile_id=self.profile,
             session_id=session.id,
             turn_id=turn_id,
@@ -398,7 +425,7 @@ class _Mapper:
     def _turn_finished(self, span: _Span, turn_id: uuid.UUID, session: _Session) -> ev.TurnFinished:
         return ev.TurnFinished(
             event_id=self.event_id("turn_finished", span),
-            occurred_at=_at(span.end_ns),
+            occurred_at=_at(span.end),
             profile_id=self.profile,
             session_id=session.id,
             turn_id=turn_id,
@@ -453,7 +480,7 @@ class _Mapper:
         self.out.body.append(
             ev.ModelCallCompleted(
                 event_id=event_id,
-                occurred_at=_at(span.end_ns),
+                occurred_at=_at(span.end),
                 profile_id=self.profile,
                 session_id=session,
                 turn_id=turn,
@@ -486,7 +513,7 @@ class _Mapper:
         self.out.body.append(
             ev.ToolCallRecorded(
                 event_id=event_id,
-                occurred_at=_at(span.end_ns),
+                occurred_at=_at(span.end),
                 profile_id=self.profile,
                 session_id=session,
                 turn_id=turn,
@@ -497,8 +524,8 @@ class _Mapper:
                 result=result,
                 result_bytes=result_bytes,
                 is_error=span.error,
-                started_at=_at(span.start_ns),
-                finished_at=_at(span.end_ns),
+                started_at=_at(span.start),
+                finished_at=_at(span.end),
             )
         )
 
@@ -528,7 +555,7 @@ class _Mapper:
                 events.append(
                     ev.SessionCreated(
                         event_id=_uuid("event", SOURCE, self.profile, "session_created", str(session.id)),
-                        occurred_at=_at(session.first_ns),
+                        occurred_at=_at(from_nanos(session.first_ns)),
                         profile_id=self.profile,
                         session_id=session.id,
                         source=SOURCE,
@@ -585,9 +612,7 @@ def _where(span: _Span) -> str:
 
 def _timed(span: _Span) -> bool:
     """Whether the span has a start and an end, not before its start."""
-    return (
-        from_nanos(span.start_ns) is not None and from_nanos(span.end_ns) is not None and span.end_ns >= span.start_ns
-    )
+    return span.start is not None and span.end is not None and span.end_ns >= span.start_ns
 
 
 def _times(span: _Span) -> float:
@@ -597,8 +622,7 @@ def _times(span: _Span) -> float:
     return (span.end_ns - span.start_ns) / 1e9
 
 
-def _at(nanos: int) -> datetime:
-    moment = from_nanos(nanos)
+def _at(moment: datetime | None) -> datetime:
     assert moment is not None  # checked by `_times` first
     return moment
 
