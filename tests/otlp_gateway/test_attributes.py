@@ -56,6 +56,8 @@ def test_times() -> None:
     assert timestamp("yesterday") is None and timestamp(5) is None
     assert from_nanos(1796155489522000000) == datetime(2026, 12, 1, 20, 4, 49, 522000, tzinfo=UTC)
     assert from_nanos(0) is None
+    # OTLP times are fixed64: the largest is in 2554, still a datetime.
+    assert from_nanos(2**64 - 1) == datetime(2554, 7, 21, 23, 34, 33, 709551, tzinfo=UTC)
 
 
 def test_resource_tags_from_cos_tag_and_the_configured_keys() -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -313,10 +314,12 @@ class OtlpReceiver:
         if len(acks) != len(events):
             raise Unavailable(f"{len(events) - len(acks)} of {len(events)} events not acknowledged")
         now = datetime.now(UTC)
-        for event, ack in zip(events, acks, strict=True):
-            if not ack.duplicate:
-                self.metrics.events_published.labels(event_type(event)).inc()
-            self.metrics.lag_seconds.labels(signal).observe(max((now - event.occurred_at).total_seconds(), 0.0))
+        published = Counter(event_type(event) for event, ack in zip(events, acks, strict=True) if not ack.duplicate)
+        for kind, number in published.items():
+            self.metrics.events_published.labels(kind).inc(number)
+        lag = self.metrics.lag_seconds.labels(signal)
+        for event in events:
+            lag.observe(max((now - event.occurred_at).total_seconds(), 0.0))
 
 
 def make_app(receiver: OtlpReceiver, **kwargs: Any) -> web.Application:
