@@ -7,10 +7,12 @@ database with billing running and ready before the clock starts:
 * **direct** (the baseline): the events the gateway makes of those spans (the same mapping, in process)
   published with the services' publisher, PubAck for each; the clock stops when billing has written every
   model call's row;
-* **gateway**: ``python -m bench.otlp_send`` creates the spans with the SDK and its BatchSpanProcessor, and
-  the SDK's OTLP/HTTP exporter (protobuf) sends them to ``python -m commonos.otlp_gateway``; same stop.
+* **gateway**: ``python -m bench.otlp_send`` makes the spans with the SDK's tracer, and the SDK's OTLP/HTTP
+  exporter (protobuf) sends them, 512 a request, to ``python -m commonos.otlp_gateway``; same stop.
   ``exporters`` agents do so at once, each its share of the turns (a gateway serves many agents; one
-  exporter alone sends its next batch only once the gateway has answered the last).
+  exporter alone sends its next batch only once the gateway has answered the last). The clock starts
+  when every sender has made its spans and says it is ready, as the baseline's starts with its events
+  made: neither counts the agent's own work or a Python interpreter's start.
 
 Spans per second count every span sent (the ``invoke_agent`` of each turn and its ``chat`` spans); the
 ratio is gateway over direct, medians of alternating runs. The gateway's peak RSS is read from /proc.
@@ -204,7 +206,6 @@ class OtlpPhase:
             shares = [self.turns // self.exporters] * self.exporters
             shares[-1] += self.turns - sum(shares)
             firsts = [sum(shares[:i]) for i in range(self.exporters)]
-            started = time.monotonic()
             senders = [
                 await asyncio.create_subprocess_exec(
                     sys.executable,
@@ -220,17 +221,30 @@ class OtlpPhase:
                     str(first),
                     "--calls",
                     str(self.calls),
+                    "--wait",
+                    stdin=asyncio.subprocess.PIPE,
                     stdout=asyncio.subprocess.PIPE,
                     stderr=asyncio.subprocess.PIPE,
                 )
                 for share, first in zip(shares, firsts, strict=True)
             ]
+            for sender in senders:  # each has made its spans and built its exporter
+                assert sender.stdout is not None
+                ready = await sender.stdout.readline()
+                if not ready.strip():
+                    _, sender_err = await sender.communicate()
+                    raise BenchError(f"a span sender exited {sender.returncode}: {sender_err.decode()[-800:]}")
+            started = time.monotonic()
+            for sender in senders:
+                assert sender.stdin is not None
+                sender.stdin.write(b"go\n")
+                await sender.stdin.drain()
             for sender in senders:
                 sent, sender_err = await sender.communicate()
                 if sender.returncode != 0:
                     raise BenchError(f"a span sender exited {sender.returncode}: {sender_err.decode()[-800:]}")
                 if not json.loads(sent.decode().strip().splitlines()[-1])["flushed"]:
-                    raise BenchError("the SDK did not flush every span")
+                    raise BenchError("the SDK exporter did not get every batch accepted")
             done = await _wait_rows(dsn, self.turns * self.calls, billing)
             gateway.check_alive()
             peak = gateway.peak_rss_kb() or 0

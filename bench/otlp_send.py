@@ -3,9 +3,15 @@
     python -m bench.otlp_send --endpoint http://127.0.0.1:4318 --token TOKEN --turns 2000 --calls 10
 
 Each turn is an ``invoke_agent`` span (its own ``gen_ai.conversation.id``) around ``--calls`` ``chat`` spans
-with GenAI usage attributes. The SDK's BatchSpanProcessor exports them (its queue is large enough that no
-span is dropped) and the exporter retries what the receiver refuses with 429/503. Prints one JSON line:
-the spans sent, the model calls among them, and the seconds from the first span to the last export.
+with GenAI usage attributes, made with the SDK's tracer. The SDK's OTLP/HTTP exporter sends them in
+batches of ``--batch``, one request after the other (as the SDK's BatchSpanProcessor does), and retries
+what the receiver refuses with 429/503.
+
+With ``--wait``, the spans are made first and the exporter built, then the sender prints ``{"ready": true}``
+and sends only once a line arrives on its standard input: the bench starts its clock then, so that the
+interpreter's start and the agent's own work (making the spans) are not counted, as making the baseline's
+events is not. Prints one JSON line at the end: the spans sent, the model calls among them, the seconds
+from the first request to the last answer, and whether every batch was accepted.
 
 `spans()` builds the same spans in memory for the bench's baseline (the same events published directly).
 """
@@ -20,7 +26,7 @@ from collections.abc import Sequence
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 #: What the resource says: `client` becomes the tag `client:acme` on every call.
@@ -56,12 +62,12 @@ def emit(provider: TracerProvider, turns: int, calls: int, first: int = 0) -> No
                     )
 
 
-def spans(turns: int, calls: int) -> Sequence[ReadableSpan]:
-    """The spans `emit` makes, kept in memory."""
+def spans(turns: int, calls: int, first: int = 0) -> Sequence[ReadableSpan]:
+    """The spans `emit` makes, kept in memory, in the order they ended (as an SDK exports them)."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider(resource=Resource.create(RESOURCE_ATTRIBUTES))
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    emit(provider, turns, calls)
+    emit(provider, turns, calls, first)
     provider.shutdown()
     return exporter.get_finished_spans()
 
@@ -86,23 +92,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--first-turn", type=int, default=0, help="number of the first turn (agents in parallel)")
     parser.add_argument("--encoding", choices=("protobuf", "json"), default="protobuf")
     parser.add_argument("--batch", type=int, default=512, help="spans per export request")
+    parser.add_argument("--wait", action="store_true", help="make the spans, say ready, send on a line of stdin")
     args = parser.parse_args(argv)
-    total = args.turns * (args.calls + 1)
-    provider = TracerProvider(resource=Resource.create(RESOURCE_ATTRIBUTES))
-    provider.add_span_processor(
-        BatchSpanProcessor(
-            _exporter(args.endpoint, args.token, args.encoding),
-            max_queue_size=total + 1,
-            max_export_batch_size=args.batch,
-            schedule_delay_millis=50,
-        )
-    )
+    made = spans(args.turns, args.calls, args.first_turn)
+    batches = [made[i : i + args.batch] for i in range(0, len(made), args.batch)]
+    exporter = _exporter(args.endpoint, args.token, args.encoding)
+    if args.wait:
+        print(json.dumps({"ready": True}), flush=True)
+        sys.stdin.readline()
     started = time.monotonic()
-    emit(provider, args.turns, args.calls, args.first_turn)
-    flushed = provider.force_flush(timeout_millis=600_000)
+    # One request after the other, as the SDK's BatchSpanProcessor sends them; the exporter retries 429/503.
+    flushed = all(exporter.export(batch) is SpanExportResult.SUCCESS for batch in batches)
     seconds = time.monotonic() - started
-    provider.shutdown()
-    print(json.dumps({"spans": total, "calls": args.turns * args.calls, "seconds": seconds, "flushed": flushed}))
+    exporter.shutdown()
+    print(json.dumps({"spans": len(made), "calls": args.turns * args.calls, "seconds": seconds, "flushed": flushed}))
     return 0 if flushed else 1
 
 
