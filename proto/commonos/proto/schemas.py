@@ -8,6 +8,10 @@ path there is its `$id` under :data:`SCHEMA_BASE`:
 * `events.schema.json`: every event type, a `oneOf` on the constant `type` over the types' definitions, one
   document with plain `#/$defs/...` references (for tools that resolve no embedded `$id`). Alerts have one
   type so far: its file is their schema.
+* `messages/<name>/v<version>.json`: the core NATS messages that are not stored (`MESSAGE_TYPES`: a turn's
+  deltas, `commonos.proto.deltas`; chat and approval requests and their replies, `commonos.proto.requests`).
+  Other services write these too, so a field with a default may be absent, as their decoders accept; they
+  carry no `type` (the subject says what a message is).
 
 Every file names the shapes it uses as every other does (`Session`, `GraphAssistantMessage`, `Decimal`, ...).
 
@@ -15,7 +19,8 @@ msgspec writes the first draft (`msgspec.json.schema_components`); this module t
 validators accept in strict mode and check fully (ajv with ajv-formats, Python `jsonschema`):
 
 * every field of a Struct is `required`, as msgspec always encodes it, unless the Struct omits defaults
-  (`omit_defaults=True`: then a field with a default may be absent); a required field shows no `default`;
+  (`omit_defaults=True`: then a field with a default may be absent) or is a core NATS message (a field with a
+  default may be absent); a required field shows no `default`;
 * the tag is a `const`; a tagged union is a `oneOf` (no OpenAPI `discriminator`);
 * a decimal is a string with a pattern (`#/$defs/Decimal`), not the unknown format `decimal`;
 * a `dict[str, Any]` field marked `described_by(SomeStruct)` is described by that Struct's schema;
@@ -32,6 +37,7 @@ from typing import Any, Final
 import msgspec
 import msgspec.inspect as mi
 
+from commonos.proto import deltas, requests
 from commonos.proto.alerts import ALERT_TYPES
 from commonos.proto.events import DESCRIBED_BY, EVENT_TYPES
 
@@ -41,6 +47,21 @@ SCHEMA_BASE: Final = "https://commonos.dev/schemas"
 CONTRACT_VERSION: Final = 1
 EVENTS: Final = "events"
 ALERTS: Final = "alerts"
+MESSAGES: Final = "messages"
+#: The core NATS messages (never stored), by the name of their schema file, with the subjects they travel on.
+MESSAGE_TYPES: Final[dict[str, tuple[type[msgspec.Struct], str]]] = {
+    "delta": (deltas.Delta, "cos.deltas.<profile>.<session>: a piece of a turn's reply, live"),
+    "chat_request": (requests.ChatRequest, "cos.cmd.<profile>.chat: a turn asked of the profile's loop"),
+    "chat_reply": (requests.ChatReply, "the reply to a chat_request (two with `started`)"),
+    "approval_request": (requests.ApprovalRequest, "cos.approvals.<profile>.request: a tool call waits"),
+    "approval_answer": (
+        requests.ApprovalAnswer,
+        "cos.approvals.decide.<profile>.<approval_id>.<approver>: a decision",
+    ),
+    "approval_ack": (requests.ApprovalAck, "the reply to an approval_answer"),
+    "pending_query": (requests.PendingQuery, "cos.approvals.pending: which approvals wait now"),
+    "pending_approvals": (requests.PendingApprovals, "a loop service's reply to a pending_query"),
+}
 
 #: A decimal as `msgspec` writes one (`str(Decimal)`): JSON-number syntax in a string, e.g. `0.0123`, `1E-7`.
 DECIMAL_PATTERN: Final = r"^-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?(?!\n)$"
@@ -161,7 +182,7 @@ def _as_described(schema: dict[str, Any], ref: str) -> dict[str, Any]:
     raise ValueError(f"described_by on a field that is no JSON object: {schema}")
 
 
-def _fix_struct(t: mi.StructType, schema: dict[str, Any], components: dict[str, Any]) -> None:
+def _fix_struct(t: mi.StructType, schema: dict[str, Any], components: dict[str, Any], inbound: bool) -> None:
     properties: dict[str, Any] = schema.setdefault("properties", {})
     if t.tag_field is not None:
         properties[t.tag_field] = {"const": t.tag}
@@ -171,7 +192,7 @@ def _fix_struct(t: mi.StructType, schema: dict[str, Any], components: dict[str, 
             properties[field.encode_name] = _as_described(
                 properties[field.encode_name], _DEFS + _component_name(target, components)
             )
-    if t.cls.__struct_config__.omit_defaults:
+    if t.cls.__struct_config__.omit_defaults or inbound:
         required = list(schema.get("required", []))
     else:
         required = ([t.tag_field] if t.tag_field is not None else []) + [f.encode_name for f in t.fields]
@@ -236,13 +257,17 @@ def _rename_refs(node: Any, renamed: dict[str, str]) -> Any:
 
 
 class _Pool:
-    """Every definition the events and alerts use, under one set of names, and the name of each type."""
+    """Every definition the events, alerts and messages use, under one set of names, and the name of each type.
 
-    def __init__(self, roots: Iterable[type[msgspec.Struct]]) -> None:
-        structs = _structs(roots)
+    The Structs reachable from `inbound` (the messages) and from no event or alert are written by other
+    services too: their fields with a default may be absent."""
+
+    def __init__(self, roots: Iterable[type[msgspec.Struct]], inbound: Iterable[type[msgspec.Struct]] = ()) -> None:
+        stored = _structs(roots)
+        structs = {**stored, **_structs(inbound)}
         _, components = msgspec.json.schema_components(list(structs), ref_template=_DEFS + "{name}")
         for cls, info in structs.items():
-            _fix_struct(info, components[_component_name(cls, components)], components)
+            _fix_struct(info, components[_component_name(cls, components)], components, cls not in stored)
         renamed = _names(components)
         defs: dict[str, Any] = _rename_refs(_fix_node(components), renamed)
         self.defs = {renamed.get(name, name): schema for name, schema in defs.items()}
@@ -254,16 +279,27 @@ class _Pool:
 
 
 def _pool() -> _Pool:
-    return _Pool([*EVENT_TYPES, *ALERT_TYPES])
+    return _Pool([*EVENT_TYPES, *ALERT_TYPES], [struct for struct, _ in MESSAGE_TYPES.values()])
 
 
 def type_schema(
     struct: type[msgspec.Struct], kind: str, version: int = CONTRACT_VERSION, pool: _Pool | None = None
 ) -> dict[str, Any]:
     """The self-contained schema of one event or alert type, with its `$schema` and `$id`."""
-    pool = pool or _pool()
+    return _document(struct, schema_id(kind, _tag(struct), version), pool or _pool())
+
+
+def message_schema(name: str, pool: _Pool | None = None) -> dict[str, Any]:
+    """The self-contained schema of one core NATS message (`MESSAGE_TYPES`), with its `$schema` and `$id`."""
+    struct, travels = MESSAGE_TYPES[name]
+    document = _document(struct, schema_id(MESSAGES, name), pool or _pool())
+    document["description"] = f"{document.get('description', '').strip()} On {travels}.".strip()
+    return document
+
+
+def _document(struct: type[msgspec.Struct], id_: str, pool: _Pool) -> dict[str, Any]:
     root = copy.deepcopy(pool.defs[pool.names[struct]])
-    document: dict[str, Any] = {"$schema": JSON_SCHEMA_DIALECT, "$id": schema_id(kind, _tag(struct), version), **root}
+    document: dict[str, Any] = {"$schema": JSON_SCHEMA_DIALECT, "$id": id_, **root}
     used = _reachable(root, pool.defs)
     if used:
         document["$defs"] = {name: copy.deepcopy(schema) for name, schema in used.items()}
@@ -294,7 +330,8 @@ def union_schema(
 def schema_files() -> dict[str, dict[str, Any]]:
     """Every schema file of proto/schema/, by its path there (its `$id` relative to SCHEMA_BASE).
 
-    The events' union is `events.schema.json`; alerts have one type so far, whose file is their schema.
+    The events' union is `events.schema.json`; alerts have one type so far, whose file is their schema. The
+    core NATS messages have one file each (`messages/<name>/v1.json`), no union: their subjects tell them apart.
     """
     pool = _pool()
     files: dict[str, dict[str, Any]] = {}
@@ -309,6 +346,8 @@ def schema_files() -> dict[str, dict[str, Any]]:
         EVENT_TYPES,
         pool,
     )
+    for name in MESSAGE_TYPES:
+        files[schema_path(MESSAGES, name)] = message_schema(name, pool)
     return files
 
 

@@ -1,8 +1,8 @@
-"""`cos schema export`: write the JSON Schema (2020-12) of every event and alert into proto/schema/.
+"""`cos schema export`: write the JSON Schema (2020-12) of every event, alert and core NATS message into proto/schema/.
 
 One file per type and version (`events/<type>/v1.json`, `alerts/<type>/v1.json`, each with its `$id`, which
-producers send as `ce-dataschema`) and one union per kind (`events.schema.json`, `alerts.schema.json`); see
-`commonos.proto.schemas`.
+producers send as `ce-dataschema`; `messages/<name>/v1.json` for the messages never stored: deltas, chat and
+approval requests and replies) and the events' union (`events.schema.json`); see `commonos.proto.schemas`.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ def register(sub: Any) -> None:
     schema = sub.add_parser("schema", help="event contracts")
     schema_sub = schema.add_subparsers(dest="schema_command", metavar="SUBCOMMAND", required=True)
     ex = schema_sub.add_parser(
-        "export", help="write the JSON Schema of every event and alert type (default: proto/schema)"
+        "export",
+        help="write the JSON Schema of every event, alert and core NATS message type (default: proto/schema)",
     )
     ex.add_argument("dir", nargs="?", type=Path, default=Path("proto/schema"))
     ex.set_defaults(handler=_export)
