@@ -22,6 +22,7 @@ from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import Any, Final
 
+from commonos.accounting.cost_queries import GROUP_EXPRESSIONS, RANGE, TOTAL_SQL, UNTAGGED_SQL, grouped_sql
 from commonos.proto.errors import DataError
 from commonos.runtime.postgres import Conn
 
@@ -44,28 +45,6 @@ GROUP_BY_HELP: Final = "tag:<key>, model, provider, day or profile"
 _TAG_KEY = re.compile(r"[a-z0-9_-]+")
 _RELATIVE = re.compile(r"(\d+)([dhm])")
 
-#: Group expressions over model_calls; `tag` uses the unnest of the seed's query instead.
-_GROUP_EXPRESSIONS: Final = {
-    "model": "model",
-    "provider": "provider",
-    "profile": "profile_id",
-    "day": "to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD')",
-}
-
-#: Token sums are numeric (what sum(bigint) returns), never cast back to bigint: each count is a bigint, their
-#: sum over calls need not be. The two cache-write buckets are summed apart for the same reason.
-_AGGREGATES: Final = """
-    sum(cost_usd) AS usd,
-    count(*) AS calls,
-    count(*) FILTER (WHERE cost_usd IS NULL) AS unpriced_calls,
-    coalesce(sum(input_tokens), 0) AS input_tokens,
-    coalesce(sum(output_tokens), 0) AS output_tokens,
-    coalesce(sum(cache_read_tokens), 0) AS cache_read_tokens,
-    coalesce(sum(cache_write_5m_tokens), 0) + coalesce(sum(cache_write_1h_tokens), 0) AS cache_write_tokens,
-    coalesce(sum(reasoning_tokens), 0) AS reasoning_tokens"""
-
-_RANGE: Final = "created_at >= $1 AND ($2::timestamptz IS NULL OR created_at < $2)"
-
 
 class ReportError(DataError):
     """A report argument that cannot be used; the message is one line."""
@@ -87,7 +66,7 @@ def parse_group_by(text: str) -> GroupBy:
         if not _TAG_KEY.fullmatch(key):
             raise ReportError(f"{text!r}: a tag key is lower-case letters, digits, _ and - (tag:client)")
         return GroupBy("tag", key)
-    if text in _GROUP_EXPRESSIONS:
+    if text in GROUP_EXPRESSIONS:
         return GroupBy(text)
     raise ReportError(f"{text!r} is not a grouping: use {GROUP_BY_HELP}")
 
@@ -175,33 +154,11 @@ class CostReport:
     notes: list[str] = field(default_factory=list)
 
 
-def grouped_sql(group_by: GroupBy) -> str:
-    """The per-group query; $1 since, $2 until (NULL: open), $3 the tag prefix ("client:")."""
-    if group_by.kind == "tag":
-        return f"""
-            SELECT tag AS grp, {_AGGREGATES}
-            FROM model_calls, unnest(tags) AS tag
-            WHERE starts_with(tag, $3) AND {_RANGE}
-            GROUP BY tag
-            ORDER BY usd DESC NULLS LAST, grp"""
-    order = "grp" if group_by.kind == "day" else "usd DESC NULLS LAST, grp"
-    return f"""
-        SELECT {_GROUP_EXPRESSIONS[group_by.kind]} AS grp, {_AGGREGATES}
-        FROM model_calls
-        WHERE {_RANGE}
-        GROUP BY grp
-        ORDER BY {order}"""
-
-
-_TOTAL_SQL: Final = f"SELECT {_AGGREGATES} FROM model_calls WHERE {_RANGE}"
 #: The calls outside the range: how many before it and after it, and the first one's time.
 _OUTSIDE_SQL: Final = f"""
     SELECT count(*) FILTER (WHERE created_at < $1) AS before, min(created_at) AS first,
            count(*) FILTER (WHERE $2::timestamptz IS NOT NULL AND created_at >= $2) AS after
-    FROM model_calls WHERE NOT ({_RANGE})"""
-_UNTAGGED_SQL: Final = f"""
-    SELECT {_AGGREGATES} FROM model_calls
-    WHERE {_RANGE} AND NOT EXISTS (SELECT 1 FROM unnest(tags) AS tag WHERE starts_with(tag, $3))"""
+    FROM model_calls WHERE NOT ({RANGE})"""
 
 
 async def cost_report(
@@ -215,9 +172,9 @@ async def cost_report(
         args: list[Any] = [resolved, until]
         if group_by.kind == "tag":
             args.append(f"{group_by.tag_key}:")
-        records = await conn.fetch(grouped_sql(group_by), *args)
-        total = await conn.fetchrow(_TOTAL_SQL, resolved, until)
-        untagged = await conn.fetchrow(_UNTAGGED_SQL, *args) if group_by.kind == "tag" else None
+        records = await conn.fetch(grouped_sql(group_by.kind), *args)
+        total = await conn.fetchrow(TOTAL_SQL, resolved, until)
+        untagged = await conn.fetchrow(UNTAGGED_SQL, *args) if group_by.kind == "tag" else None
         outside = await conn.fetchrow(_OUTSIDE_SQL, resolved, until)
     assert total is not None and outside is not None
     groups = [ReportRow.from_record(r, r["grp"]) for r in records]

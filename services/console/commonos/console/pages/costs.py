@@ -34,6 +34,8 @@ from fastapi.responses import HTMLResponse, Response
 from markupsafe import Markup, escape
 from pydantic import BaseModel, Field
 
+from commonos.accounting.cost_queries import GROUP_EXPRESSIONS as REPORT_GROUPS
+from commonos.accounting.cost_queries import RANGE, TOTAL_SQL, UNTAGGED_SQL, grouped_sql
 from commonos.console.auth import SignedIn
 from commonos.console.db import Database, get_db
 from commonos.console.templating import render
@@ -52,25 +54,8 @@ ORIGIN: Final = (
     f"'{LOOP_ORIGIN}')"
 )
 #: Group expressions over model_calls (`cos report cost`'s, and origin).
-GROUP_EXPRESSIONS: Final = {
-    "model": "model",
-    "provider": "provider",
-    "profile": "profile_id",
-    "day": "to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD')",
-    "origin": ORIGIN,
-}
+GROUP_EXPRESSIONS: Final = {**REPORT_GROUPS, "origin": ORIGIN}
 GROUPINGS: Final = ("tag", *GROUP_EXPRESSIONS)
-#: The aggregates of `cos report cost`, column for column.
-AGGREGATES: Final = """
-    sum(cost_usd) AS usd,
-    count(*) AS calls,
-    count(*) FILTER (WHERE cost_usd IS NULL) AS unpriced_calls,
-    coalesce(sum(input_tokens), 0) AS input_tokens,
-    coalesce(sum(output_tokens), 0) AS output_tokens,
-    coalesce(sum(cache_read_tokens), 0) AS cache_read_tokens,
-    coalesce(sum(cache_write_5m_tokens), 0) + coalesce(sum(cache_write_1h_tokens), 0) AS cache_write_tokens,
-    coalesce(sum(reasoning_tokens), 0) AS reasoning_tokens"""
-RANGE: Final = "created_at >= $1 AND ($2::timestamptz IS NULL OR created_at < $2)"
 #: The most groups a table shows (a tag key with more values than this is cut, and says so).
 MAX_GROUPS: Final = 1000
 
@@ -167,30 +152,6 @@ class CostReport(BaseModel):
 # Queries.
 
 
-def grouped_sql(kind: str) -> str:
-    """The per-group query of `cos report cost` (and origin); $1 since, $2 until, $3 the tag prefix."""
-    if kind == "tag":
-        return f"""
-            SELECT tag AS grp, {AGGREGATES}
-            FROM model_calls, unnest(tags) AS tag
-            WHERE starts_with(tag, $3) AND {RANGE}
-            GROUP BY tag
-            ORDER BY usd DESC NULLS LAST, grp
-            LIMIT {MAX_GROUPS + 1}"""
-    order = "grp" if kind == "day" else "usd DESC NULLS LAST, grp"
-    return f"""
-        SELECT {GROUP_EXPRESSIONS[kind]} AS grp, {AGGREGATES}
-        FROM model_calls
-        WHERE {RANGE}
-        GROUP BY grp
-        ORDER BY {order}
-        LIMIT {MAX_GROUPS + 1}"""
-
-
-TOTAL_SQL: Final = f"SELECT {AGGREGATES} FROM model_calls WHERE {RANGE}"
-UNTAGGED_SQL: Final = f"""
-    SELECT {AGGREGATES} FROM model_calls
-    WHERE {RANGE} AND NOT EXISTS (SELECT 1 FROM unnest(tags) AS tag WHERE starts_with(tag, $3))"""
 STATUS_SQL: Final = f"""
     SELECT cost_status, count(*) AS calls, sum(cost_usd) AS usd FROM model_calls WHERE {RANGE}
     GROUP BY cost_status ORDER BY cost_status"""
@@ -215,7 +176,7 @@ async def _table(conn: Conn, kind: str, since: datetime, until: datetime | None,
     args: list[Any] = [since, until]
     if kind == "tag":
         args.append(f"{tag_key}:")
-    records = await conn.fetch(grouped_sql(kind), *args)
+    records = await conn.fetch(grouped_sql(kind, GROUP_EXPRESSIONS, MAX_GROUPS + 1), *args)
     rows = [_row(r, r["grp"], str(r["grp"])) for r in records[:MAX_GROUPS]]
     untagged: CostRow | None = None
     if kind == "tag":

@@ -1,0 +1,59 @@
+"""The SQL of cost by group over `model_calls`: `cos report cost` and the console's Costs page run the same
+queries, so that their tables agree call for call (text only: no I/O).
+
+Every query takes ``$1`` since, ``$2`` until (NULL: open) and, where it groups or filters by a tag key,
+``$3`` the tag prefix (``client:``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+
+#: Group expressions over model_calls; `tag` groups by the tags' unnest instead (the seed's query).
+GROUP_EXPRESSIONS: Final = {
+    "model": "model",
+    "provider": "provider",
+    "profile": "profile_id",
+    "day": "to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD')",
+}
+
+#: Token sums are numeric (what sum(bigint) returns), never cast back to bigint: each count is a bigint, their
+#: sum over calls need not be. The two cache-write buckets are summed apart for the same reason.
+AGGREGATES: Final = """
+    sum(cost_usd) AS usd,
+    count(*) AS calls,
+    count(*) FILTER (WHERE cost_usd IS NULL) AS unpriced_calls,
+    coalesce(sum(input_tokens), 0) AS input_tokens,
+    coalesce(sum(output_tokens), 0) AS output_tokens,
+    coalesce(sum(cache_read_tokens), 0) AS cache_read_tokens,
+    coalesce(sum(cache_write_5m_tokens), 0) + coalesce(sum(cache_write_1h_tokens), 0) AS cache_write_tokens,
+    coalesce(sum(reasoning_tokens), 0) AS reasoning_tokens"""
+
+RANGE: Final = "created_at >= $1 AND ($2::timestamptz IS NULL OR created_at < $2)"
+
+TOTAL_SQL: Final = f"SELECT {AGGREGATES} FROM model_calls WHERE {RANGE}"
+#: The calls without a tag of the key ($3).
+UNTAGGED_SQL: Final = f"""
+    SELECT {AGGREGATES} FROM model_calls
+    WHERE {RANGE} AND NOT EXISTS (SELECT 1 FROM unnest(tags) AS tag WHERE starts_with(tag, $3))"""
+
+
+def grouped_sql(kind: str, expressions: Mapping[str, str] = GROUP_EXPRESSIONS, limit: int | None = None) -> str:
+    """The per-group query of `kind` (`tag`, or a key of `expressions`): the most costly first (days in
+    order), at most `limit` groups (None: all)."""
+    cut = f"\n            LIMIT {limit}" if limit is not None else ""
+    if kind == "tag":
+        return f"""
+            SELECT tag AS grp, {AGGREGATES}
+            FROM model_calls, unnest(tags) AS tag
+            WHERE starts_with(tag, $3) AND {RANGE}
+            GROUP BY tag
+            ORDER BY usd DESC NULLS LAST, grp{cut}"""
+    order = "grp" if kind == "day" else "usd DESC NULLS LAST, grp"
+    return f"""
+            SELECT {expressions[kind]} AS grp, {AGGREGATES}
+            FROM model_calls
+            WHERE {RANGE}
+            GROUP BY grp
+            ORDER BY {order}{cut}"""
