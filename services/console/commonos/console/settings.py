@@ -29,26 +29,13 @@ from pathlib import Path
 from typing import Final
 
 from commonos.proto.errors import ConfigError
-from commonos.runtime.settings import Settings
+from commonos.runtime.settings import Settings, env_float, env_int
 
 DEFAULT_PORT: Final = 8470
 DEFAULT_USERS_FILE: Final = Path("config/console-users.toml")
 _HEADER: Final = re.compile(r"[A-Za-z0-9-]{1,64}")
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
-
-
-def _number(env: Mapping[str, str], name: str, default: float, lo: float, hi: float) -> float:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number") from None
-    if not lo <= value <= hi:
-        raise ConfigError(f"{name}={raw} is out of range ({lo:g} to {hi:g})")
-    return value
 
 
 def parse_networks(raw: str, name: str = "COS_CONSOLE_TRUSTED_PROXIES") -> tuple[Network, ...]:
@@ -122,13 +109,13 @@ class ConsoleSettings:
             "origins": origins,
             "common": common if common is not None else Settings.from_env(env),
             "host": env.get("COS_CONSOLE_HOST", "").strip() or "127.0.0.1",
-            "port": int(_number(env, "COS_CONSOLE_PORT", DEFAULT_PORT, 0, 65535)),
+            "port": env_int(env, "COS_CONSOLE_PORT", DEFAULT_PORT, 0, 65535),
             "users_file": Path(env.get("COS_CONSOLE_USERS", "").strip() or DEFAULT_USERS_FILE).expanduser(),
             "secure_cookies": insecure not in {"1", "true", "yes"},
-            "session_max_age_s": int(_number(env, "COS_CONSOLE_SESSION_HOURS", 12, 0.01, 24 * 90) * 3600),
+            "session_max_age_s": int(env_float(env, "COS_CONSOLE_SESSION_HOURS", 12, 0.01, 24 * 90) * 3600),
             "trusted_header": header,
             "trusted_proxies": proxies,
-            "statement_timeout_ms": int(_number(env, "COS_CONSOLE_STATEMENT_TIMEOUT_MS", 10_000, 100, 600_000)),
+            "statement_timeout_ms": env_int(env, "COS_CONSOLE_STATEMENT_TIMEOUT_MS", 10_000, 100, 600_000),
         }
         if secret is not None:
             values["secret"] = secret

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from commonos.proto.errors import ConfigError
+from commonos.runtime.settings import env_float, env_int
 
 #: Every OTLP/HTTP receiver's port.
 DEFAULT_OTLP_PORT: Final = 4318
@@ -28,19 +29,6 @@ DEFAULT_HTTP_PORT: Final = 9464
 DEFAULT_MAX_BODY_BYTES: Final = 16 * 1024 * 1024
 DEFAULT_TAG_ATTRIBUTES: Final = ("client", "project", "team")
 _ATTRIBUTE_KEY: Final = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
-
-
-def _number(env: Mapping[str, str], name: str, default: float, lo: float, hi: float) -> float:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number") from None
-    if not lo <= value <= hi:
-        raise ConfigError(f"{name}={raw} is out of range ({lo:g} to {hi:g})")
-    return value
 
 
 def parse_tag_attributes(raw: str) -> tuple[str, ...]:
@@ -68,9 +56,9 @@ class GatewaySettings:
         raw_attributes = env.get("COS_OTLP_TAG_ATTRIBUTES")
         return cls(
             host=env.get("COS_OTLP_HOST", "").strip() or "127.0.0.1",
-            port=int(_number(env, "COS_OTLP_PORT", DEFAULT_OTLP_PORT, 0, 65535)),
-            max_body_bytes=int(_number(env, "COS_OTLP_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, 1024, 1024**3)),
+            port=env_int(env, "COS_OTLP_PORT", DEFAULT_OTLP_PORT, 0, 65535),
+            max_body_bytes=env_int(env, "COS_OTLP_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, 1024, 1024**3),
             tag_attributes=(DEFAULT_TAG_ATTRIBUTES if raw_attributes is None else parse_tag_attributes(raw_attributes)),
-            publish_timeout_s=_number(env, "COS_OTLP_PUBLISH_TIMEOUT_S", 5.0, 0.1, 300.0),
-            retry_after_s=int(_number(env, "COS_OTLP_RETRY_AFTER_S", 5, 1, 3600)),
+            publish_timeout_s=env_float(env, "COS_OTLP_PUBLISH_TIMEOUT_S", 5.0, 0.1, 300.0),
+            retry_after_s=env_int(env, "COS_OTLP_RETRY_AFTER_S", 5, 1, 3600),
         )

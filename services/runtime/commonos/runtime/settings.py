@@ -17,33 +17,43 @@ PREFIX: Final = "COS_"
 DEFAULT_MAX_MESSAGE_BYTES: Final = 256 * 1024
 
 
-__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "PREFIX", "ConfigError", "Settings"]
+__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "PREFIX", "ConfigError", "Settings", "env_float", "env_int"]
 
 
-def _int(env: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
-    raw = env.get(PREFIX + name)
-    if raw is None or raw == "":
+def env_int(env: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
+    """The whole number in variable `name` (`default` when unset or blank); ConfigError naming it otherwise."""
+    raw = env.get(name, "").strip()
+    if not raw:
         return default
     try:
         value = int(raw)
     except ValueError:
-        raise ConfigError(f"{PREFIX}{name}={raw!r} is not a whole number") from None
+        raise ConfigError(f"{name}={raw!r} is not a whole number") from None
     if not lo <= value <= hi:
-        raise ConfigError(f"{PREFIX}{name}={value} is out of range ({lo} to {hi})")
+        raise ConfigError(f"{name}={value} is out of range ({lo} to {hi})")
     return value
 
 
-def _float(env: Mapping[str, str], name: str, default: float, lo: float, hi: float) -> float:
-    raw = env.get(PREFIX + name)
-    if raw is None or raw == "":
+def env_float(env: Mapping[str, str], name: str, default: float, lo: float, hi: float) -> float:
+    """The number in variable `name` (`default` when unset or blank); ConfigError naming it otherwise."""
+    raw = env.get(name, "").strip()
+    if not raw:
         return default
     try:
         value = float(raw)
     except ValueError:
-        raise ConfigError(f"{PREFIX}{name}={raw!r} is not a number") from None
+        raise ConfigError(f"{name}={raw!r} is not a number") from None
     if not lo <= value <= hi:
-        raise ConfigError(f"{PREFIX}{name}={value} is out of range ({lo} to {hi})")
+        raise ConfigError(f"{name}={value:g} is out of range ({lo:g} to {hi:g})")
     return value
+
+
+def _int(env: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
+    return env_int(env, PREFIX + name, default, lo, hi)
+
+
+def _float(env: Mapping[str, str], name: str, default: float, lo: float, hi: float) -> float:
+    return env_float(env, PREFIX + name, default, lo, hi)
 
 
 _DURATION_UNITS: Final = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
