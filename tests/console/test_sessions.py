@@ -116,6 +116,10 @@ async def test_the_list_pages_by_keyset_and_filters(
         assert r.status == 422
     async with client.get("/api/sessions?since=2026-11-01T00:00:00") as r:
         assert r.status == 422
+    # A time that is no time in UTC (year 1 east of Greenwich): refused, not a server error.
+    async with client.get("/api/sessions?until=0001-01-01T00:00:00%2B01:00") as r:
+        assert r.status == 422, await r.text()
+        assert "outside the years 1 to 9999" in await r.text()
 
     # The HTML page shows the same rows, with htmx for the filters and a link to the next page.
     async with client.get("/sessions?limit=2") as r:

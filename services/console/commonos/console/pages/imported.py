@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import UTC, datetime
+from datetime import datetime
 from decimal import Decimal
 from typing import Annotated, Any, Final
 
@@ -26,7 +26,16 @@ from pydantic import BaseModel, Field
 
 from commonos.console.auth import SignedIn
 from commonos.console.db import Database, get_db
-from commonos.console.pages.sessions import SessionFilters, decode_cursor, list_sessions
+from commonos.console.pages.sessions import (
+    TIME_HELP,
+    Cursor,
+    Limit,
+    SessionFilters,
+    clean,
+    decode_cursor,
+    list_sessions,
+    parse_time,
+)
 from commonos.console.templating import render
 from commonos.runtime.postgres import Conn
 
@@ -137,25 +146,6 @@ async def list_imported(
     return ImportedList(sessions=rows, next_cursor=page.next_cursor, filters=f)
 
 
-def _time(name: str, raw: str | None) -> datetime | None:
-    if raw is None or not raw.strip():
-        return None
-    try:
-        value = datetime.fromisoformat(raw.strip())
-    except ValueError:
-        raise HTTPException(422, f"{name}: not a time (2026-11-01T09:00:00Z)") from None
-    if value.tzinfo is None:
-        raise HTTPException(422, f"{name}: give a time zone (2026-11-01T09:00:00Z)")
-    try:
-        value.astimezone(UTC)
-    except OverflowError:
-        raise HTTPException(422, f"{name}: outside the years 1 to 9999 in UTC") from None
-    return value
-
-
-TIME_HELP: Final = "ISO 8601 with a time zone, e.g. 2026-11-01T09:00:00Z"
-
-
 def _filters(
     profile: Annotated[str | None, Query(max_length=64)] = None,
     vendor: Annotated[str | None, Query(max_length=64, description="claude-code or codex")] = None,
@@ -163,21 +153,16 @@ def _filters(
     since: Annotated[str | None, Query(max_length=64, description="started at or after; " + TIME_HELP)] = None,
     until: Annotated[str | None, Query(max_length=64, description="started before; " + TIME_HELP)] = None,
 ) -> ImportedFilters:
-    def clean(value: str | None) -> str | None:
-        return value.strip() or None if value is not None else None
-
     return ImportedFilters(
         profile=clean(profile),
         vendor=clean(vendor),
         outcome=clean(outcome),
-        since=_time("since", since),
-        until=_time("until", until),
+        since=parse_time("since", since),
+        until=parse_time("until", until),
     )
 
 
 Filters = Annotated[ImportedFilters, Depends(_filters)]
-Cursor = Annotated[str | None, Query(max_length=200, description="next_cursor of the previous page")]
-Limit = Annotated[int, Query(ge=1, le=200)]
 
 
 @router.get("/api/imported", response_model=ImportedList)

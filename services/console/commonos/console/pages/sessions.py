@@ -19,7 +19,7 @@ import binascii
 import json
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Annotated, Any, Final, Literal
 
@@ -298,8 +298,9 @@ async def list_sessions(
     return SessionList(sessions=[_row(r) for r in page], next_cursor=next_cursor, filters=f)
 
 
-def _time(name: str, raw: str | None) -> datetime | None:
-    """An ISO 8601 time with its zone; empty (a form's blank field) is none."""
+def parse_time(name: str, raw: str | None) -> datetime | None:
+    """An ISO 8601 time with its zone; empty (a form's blank field) is none. 422 for anything else, a time
+    that is no time in UTC included (the year 1 east of Greenwich, which PostgreSQL cannot be given)."""
     if raw is None or not raw.strip():
         return None
     try:
@@ -308,7 +309,16 @@ def _time(name: str, raw: str | None) -> datetime | None:
         raise HTTPException(422, f"{name}: not a time (2026-11-01T09:00:00Z)") from None
     if value.tzinfo is None:
         raise HTTPException(422, f"{name}: give a time zone (2026-11-01T09:00:00Z)")
+    try:
+        value.astimezone(UTC)
+    except OverflowError:
+        raise HTTPException(422, f"{name}: outside the years 1 to 9999 in UTC") from None
     return value
+
+
+def clean(value: str | None) -> str | None:
+    """A filter's text, stripped; blank (a form's empty field) is none."""
+    return value.strip() or None if value is not None else None
 
 
 TIME_HELP: Final = "ISO 8601 with a time zone, e.g. 2026-11-01T09:00:00Z"
@@ -325,9 +335,6 @@ def _filters(
     until: Annotated[str | None, Query(max_length=64, description="before this time; " + TIME_HELP)] = None,
     q: Annotated[str | None, Query(max_length=500, description="full-text search over the messages")] = None,
 ) -> SessionFilters:
-    def clean(value: str | None) -> str | None:
-        return value.strip() or None if value is not None else None
-
     return SessionFilters(
         profile=clean(profile),
         source=clean(source),
@@ -335,8 +342,8 @@ def _filters(
         tag=clean(tag),
         vendor=clean(vendor),
         kind=kind,
-        since=_time("since", since),
-        until=_time("until", until),
+        since=parse_time("since", since),
+        until=parse_time("until", until),
         q=clean(q),
     )
 
