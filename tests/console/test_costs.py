@@ -261,6 +261,11 @@ async def test_unpriced_calls_origin_budgets_and_the_page(
         assert r.status == 422
     async with client.get("/api/costs?since=yesterday") as r:
         assert r.status == 422
+    # Times as `cos report cost` reads them, refused with its reasons.
+    async with client.get("/api/costs?until=0001-01-01T00:00:00%2B01:00") as r:
+        assert r.status == 422 and "is before the year 1 in UTC" in await r.text()
+    async with client.get("/api/costs?since=" + "9" * 40 + "d") as r:
+        assert r.status == 422 and "reaches before the year 1" in await r.text()
 
 
 async def test_csv_export_is_quoted_and_safe(

@@ -1,5 +1,5 @@
-"""The SQL of cost by group over `model_calls`: `cos report cost` and the console's Costs page run the same
-queries, so that their tables agree call for call (text only: no I/O).
+"""The SQL of cost by group over `model_calls`, and the times of its range: `cos report cost` and the
+console's Costs page run the same queries on the same range, so that their tables agree call for call (no I/O).
 
 Every query takes ``$1`` since, ``$2`` until (NULL: open) and, where it groups or filters by a tag key,
 ``$3`` the tag prefix (``client:``).
@@ -7,8 +7,51 @@ Every query takes ``$1`` since, ``$2`` until (NULL: open) and, where it groups o
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
+from datetime import UTC, date, datetime, timedelta
 from typing import Final
+
+from commonos.proto.errors import DataError
+
+#: A span ago: a whole number of days, hours or minutes (at most 4,000 digits: Python reads no longer int).
+_RELATIVE: Final = re.compile(r"(\d{1,4000})([dhm])")
+
+
+class ReportError(DataError):
+    """A report argument that cannot be used; the message is one line."""
+
+
+def parse_when(text: str, now: datetime | None = None) -> datetime:
+    """A date (UTC midnight), an ISO date-time (no offset = UTC), or ``<n>d``/``<n>h``/``<n>m`` ago.
+
+    Every time is one of the years 1 to 9999 in UTC (what a row's time can be); any other is a ReportError.
+    """
+    text = text.strip()
+    relative = _RELATIVE.fullmatch(text)
+    if relative:
+        amount, unit = int(relative.group(1)), relative.group(2)
+        try:
+            delta = {"d": timedelta(days=amount), "h": timedelta(hours=amount), "m": timedelta(minutes=amount)}[unit]
+            return (now or datetime.now(UTC)) - delta
+        except OverflowError:
+            raise ReportError(f"{text!r} reaches before the year 1") from None
+    try:
+        if len(text) == 10:
+            day = date.fromisoformat(text)
+            return datetime(day.year, day.month, day.day, tzinfo=UTC)
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise ReportError(f"{text!r} is not a date (2026-11-01), a date-time or a span ago (7d, 12h)") from None
+    if when.tzinfo is None:
+        return when.replace(tzinfo=UTC)
+    try:
+        when.astimezone(UTC)
+    except OverflowError:
+        edge = "after the year 9999" if when.year == 9999 else "before the year 1"
+        raise ReportError(f"{text!r} is {edge} in UTC") from None
+    return when
+
 
 #: Group expressions over model_calls; `tag` groups by the tags' unnest instead (the seed's query).
 GROUP_EXPRESSIONS: Final = {

@@ -18,12 +18,19 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime, timedelta
+from datetime import datetime
 from decimal import Decimal
 from typing import Any, Final
 
-from commonos.accounting.cost_queries import GROUP_EXPRESSIONS, RANGE, TOTAL_SQL, UNTAGGED_SQL, grouped_sql
-from commonos.proto.errors import DataError
+from commonos.accounting.cost_queries import (
+    GROUP_EXPRESSIONS,
+    RANGE,
+    TOTAL_SQL,
+    UNTAGGED_SQL,
+    ReportError,
+    grouped_sql,
+    parse_when,
+)
 from commonos.runtime.postgres import Conn
 
 __all__ = [
@@ -31,6 +38,7 @@ __all__ = [
     "GROUP_BY_HELP",
     "CostReport",
     "GroupBy",
+    "ReportError",
     "ReportRow",
     "columns",
     "cost_report",
@@ -43,11 +51,6 @@ FORMATS: Final = ("table", "json", "csv")
 GROUP_BY_HELP: Final = "tag:<key>, model, provider, day or profile"
 
 _TAG_KEY = re.compile(r"[a-z0-9_-]+")
-_RELATIVE = re.compile(r"(\d+)([dhm])")
-
-
-class ReportError(DataError):
-    """A report argument that cannot be used; the message is one line."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,37 +72,6 @@ def parse_group_by(text: str) -> GroupBy:
     if text in GROUP_EXPRESSIONS:
         return GroupBy(text)
     raise ReportError(f"{text!r} is not a grouping: use {GROUP_BY_HELP}")
-
-
-def parse_when(text: str, now: datetime | None = None) -> datetime:
-    """A date (UTC midnight), an ISO date-time (no offset = UTC), or ``<n>d``/``<n>h``/``<n>m`` ago.
-
-    Every time is one of the years 1 to 9999 in UTC (what a row's time can be); any other is a ReportError.
-    """
-    text = text.strip()
-    relative = _RELATIVE.fullmatch(text)
-    if relative:
-        amount, unit = int(relative.group(1)), relative.group(2)
-        try:
-            delta = {"d": timedelta(days=amount), "h": timedelta(hours=amount), "m": timedelta(minutes=amount)}[unit]
-            return (now or datetime.now(UTC)) - delta
-        except OverflowError:
-            raise ReportError(f"{text!r} reaches before the year 1") from None
-    try:
-        if len(text) == 10:
-            day = date.fromisoformat(text)
-            return datetime(day.year, day.month, day.day, tzinfo=UTC)
-        when = datetime.fromisoformat(text)
-    except ValueError:
-        raise ReportError(f"{text!r} is not a date (2026-11-01), a date-time or a span ago (7d, 12h)") from None
-    if when.tzinfo is None:
-        return when.replace(tzinfo=UTC)
-    try:
-        when.astimezone(UTC)
-    except OverflowError:
-        edge = "after the year 9999" if when.year == 9999 else "before the year 1"
-        raise ReportError(f"{text!r} is {edge} in UTC") from None
-    return when
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ import os
 import re
 import tomllib
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal
@@ -35,7 +35,7 @@ from markupsafe import Markup, escape
 from pydantic import BaseModel, Field
 
 from commonos.accounting.cost_queries import GROUP_EXPRESSIONS as REPORT_GROUPS
-from commonos.accounting.cost_queries import RANGE, TOTAL_SQL, UNTAGGED_SQL, grouped_sql
+from commonos.accounting.cost_queries import RANGE, TOTAL_SQL, UNTAGGED_SQL, ReportError, grouped_sql, parse_when
 from commonos.console.auth import SignedIn
 from commonos.console.db import Database, get_db
 from commonos.console.templating import render
@@ -46,7 +46,6 @@ router = APIRouter(tags=["costs"])
 Db = Annotated[Database, Depends(get_db)]
 
 TAG_KEY: Final = re.compile(r"[a-z0-9_-]{1,64}")
-_RELATIVE: Final = re.compile(r"(\d{1,6})([dhm])")
 #: The origin of a call: the vendor of imported work (its `vendor:` tag), else the loop's own.
 LOOP_ORIGIN: Final = "loop"
 ORIGIN: Final = (
@@ -354,25 +353,13 @@ async def load(conn: Conn, since: datetime | None, until: datetime | None, tag_k
 
 
 def parse_time(name: str, raw: str | None, now: datetime | None = None) -> datetime | None:
-    """A date (UTC midnight), an ISO date-time (no offset: UTC) or a span ago (7d, 12h, 30m); blank: none."""
+    """`cos report cost`'s times (`commonos.accounting.cost_queries.parse_when`); blank: none; else 422."""
     if raw is None or not raw.strip():
         return None
-    text = raw.strip()
-    relative = _RELATIVE.fullmatch(text)
     try:
-        if relative:
-            amount, unit = int(relative.group(1)), relative.group(2)
-            span = {"d": timedelta(days=amount), "h": timedelta(hours=amount), "m": timedelta(minutes=amount)}[unit]
-            return (now or datetime.now(UTC)) - span
-        if len(text) == 10:
-            day = date.fromisoformat(text)
-            return datetime(day.year, day.month, day.day, tzinfo=UTC)
-        value = datetime.fromisoformat(text)
-        value = value.replace(tzinfo=UTC) if value.tzinfo is None else value
-        value.astimezone(UTC)
-        return value
-    except (ValueError, OverflowError):
-        raise HTTPException(422, f"{name}: not a date (2026-11-01), a date-time or a span ago (7d, 12h)") from None
+        return parse_when(raw, now)
+    except ReportError as exc:
+        raise HTTPException(422, f"{name}: {exc}") from None
 
 
 TIME_HELP: Final = "a date (2026-11-01, UTC), an ISO date-time (no offset: UTC) or a span ago (7d, 12h, 30m)"
