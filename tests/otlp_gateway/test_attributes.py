@@ -103,3 +103,11 @@ def test_tag_attributes_from_the_environment() -> None:
 
 def test_the_test_builder_round_trips() -> None:
     assert any_value(to_any({"a": [True, 2.5]})) == {"a": [True, 2.5]}
+
+
+def test_a_timestamp_no_utc_datetime_holds_is_none() -> None:
+    """Year 1 east of UTC, year 9999 west of it, or the last instant: no row can hold it (billing refuses it)."""
+    assert timestamp("0001-01-01T00:00:00+01:00") is None
+    assert timestamp("9999-12-31T23:00:00-01:00") is None
+    assert timestamp("9999-12-31T23:59:59.999999Z") is None and timestamp("0001-01-01T00:00:00Z") is None
+    assert timestamp("0001-01-01T00:00:01Z") == datetime(1, 1, 1, 0, 0, 1, tzinfo=UTC)

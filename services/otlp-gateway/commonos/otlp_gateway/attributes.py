@@ -48,6 +48,10 @@ TAG_ATTRIBUTES_ENV: Final = "COS_OTLP_TAG_ATTRIBUTES"
 
 _INTEGER: Final = re.compile(r"[+-]?[0-9]+")
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+_FIRST_INSTANT: Final = datetime.min.replace(tzinfo=UTC)
+_LAST_INSTANT: Final = datetime.max.replace(tzinfo=UTC)
+#: The largest count a 64-bit signed column (billing's) holds.
+MAX_COUNT: Final = 2**63 - 1
 
 
 def any_value(value: AnyValue) -> Any:
@@ -143,14 +147,35 @@ def boolean(value: Any) -> bool | None:
 
 
 def timestamp(value: Any) -> datetime | None:
-    """An RFC 3339 timestamp string (``2026-12-01T20:04:49.635Z``) as an aware datetime; None otherwise."""
+    """An RFC 3339 timestamp string (``2026-12-01T20:04:49.635Z``) as an aware datetime; None otherwise.
+
+    None too for an instant no UTC datetime strictly inside datetime's range holds (year 1 east of UTC,
+    year 9999 west of it, the first or last instant): no row can hold it, billing refuses it.
+    """
     if not isinstance(value, str) or not value:
         return None
     try:
         moment = datetime.fromisoformat(value.strip().replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
         return None
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+    moment = moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+    try:
+        utc = moment.astimezone(UTC)
+    except OverflowError:
+        return None
+    return None if utc in (_FIRST_INSTANT, _LAST_INSTANT) else moment
+
+
+def before(moment: datetime, milliseconds: Any) -> datetime:
+    """`moment` less a duration in milliseconds (a number or a string spelling one); `moment` itself when the
+    duration is missing, not above 0, or reaches outside datetime's range."""
+    duration = number(milliseconds)
+    if duration is None or duration <= 0:
+        return moment
+    try:
+        return moment - timedelta(milliseconds=duration)
+    except OverflowError:
+        return moment
 
 
 def from_nanos(nanos: int) -> datetime | None:
