@@ -248,3 +248,38 @@ async def test_a_retry_maps_to_the_same_events() -> None:
     req = claude(prompt(), api_request(), tool_decision(), tool_result())
     first, second = await mapped(req), await mapped(req)
     assert first.events == second.events and len({e.event_id for e in first.events}) == len(first.events)
+
+
+async def test_a_duration_before_the_year_1_leaves_the_start_at_the_end() -> None:
+    """A duration_ms no datetime can subtract (1e300 ms, or 10 s before the year 1) raised OverflowError."""
+    moment = {"event.timestamp": "0001-01-01T00:00:05Z"}
+    early = record("tool_result", {**BASE, "tool_use_id": "toolu_2", "duration_ms": "10000", **moment}, nanos=False)
+    result = await mapped(claude(tool_result(duration_ms="1e300"), early))
+    calls = of(result.events, ToolCallRecorded)
+    assert len(calls) == 2 and all(c.started_at == c.finished_at for c in calls)
+    assert result.rejected == 0
+
+
+async def test_a_call_billing_cannot_store_is_refused_or_keeps_no_reported_cost() -> None:
+    """A model name over 256 characters, a count beyond 64 bits: refused (billing would dead-letter the call);
+    a reported cost that is negative or above 1e12: the call without it."""
+    result = await mapped(
+        claude(
+            api_request(model="m" * 257, request_id="req_long"),
+            api_request(input_tokens=str(2**63), request_id="req_huge"),
+            api_request(cost_usd="-1", request_id="req_negative"),
+            api_request(cost_usd="1e13", request_id="req_dear"),
+        )
+    )
+    assert result.rejected == 2
+    assert any("257" in e or "256" in e for e in result.errors) and any("input_tokens" in e for e in result.errors)
+    calls = of(result.events, ModelCallCompleted)
+    assert [c.request_id for c in calls] == ["req_negative", "req_dear"]
+    assert [c.reported_cost_usd for c in calls] == [None, None]
+
+
+async def test_the_same_call_twice_in_a_request_is_one_event() -> None:
+    """Two records of one request id (or tool use id) made two events of one id in a request."""
+    result = await mapped(claude(api_request(), api_request(2.0), tool_result(), tool_result(3.0)))
+    ids = [e.event_id for e in result.events]
+    assert len(ids) == len(set(ids)) == 4 and result.ignored == 2

@@ -241,3 +241,36 @@ async def test_a_retry_maps_to_the_same_events() -> None:
     req = codex(starts(), prompt(), completed(), tool_decision(), tool_result())
     first, second = await mapped(req, ordinals), await mapped(req, ordinals)
     assert first.events == second.events and len({e.event_id for e in first.events}) == len(first.events)
+
+
+async def test_a_duration_no_datetime_can_subtract_leaves_the_start_at_the_end() -> None:
+    result = await mapped(codex(tool_result(duration_ms="1e300")))
+    (call,) = of(result.events, ToolCallRecorded)
+    assert call.started_at == call.finished_at
+
+
+async def test_a_call_billing_cannot_store_is_refused_before_it_takes_an_ordinal() -> None:
+    """A model name over 256 characters or a count beyond 64 bits: refused, and the next call keeps ordinal 0."""
+    ordinals = MemoryOrdinals()
+    result = await mapped(
+        codex(
+            completed(1.0, input_token_count=str(10**30)),
+            codex_record(
+                "codex.sse_event",
+                {"event.kind": "response.completed", "model": "m" * 257, "output_token_count": "1"},
+                2.0,
+            ),
+            completed(3.0),
+        ),
+        ordinals,
+    )
+    assert result.rejected == 2 and len(result.errors) == 2
+    (call,) = of(result.events, ModelCallCompleted)
+    assert call.event_id == ordinal_call_event_id("codex", CONVERSATION, 0)
+
+
+async def test_the_same_call_twice_in_a_request_is_one_event() -> None:
+    """Identical records (same time and counts; same call id) made two events of one id in a request."""
+    result = await mapped(codex(completed(), completed(), tool_result(), tool_result()))
+    ids = [e.event_id for e in result.events]
+    assert len(ids) == len(set(ids)) == 4 and result.ignored == 2

@@ -28,7 +28,8 @@ Claude Code record / attribute         our event / field
   ``cache_creation_5m_tokens``           ``cache_write_5m_tokens`` (when absent: ``cache_creation_tokens``
                                          less the 1h ones)
   ``cache_creation_1h_tokens``           ``cache_write_1h_tokens``
-  ``cost_usd``                           ``reported_cost_usd`` (Decimal of the number as sent)
+  ``cost_usd``                           ``reported_cost_usd`` (Decimal of the number as sent; none when
+                                         it is negative or above 1e12, which billing does not store)
   ``duration_ms``                        ``latency_s`` (/ 1000)
   ``speed``                              ``speed`` (``normal`` -> ``standard``, ``fast`` -> ``fast``)
   ``prompt.id``                          ``turn_id``
@@ -38,7 +39,9 @@ Claude Code record / attribute         our event / field
                                        ``error`` when it failed, ``args`` = ``tool_parameters`` when it is
                                        a JSON object (sent only with ``OTEL_LOG_TOOL_DETAILS=1``),
                                        ``finished_at`` = the record's time, ``started_at`` = that less
-                                       ``duration_ms``; ``approval`` left empty, see below)
+                                       ``duration_ms`` (that time itself when the duration is missing,
+                                       not above 0, or reaches before the year 1); ``approval`` left
+                                       empty, see below)
 ``tool_decision``                      ``approval_decided`` (``tool_call_id`` = ours of ``tool_use_id``,
                                        ``status`` ``approved`` for ``decision=accept``, else ``denied``;
                                        ``decided_by`` ``policy`` for ``source=config``, ``hook`` for
@@ -77,18 +80,22 @@ Decisions:
   the profile the import uses (``claude-code`` by default, or ``cos import claude --profile``).
 * A subagent's calls carry their parent's ``session.id`` (and an ``agent_id``): they are the parent
   session's, as the importer bills them on its root session too.
-* A mapped record without ``session.id`` or without a time is refused (partial success), with why.
+* A mapped record without ``session.id`` or without a time is refused (partial success), with why;
+  so is an ``api_request`` whose call billing could not store (a model name longer than 256
+  characters, a count beyond 64 bits): billing would dead-letter it. A time no UTC datetime holds
+  (``event.timestamp`` in the year 1 east of UTC, say) is no time (`attributes.timestamp`).
 """
 
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timedelta
+from datetime import datetime
+from decimal import Decimal
 from typing import Any, Final
 
 import msgspec
 
-from commonos.otlp_gateway.attributes import boolean, count, decimal, integer, number, text
+from commonos.otlp_gateway.attributes import MAX_COUNT, before, boolean, count, decimal, integer, number, text
 from commonos.otlp_gateway.mapping import CLAUDE_CODE, Emitter, Record, gateway_id, tool_call_id_of
 from commonos.proto.events import ApprovalDecided, ApprovalStatus, ModelCallCompleted, ToolCallRecorded
 from commonos.proto.graph.ids import request_call_event_id
@@ -100,6 +107,18 @@ SPEEDS: Final = {"normal": "standard", "standard": "standard", "fast": "fast", "
 #: A tool call's turn when its record names no prompt.
 NO_PROMPT: Final = "no-prompt"
 MAPPED: Final = frozenset({"user_prompt", "api_request", "tool_result", "tool_decision"})
+#: The longest model name billing stores (`commonos.billing.projection`).
+MAX_NAME_CHARS: Final = 256
+#: The largest reported cost billing stores, in dollars.
+MAX_REPORTED_COST: Final = Decimal("1e12")
+_COUNTS: Final = (
+    "input_tokens",
+    "output_tokens",
+    "cache_read_tokens",
+    "cache_creation_tokens",
+    "cache_creation_5m_tokens",
+    "cache_creation_1h_tokens",
+)
 
 
 def event_name(record: Record) -> str:
@@ -126,6 +145,23 @@ def _args(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def unstorable(attrs: dict[str, Any]) -> str | None:
+    """Why billing could not store an ``api_request``'s call (None when it can)."""
+    model = text(attrs.get("model"))
+    if model is not None and len(model) > MAX_NAME_CHARS:
+        return f"claude_code.api_request with a model name longer than {MAX_NAME_CHARS} characters"
+    for key in _COUNTS:
+        number = integer(attrs.get(key))
+        if number is not None and number > MAX_COUNT:
+            return f"claude_code.api_request with {key} {number}, beyond 64 bits"
+    return None
+
+
+def _cost(value: Any) -> Decimal | None:
+    cost = decimal(value)
+    return cost if cost is not None and 0 <= cost <= MAX_REPORTED_COST else None
+
+
 def map_records(records: list[Record], tags: tuple[str, ...], emitter: Emitter) -> None:
     """Add the events of one resource's Claude Code records (in their order) to `emitter`."""
     mapped = emitter.mapped
@@ -146,6 +182,10 @@ def map_records(records: list[Record], tags: tuple[str, ...], emitter: Emitter) 
             mapped.reject(f"claude_code.{name} without tool_use_id")
             continue
         at = record.time
+        why = unstorable(record.attributes) if name == "api_request" else None
+        if why is not None:
+            mapped.reject(why)
+            continue
         prompt = text(record.attributes.get("prompt.id"))
         session_id = emitter.session(CLAUDE_CODE, session_key, tags, at)
         if name == "user_prompt":
@@ -207,13 +247,8 @@ def model_call(
         speed=SPEEDS.get(speed) if speed is not None else None,
         latency_s=duration / 1000 if duration is not None and duration >= 0 else None,
         tags=tags,
-        reported_cost_usd=decimal(attrs.get("cost_usd")),
+        reported_cost_usd=_cost(attrs.get("cost_usd")),
     )
-
-
-def _duration(attrs: dict[str, Any]) -> timedelta:
-    duration = number(attrs.get("duration_ms"))
-    return timedelta(milliseconds=duration) if duration is not None and duration > 0 else timedelta(0)
 
 
 def tool_call(
@@ -239,7 +274,7 @@ def tool_call(
         args=_args(attrs.get("tool_parameters")),
         result=text(attrs.get("error")) if failed else None,
         is_error=failed,
-        started_at=at - _duration(attrs),
+        started_at=before(at, attrs.get("duration_ms")),
         finished_at=at,
     )
 

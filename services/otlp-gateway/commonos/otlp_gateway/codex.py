@@ -34,7 +34,9 @@ and token counts (some above 0)         usage of the rollout (see below)
                                         -> ``args`` (a JSON object; else ``{"input": …}``), ``output`` ->
                                         ``result`` (cut to 16,000 characters, ``result_bytes`` then
                                         the whole size), ``is_error`` = not ``success``, ``finished_at`` =
-                                        its time, ``started_at`` = that less ``duration_ms``)
+                                        its time, ``started_at`` = that less ``duration_ms``, or that
+                                        time itself when the duration is missing, not above 0, or
+                                        reaches before the year 1)
 ``codex.tool_decision``                 ``approval_decided`` (``approved``/``approved_for_session`` ->
                                         ``approved``, else ``denied``; ``decided_by`` ``policy`` for
                                         ``source=Config``, ``user`` for ``User``, else the source)
@@ -68,18 +70,20 @@ Decisions:
   and turns; a call Codex makes before the new prompt (a compaction) counts in the previous turn.
 * **Approvals** are ``approval_decided`` events (see :mod:`commonos.otlp_gateway.claude_code`: the
   decision may come in another request than the result); the tool call's ``approval`` stays empty.
-* A mapped record without ``conversation.id`` or without a time is refused (partial success), with why.
+* A mapped record without ``conversation.id`` or without a time is refused (partial success), with why;
+  so is a call billing could not store (a model name longer than 256 characters, a count beyond 64
+  bits), before it takes an ordinal. A time no UTC datetime holds is no time (`attributes.timestamp`).
 """
 
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, Final, NamedTuple
 
 import msgspec
 
-from commonos.otlp_gateway.attributes import boolean, count, number, text
+from commonos.otlp_gateway.attributes import MAX_COUNT, before, boolean, count, text
 from commonos.otlp_gateway.mapping import CODEX, CallOrdinals, Emitter, Record, gateway_id, tool_call_id_of
 from commonos.proto.events import ApprovalDecided, ApprovalStatus, ModelCallCompleted, ToolCallRecorded
 from commonos.proto.graph.ids import ordinal_call_event_id
@@ -101,6 +105,10 @@ _COUNTS: Final = (
     "cache_write_token_count",
     "reasoning_token_count",
 )
+
+
+#: The longest model name billing stores (`commonos.billing.projection`).
+MAX_NAME_CHARS: Final = 256
 
 
 def has_usage(attrs: dict[str, Any]) -> bool:
@@ -150,6 +158,10 @@ async def map_records(records: list[Record], tags: tuple[str, ...], emitter: Emi
             mapped.reject(f"{name} without call_id")
             continue
         at = record.time
+        why = unstorable(attrs) if name == "codex.sse_event" else None
+        if why is not None:  # before its ordinal: a refused call takes no place among the calls
+            mapped.reject(why)
+            continue
         session_id = emitter.session(CODEX, conversation, tags, at)
         if name == "codex.conversation_starts":
             continue
@@ -179,6 +191,16 @@ class Usage(NamedTuple):
     cache_read_tokens: int
     cache_write_5m_tokens: int
     reasoning_tokens: int
+
+
+def unstorable(attrs: dict[str, Any]) -> str | None:
+    """Why billing could not store a ``response.completed``'s call (None when it can)."""
+    model = text(attrs.get("model")) or text(attrs.get("slug"))
+    if model is not None and len(model) > MAX_NAME_CHARS:
+        return f"codex.sse_event with a model name longer than {MAX_NAME_CHARS} characters"
+    if max(usage(attrs)) > MAX_COUNT:
+        return "codex.sse_event with a token count beyond 64 bits"
+    return None
 
 
 def usage(attrs: dict[str, Any]) -> Usage:
@@ -258,7 +280,6 @@ def tool_call(
     at: datetime,
     emitter: Emitter,
 ) -> ToolCallRecorded:
-    duration = number(attrs.get("duration_ms"))
     result, whole = _result(attrs.get("output"))
     return ToolCallRecorded(
         event_id=gateway_id("tool_call_recorded", CODEX, conversation, call_id),
@@ -273,7 +294,7 @@ def tool_call(
         result=result,
         result_bytes=whole,
         is_error=boolean(attrs.get("success")) is False,
-        started_at=at - timedelta(milliseconds=duration if duration is not None and duration > 0 else 0),
+        started_at=before(at, attrs.get("duration_ms")),
         finished_at=at,
     )
 

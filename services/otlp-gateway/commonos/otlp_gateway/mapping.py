@@ -36,7 +36,9 @@ tool call id (ours)         `gateway_id` ``("tool_call", vendor, vendor session 
 A session and a turn are announced (``session_created``, ``turn_started``) in every request that has a
 record of theirs, before the first event that needs them: the journal-writer needs a tool call's turn
 and a turn's session, and inserts each with ``ON CONFLICT (id) DO NOTHING``, so the first announcement
-stored wins and the others change nothing (JetStream drops those within its duplicate window).
+stored wins and the others change nothing (JetStream drops those within its duplicate window). A record
+whose event has the id of one already in the request (the same call or tool use twice) adds nothing: the
+first is kept, the record counted ignored, so no request publishes an id twice.
 """
 
 from __future__ import annotations
@@ -188,8 +190,15 @@ class Emitter:
         self.mapped = mapped
         self._sessions: set[uuid.UUID] = set()
         self._turns: set[uuid.UUID] = set()
+        self._events: set[uuid.UUID] = set()
 
     def add(self, event: EventBase) -> None:
+        """Add `event`, unless the request already has one of its id (the same call's record twice): the
+        first is kept, the record counted ignored."""
+        if event.event_id in self._events:
+            self.mapped.ignored += 1
+            return
+        self._events.add(event.event_id)
         self.mapped.events.append(event)
 
     def session(self, vendor: str, session_key: str, tags: tuple[str, ...], at: datetime) -> uuid.UUID:
