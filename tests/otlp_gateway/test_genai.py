@@ -469,3 +469,10 @@ async def test_a_split_trace_is_accepted_by_the_journal_writer_in_either_order(
         assert started == expected
     finally:
         await conn.close()
+
+
+def test_a_count_beyond_64_bits_is_refused() -> None:
+    """A usage count billing cannot store (above 2**63 - 1) made a call billing dead-letters: refused."""
+    mapped = map_spans(request(span(1, None, chat(**{"gen_ai.usage.input_tokens": str(2**63)}))), SOURCE)
+    assert mapped.rejected == 1 and "not a count" in mapped.errors[0]
+    assert of_type(mapped, ev.ModelCallCompleted) == []

@@ -41,7 +41,8 @@ not say which lifetime: the standard 5 minutes); ``output_tokens`` = ``gen_ai.us
 which includes ``reasoning_tokens`` = ``gen_ai.usage.reasoning.output_tokens``. (The deprecated
 ``gen_ai.usage.prompt_tokens`` / ``completion_tokens`` are read when the new names are absent.) A span
 whose numbers do not add up — cache tokens above the input, reasoning above the output, a negative or
-non-integer count — is refused with the reason (OTLP partial success): billing it would be a guess.
+non-integer count, or one beyond 64 bits — is refused with the reason (OTLP partial success): billing
+it would be a guess.
 
 Sessions. A span's session is the first of, on the span and then on its ancestors present in the
 request (nearest first): ``cos.session_id`` (a UUID: one of our sessions, used as is, no
@@ -106,7 +107,7 @@ import msgspec
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
-from commonos.otlp_gateway.attributes import attributes, from_nanos, integer, resource_tags
+from commonos.otlp_gateway.attributes import MAX_COUNT, attributes, from_nanos, integer, resource_tags
 from commonos.otlp_gateway.mapping import Mapped, Source
 from commonos.proto import events as ev
 from commonos.proto.errors import DataError
@@ -686,7 +687,7 @@ def _buckets(span: _Span, usage: dict[str, Any]) -> _Tokens:
             continue
         key, value = usage[bucket]
         number = integer(value)
-        if number is None or number < 0:
+        if number is None or not 0 <= number <= MAX_COUNT:
             raise _Refused(f"{_where(span)}: {key} is {str(value)[:32]!r}, not a count")
         counts[bucket] = number
     cached = counts["cache_read"] + counts["cache_creation"]
