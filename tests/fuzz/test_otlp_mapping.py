@@ -17,15 +17,18 @@ For every request:
    max_payload (a tool's name or call id of a megabyte) is refused by the server itself with a
    partial success (`server._fitting`), so that is the design, not a failure here;
 4. a ``session_created`` comes before every other event of its session, and a ``turn_started`` of the
-   request before every other event of its turn. Restated from the brief's "every turn_started
-   minted by this request": a turn may also be one the request does not start (an ``invoke_agent``
-   span of our own loop, one refused, a Claude Code call without a prompt), as the module docstrings
-   and tests decide, so only the turns the request does start are checked;
+   request before every other event of its turn. Only the turns the request starts are checked: a
+   turn may also be one the request does not start (an ``invoke_agent`` span of our own loop, one
+   refused, a Claude Code call without a prompt), as the module docstrings and tests decide;
 5. mapping the same request again gives the same events (fresh ordinals); for logs, mapping it again
    with the same ordinals (an exporter's retry) gives the same model, tool and approval event ids;
    only which turn a record follows may change, as `CallOrdinals.turn_at` documents (a record
    mapped before its prompt in the first request finds that prompt on the retry);
 6. no event id twice in one `Mapped`.
+
+Hypothesis keeps every choice of a run (the tree of what it tried) until the run ends, about 1 MB an
+example of these requests: the long profile makes 10 runs of 1,000 examples of each target (each draws
+afresh) rather than one of 10,000, which would hold some 10 GB.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import uuid
 from collections.abc import Coroutine
 from typing import Any, Final
 
+import pytest
 from hypothesis import event as note
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -385,9 +389,15 @@ def check(mapped: Mapped, records: int) -> None:
         assert turn not in started or turn in turns, f"before its turn_started: {event}"
 
 
-@settings(deadline=PURE_DEADLINE * 4)
-@given(trace_requests())
-def test_genai_spans_map_to_valid_ordered_events(request: ExportTraceServiceRequest) -> None:
+#: Examples a run, and runs (see the module's docstring): the profile's examples, in runs of 1,000 at most.
+EXAMPLES: Final = min(settings().max_examples, 1_000)
+RUNS: Final = -(-settings().max_examples // EXAMPLES)
+
+
+@pytest.mark.parametrize("part", range(RUNS))
+@settings(deadline=PURE_DEADLINE * 4, max_examples=EXAMPLES)
+@given(request=trace_requests())
+def test_genai_spans_map_to_valid_ordered_events(part: int, request: ExportTraceServiceRequest) -> None:
     records = sum(len(s.spans) for r in request.resource_spans for s in r.scope_spans)
     mapped = map_spans(request, SOURCE)
     check(mapped, records)
@@ -395,9 +405,12 @@ def test_genai_spans_map_to_valid_ordered_events(request: ExportTraceServiceRequ
     assert again == mapped
 
 
-@settings(deadline=PURE_DEADLINE * 4)
-@given(log_requests())
-def test_claude_code_and_codex_records_map_to_valid_ordered_events(request: ExportLogsServiceRequest) -> None:
+@pytest.mark.parametrize("part", range(RUNS))
+@settings(deadline=PURE_DEADLINE * 4, max_examples=EXAMPLES)
+@given(request=log_requests())
+def test_claude_code_and_codex_records_map_to_valid_ordered_events(
+    part: int, request: ExportLogsServiceRequest
+) -> None:
     records = sum(len(s.log_records) for r in request.resource_logs for s in r.scope_logs)
     ordinals = MemoryOrdinals()
     mapped = run(map_logs(request, SOURCE, ordinals))
