@@ -17,6 +17,7 @@ from commonos.otlp_gateway.attributes import (
     decimal,
     from_nanos,
     integer,
+    json_object,
     number,
     resource_tags,
     tag_attributes_from_env,
@@ -111,3 +112,19 @@ def test_a_timestamp_no_utc_datetime_holds_is_none() -> None:
     assert timestamp("9999-12-31T23:00:00-01:00") is None
     assert timestamp("9999-12-31T23:59:59.999999Z") is None and timestamp("0001-01-01T00:00:00Z") is None
     assert timestamp("0001-01-01T00:00:01Z") == datetime(1, 1, 1, 0, 0, 1, tzinfo=UTC)
+
+
+def test_tool_arguments_are_the_json_object_the_stored_event_holds() -> None:
+    assert json_object(None) == {} and json_object(None, "input") == {}
+    assert json_object('{"q": 1}') == {"q": 1} == json_object('{"q": 1}', "input")
+    assert json_object("ls -la") == {} and json_object("ls -la", "input") == {"input": "ls -la"}
+    assert json_object("[1, 2]") == {} and json_object("[1, 2]", "arguments") == {"arguments": [1, 2]}
+    # An OTLP map: bytes as base64, a float JSON cannot hold as null, as decoding the stored JSON gives.
+    assert json_object({"b": b"\x00\x01", "f": float("inf"), "l": [b"", 1.5]}) == {
+        "b": "AAE=",
+        "f": None,
+        "l": ["", 1.5],
+    }
+    # Over 64 KiB of JSON: left out, whatever the form.
+    assert json_object({"x": "y" * 70_000}) == {} and json_object('{"x": "' + "y" * 70_000 + '"}') == {}
+    assert json_object("y" * 70_000, "input") == {}

@@ -193,6 +193,17 @@ async def test_a_failed_tool_a_long_output_and_arguments_that_are_not_an_object(
     assert plain.args == {} and plain.result is None
 
 
+async def test_arguments_sent_as_an_otlp_map_are_stored_as_json_reads_them() -> None:
+    """A map holding bytes (base64 in JSON) or a float no JSON holds (NaN: null): args are what the stored event
+    decodes to, so the event round-trips; arguments over 64 KiB of JSON are left out, the call kept."""
+    sent = tool_result(arguments={"input": b"\x00\x01", "n": float("nan"), "list": [1, "a"]})
+    (tool,) = of((await mapped(codex(sent))).events, ToolCallRecorded)
+    assert tool.args == {"input": "AAE=", "n": None, "list": [1, "a"]}
+    roundtrip([tool])
+    (big,) = of((await mapped(codex(tool_result(arguments={"input": "x" * 70_000})))).events, ToolCallRecorded)
+    assert big.args == {} and big.call_id == "call_1"
+
+
 async def test_tool_decision_is_an_approval() -> None:
     result = await mapped(
         codex(

@@ -35,6 +35,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Any, Final
 
+import msgspec
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from commonos.proto.tags import InvalidTag, parse_tag
@@ -48,6 +49,9 @@ TAG_ATTRIBUTES_ENV: Final = "COS_OTLP_TAG_ATTRIBUTES"
 
 _INTEGER: Final = re.compile(r"[+-]?[0-9]+")
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+#: Tool arguments whose JSON is larger than this are not kept (the call is, with ``{}``).
+MAX_ARGS_BYTES: Final = 64 * 1024
+_JSON: Final = msgspec.json.Encoder()
 _FIRST_INSTANT: Final = datetime.min.replace(tzinfo=UTC)
 _LAST_INSTANT: Final = datetime.max.replace(tzinfo=UTC)
 #: The largest count a 64-bit signed column (billing's) holds.
@@ -184,6 +188,37 @@ def from_nanos(nanos: int) -> datetime | None:
         return None
     # OTLP's times are fixed64: at most 2**64 - 1 ns, in the year 2554, well within datetime's range.
     return _EPOCH + timedelta(microseconds=nanos // 1000)
+
+
+def json_object(value: Any, wrap: str | None = None) -> dict[str, Any]:
+    """Tool arguments as a stored event holds them: a JSON object, from an OTLP map or a string of JSON.
+
+    A string that is no JSON, or a value that is no object, becomes ``{wrap: value}`` (without `wrap`: ``{}``).
+    The object is what its own JSON decodes to (bytes as base64, a float JSON cannot hold as null), so the
+    event stored is the event made; arguments over `MAX_ARGS_BYTES` of JSON are left out (``{}``).
+    """
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        try:
+            value = msgspec.json.decode(value)
+        except msgspec.DecodeError:
+            pass
+        else:
+            if isinstance(value, dict):
+                return value if len(_JSON.encode(value)) <= MAX_ARGS_BYTES else {}
+    if not isinstance(value, dict):
+        if wrap is None:
+            return {}
+        value = {wrap: value}
+    try:
+        encoded = _JSON.encode(value)
+    except (TypeError, ValueError, msgspec.EncodeError):
+        return {}
+    if len(encoded) > MAX_ARGS_BYTES:
+        return {}
+    decoded: dict[str, Any] = msgspec.json.decode(encoded)
+    return decoded
 
 
 def _tag_value(value: Any) -> str | None:

@@ -37,7 +37,8 @@ Claude Code record / attribute         our event / field
 ``tool_result``                        ``tool_call_recorded`` (``call_id`` = ``tool_use_id``, ``name`` =
                                        ``tool_name``, ``is_error`` = not ``success``, ``result`` = its
                                        ``error`` when it failed, ``args`` = ``tool_parameters`` when it is
-                                       a JSON object (sent only with ``OTEL_LOG_TOOL_DETAILS=1``),
+                                       a JSON object of at most 64 KiB (sent only with
+                                       ``OTEL_LOG_TOOL_DETAILS=1``; `attributes.json_object`),
                                        ``finished_at`` = the record's time, ``started_at`` = that less
                                        ``duration_ms`` (that time itself when the duration is missing,
                                        not above 0, or reaches before the year 1); ``approval`` left
@@ -93,11 +94,19 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any, Final
 
-import msgspec
-
-from commonos.otlp_gateway.attributes import MAX_COUNT, before, boolean, count, decimal, integer, number, text
-from commonos.otlp_gateway.mapping import CLAUDE_CODE, Emitter, Record, gateway_id, tool_call_id_of
-from commonos.proto.events import ApprovalDecided, ApprovalStatus, ModelCallCompleted, ToolCallRecorded
+from commonos.otlp_gateway.attributes import (
+    MAX_COUNT,
+    before,
+    boolean,
+    count,
+    decimal,
+    integer,
+    json_object,
+    number,
+    text,
+)
+from commonos.otlp_gateway.mapping import CLAUDE_CODE, CallAt, Emitter, Record, gateway_id
+from commonos.proto.events import ApprovalDecided, ModelCallCompleted, ToolCallRecorded
 from commonos.proto.graph.ids import request_call_event_id
 
 #: The pricing provider of Claude Code's models.
@@ -134,15 +143,6 @@ def decided_by(source: str | None) -> str:
     if source is not None and source.startswith("user"):
         return "user"
     return source or "unknown"
-
-
-def _args(value: Any) -> dict[str, Any]:
-    if isinstance(value, str):
-        try:
-            value = msgspec.json.decode(value)
-        except msgspec.DecodeError:
-            return {}
-    return value if isinstance(value, dict) else {}
 
 
 def unstorable(attrs: dict[str, Any]) -> str | None:
@@ -195,10 +195,11 @@ def map_records(records: list[Record], tags: tuple[str, ...], emitter: Emitter) 
             emitter.add(model_call(record.attributes, session_key, session_id, turn_id, tags, at, emitter))
         else:
             turn_id = emitter.turn(CLAUDE_CODE, session_key, prompt or NO_PROMPT, tags, at)
+            place = CallAt(CLAUDE_CODE, session_key, session_id, turn_id, call_id, at)
             if name == "tool_result":
-                emitter.add(tool_call(record.attributes, session_key, session_id, turn_id, call_id, at, emitter))
+                emitter.add(tool_call(record.attributes, place, emitter))
             else:
-                emitter.add(approval(record.attributes, session_key, session_id, turn_id, call_id, at, emitter))
+                emitter.add(approval(record.attributes, place, emitter))
 
 
 def model_call(
@@ -251,53 +252,19 @@ def model_call(
     )
 
 
-def tool_call(
-    attrs: dict[str, Any],
-    session_key: str,
-    session_id: uuid.UUID,
-    turn_id: uuid.UUID,
-    call_id: str,
-    at: datetime,
-    emitter: Emitter,
-) -> ToolCallRecorded:
-    success = boolean(attrs.get("success"))
-    failed = success is False
-    return ToolCallRecorded(
-        event_id=gateway_id("tool_call_recorded", CLAUDE_CODE, session_key, call_id),
-        occurred_at=at,
-        profile_id=emitter.source.profile_id,
-        session_id=session_id,
-        turn_id=turn_id,
-        tool_call_id=tool_call_id_of(CLAUDE_CODE, session_key, call_id),
-        call_id=call_id,
+def tool_call(attrs: dict[str, Any], at: CallAt, emitter: Emitter) -> ToolCallRecorded:
+    failed = boolean(attrs.get("success")) is False
+    return emitter.tool_call(
+        at,
         name=text(attrs.get("tool_name")) or "unknown",
-        args=_args(attrs.get("tool_parameters")),
+        args=json_object(attrs.get("tool_parameters")),
         result=text(attrs.get("error")) if failed else None,
         is_error=failed,
-        started_at=before(at, attrs.get("duration_ms")),
-        finished_at=at,
+        started_at=before(at.at, attrs.get("duration_ms")),
     )
 
 
-def approval(
-    attrs: dict[str, Any],
-    session_key: str,
-    session_id: uuid.UUID,
-    turn_id: uuid.UUID,
-    call_id: str,
-    at: datetime,
-    emitter: Emitter,
-) -> ApprovalDecided:
-    accepted = text(attrs.get("decision")) == "accept"
-    return ApprovalDecided(
-        event_id=gateway_id("approval_decided", CLAUDE_CODE, session_key, call_id),
-        occurred_at=at,
-        profile_id=emitter.source.profile_id,
-        session_id=session_id,
-        turn_id=turn_id,
-        tool_call_id=tool_call_id_of(CLAUDE_CODE, session_key, call_id),
-        call_id=call_id,
-        status=ApprovalStatus.APPROVED if accepted else ApprovalStatus.DENIED,
-        decided_at=at,
-        decided_by=decided_by(text(attrs.get("source"))),
+def approval(attrs: dict[str, Any], at: CallAt, emitter: Emitter) -> ApprovalDecided:
+    return emitter.approval(
+        at, approved=text(attrs.get("decision")) == "accept", decided_by=decided_by(text(attrs.get("source")))
     )

@@ -31,7 +31,8 @@ and token counts (some above 0)         usage of the rollout (see below)
   record time                             ``occurred_at``
   the turn begun last before it           ``turn_id``
 ``codex.tool_result``                   ``tool_call_recorded`` (``call_id``, ``tool_name``, ``arguments``
-                                        -> ``args`` (a JSON object; else ``{"input": …}``), ``output`` ->
+                                        -> ``args`` (a JSON object; else ``{"input": …}``; ``{}`` over
+                                        64 KiB: `attributes.json_object`), ``output`` ->
                                         ``result`` (cut to 16,000 characters, ``result_bytes`` then
                                         the whole size), ``is_error`` = not ``success``, ``finished_at`` =
                                         its time, ``started_at`` = that less ``duration_ms``, or that
@@ -81,11 +82,9 @@ import uuid
 from datetime import datetime
 from typing import Any, Final, NamedTuple
 
-import msgspec
-
-from commonos.otlp_gateway.attributes import MAX_COUNT, before, boolean, count, text
-from commonos.otlp_gateway.mapping import CODEX, CallOrdinals, Emitter, Record, gateway_id, tool_call_id_of
-from commonos.proto.events import ApprovalDecided, ApprovalStatus, ModelCallCompleted, ToolCallRecorded
+from commonos.otlp_gateway.attributes import MAX_COUNT, before, boolean, count, json_object, text
+from commonos.otlp_gateway.mapping import CODEX, CallAt, CallOrdinals, Emitter, Record
+from commonos.proto.events import ApprovalDecided, ModelCallCompleted, ToolCallRecorded
 from commonos.proto.graph.ids import ordinal_call_event_id
 
 #: The pricing provider of Codex's models.
@@ -177,10 +176,11 @@ async def map_records(records: list[Record], tags: tuple[str, ...], emitter: Emi
             continue
         key = key_at or NO_PROMPT
         turn_id = emitter.turn(CODEX, conversation, key, tags, _turn_start(key, at))
+        place = CallAt(CODEX, conversation, session_id, turn_id, call_id, at)
         if name == "codex.tool_result":
-            emitter.add(tool_call(attrs, conversation, session_id, turn_id, call_id, at, emitter))
+            emitter.add(tool_call(attrs, place, emitter))
         else:
-            emitter.add(approval(attrs, conversation, session_id, turn_id, call_id, at, emitter))
+            emitter.add(approval(attrs, place, emitter))
 
 
 class Usage(NamedTuple):
@@ -250,18 +250,6 @@ async def model_call(
     )
 
 
-def _args(value: Any) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if isinstance(value, str):
-        try:
-            decoded = msgspec.json.decode(value)
-        except msgspec.DecodeError:
-            return {"input": value}
-        return decoded if isinstance(decoded, dict) else {"input": decoded}
-    return value if isinstance(value, dict) else {"input": value}
-
-
 def _result(value: Any) -> tuple[str | None, int | None]:
     """The output kept, and its whole size in bytes when it was cut."""
     if not isinstance(value, str):
@@ -271,53 +259,19 @@ def _result(value: Any) -> tuple[str | None, int | None]:
     return value[:MAX_RESULT_CHARS], len(value.encode())
 
 
-def tool_call(
-    attrs: dict[str, Any],
-    conversation: str,
-    session_id: uuid.UUID,
-    turn_id: uuid.UUID,
-    call_id: str,
-    at: datetime,
-    emitter: Emitter,
-) -> ToolCallRecorded:
+def tool_call(attrs: dict[str, Any], at: CallAt, emitter: Emitter) -> ToolCallRecorded:
     result, whole = _result(attrs.get("output"))
-    return ToolCallRecorded(
-        event_id=gateway_id("tool_call_recorded", CODEX, conversation, call_id),
-        occurred_at=at,
-        profile_id=emitter.source.profile_id,
-        session_id=session_id,
-        turn_id=turn_id,
-        tool_call_id=tool_call_id_of(CODEX, conversation, call_id),
-        call_id=call_id,
+    return emitter.tool_call(
+        at,
         name=text(attrs.get("tool_name")) or "unknown",
-        args=_args(attrs.get("arguments")),
+        args=json_object(attrs.get("arguments"), "input"),
         result=result,
         result_bytes=whole,
         is_error=boolean(attrs.get("success")) is False,
-        started_at=before(at, attrs.get("duration_ms")),
-        finished_at=at,
+        started_at=before(at.at, attrs.get("duration_ms")),
     )
 
 
-def approval(
-    attrs: dict[str, Any],
-    conversation: str,
-    session_id: uuid.UUID,
-    turn_id: uuid.UUID,
-    call_id: str,
-    at: datetime,
-    emitter: Emitter,
-) -> ApprovalDecided:
+def approval(attrs: dict[str, Any], at: CallAt, emitter: Emitter) -> ApprovalDecided:
     decision = (text(attrs.get("decision")) or "").lower()
-    return ApprovalDecided(
-        event_id=gateway_id("approval_decided", CODEX, conversation, call_id),
-        occurred_at=at,
-        profile_id=emitter.source.profile_id,
-        session_id=session_id,
-        turn_id=turn_id,
-        tool_call_id=tool_call_id_of(CODEX, conversation, call_id),
-        call_id=call_id,
-        status=ApprovalStatus.APPROVED if decision in APPROVED else ApprovalStatus.DENIED,
-        decided_at=at,
-        decided_by=decided_by(text(attrs.get("source"))),
-    )
+    return emitter.approval(at, approved=decision in APPROVED, decided_by=decided_by(text(attrs.get("source"))))

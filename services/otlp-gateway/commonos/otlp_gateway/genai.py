@@ -25,8 +25,10 @@ span (``gen_ai.operation.name``)         events
 ``execute_tool``                         ``tool_call_recorded``: ``call_id`` = ``gen_ai.tool.call.id``
                                          (else the span id), ``name`` = ``gen_ai.tool.name``, ``args`` and
                                          ``result`` from ``gen_ai.tool.call.arguments`` / ``.result``
-                                         when the client records content (opt-in; a result is cut to
-                                         16,000 characters, ``result_bytes`` then its whole size),
+                                         when the client records content (opt-in; args as
+                                         `attributes.json_object` reads them, ``{}`` over 64 KiB; a
+                                         result is cut to 16,000 characters, ``result_bytes`` then
+                                         its whole size),
                                          ``is_error`` = ERROR status, ``started_at`` / ``finished_at``
                                          the span's.
 anything else (``create_agent``, HTTP,   nothing (`Mapped.ignored`).
@@ -107,7 +109,7 @@ import msgspec
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
-from commonos.otlp_gateway.attributes import MAX_COUNT, attributes, from_nanos, integer, resource_tags
+from commonos.otlp_gateway.attributes import MAX_COUNT, attributes, from_nanos, integer, json_object, resource_tags
 from commonos.otlp_gateway.mapping import Mapped, Source
 from commonos.proto import events as ev
 from commonos.proto.errors import DataError
@@ -139,8 +141,6 @@ _PROVIDERS: Final = {
 
 #: A tool result longer than this is cut (like the loop's), `result_bytes` then giving its whole size.
 MAX_RESULT_CHARS: Final = 16_000
-#: Tool arguments whose JSON is larger than this are not kept (the call is, with `{}`).
-MAX_ARGS_BYTES: Final = 64 * 1024
 #: The longest provider or model name billing stores (`commonos.billing.projection`).
 MAX_NAME_CHARS: Final = 256
 #: A failed turn's error (the span's status message) is cut to this.
@@ -521,7 +521,7 @@ class _Mapper:
                 tool_call_id=tool_call_id,
                 call_id=_first_text(span.attrs, "gen_ai.tool.call.id") or span.span,
                 name=name,
-                args=_args(span.attrs.get("gen_ai.tool.call.arguments")),
+                args=json_object(span.attrs.get("gen_ai.tool.call.arguments"), "arguments"),
                 result=result,
                 result_bytes=result_bytes,
                 is_error=span.error,
@@ -708,24 +708,6 @@ def _buckets(span: _Span, usage: dict[str, Any]) -> _Tokens:
         cache_write=counts["cache_creation"],
         reasoning=counts["reasoning"],
     )
-
-
-def _args(value: Any) -> dict[str, Any]:
-    """`gen_ai.tool.call.arguments` (an object, or a JSON string of one) as the event's args."""
-    if value is None:
-        return {}
-    if isinstance(value, str):
-        try:
-            value = msgspec.json.decode(value)
-        except msgspec.DecodeError:
-            value = {"arguments": value}
-    args: dict[str, Any] = value if isinstance(value, dict) else {"arguments": value}
-    try:
-        if len(_json.encode(args)) > MAX_ARGS_BYTES:
-            return {}
-    except (TypeError, msgspec.EncodeError):
-        return {}
-    return args
 
 
 def _result(value: Any) -> tuple[str | None, int | None]:

@@ -54,7 +54,14 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
 
 from commonos.otlp_gateway.attributes import attributes, from_nanos, resource_tags, text, timestamp
-from commonos.proto.events import EventBase, SessionCreated, TurnStarted
+from commonos.proto.events import (
+    ApprovalDecided,
+    ApprovalStatus,
+    EventBase,
+    SessionCreated,
+    ToolCallRecorded,
+    TurnStarted,
+)
 from commonos.proto.graph.ids import mint_id
 from commonos.proto.tags import InvalidTag
 
@@ -182,6 +189,18 @@ class Record:
         return Record(name, attrs, time)
 
 
+@dataclass(frozen=True)
+class CallAt:
+    """Where a vendor's tool call record belongs: its vendor session, our session and turn, its call id, its time."""
+
+    vendor: str
+    session_key: str
+    session_id: uuid.UUID
+    turn_id: uuid.UUID
+    call_id: str
+    at: datetime
+
+
 class Emitter:
     """The events of one request, with each session and turn announced once, before what needs it."""
 
@@ -217,6 +236,50 @@ class Emitter:
                 )
             )
         return session_id
+
+    def tool_call(
+        self,
+        at: CallAt,
+        *,
+        name: str,
+        args: dict[str, Any],
+        result: str | None,
+        result_bytes: int | None = None,
+        is_error: bool,
+        started_at: datetime,
+    ) -> ToolCallRecorded:
+        """The ``tool_call_recorded`` of a vendor's tool call, with the ids of the module's table."""
+        return ToolCallRecorded(
+            event_id=gateway_id("tool_call_recorded", at.vendor, at.session_key, at.call_id),
+            occurred_at=at.at,
+            profile_id=self.source.profile_id,
+            session_id=at.session_id,
+            turn_id=at.turn_id,
+            tool_call_id=tool_call_id_of(at.vendor, at.session_key, at.call_id),
+            call_id=at.call_id,
+            name=name,
+            args=args,
+            result=result,
+            result_bytes=result_bytes,
+            is_error=is_error,
+            started_at=started_at,
+            finished_at=at.at,
+        )
+
+    def approval(self, at: CallAt, *, approved: bool, decided_by: str) -> ApprovalDecided:
+        """The ``approval_decided`` of a vendor's tool call (decided at `at`), with the ids of the module's table."""
+        return ApprovalDecided(
+            event_id=gateway_id("approval_decided", at.vendor, at.session_key, at.call_id),
+            occurred_at=at.at,
+            profile_id=self.source.profile_id,
+            session_id=at.session_id,
+            turn_id=at.turn_id,
+            tool_call_id=tool_call_id_of(at.vendor, at.session_key, at.call_id),
+            call_id=at.call_id,
+            status=ApprovalStatus.APPROVED if approved else ApprovalStatus.DENIED,
+            decided_at=at.at,
+            decided_by=decided_by,
+        )
 
     def turn(self, vendor: str, session_key: str, turn_key: str, tags: tuple[str, ...], at: datetime) -> uuid.UUID:
         """The turn's id, announcing its session and it (``turn_started``) if this request did not yet."""
