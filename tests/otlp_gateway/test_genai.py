@@ -409,8 +409,8 @@ def test_malformed_spans_are_refused() -> None:
 
 
 def test_an_agent_without_a_time_is_refused_and_its_calls_still_mapped() -> None:
-    """The agent (no start time) is refused; its call keeps the agent's turn, and the session's time is the
-    call's, never the agent's missing one (a session_created must have a time)."""
+    """The agent (no start time) is refused; its call keeps the agent's turn, which it starts, and the session's
+    time is the call's, never the agent's missing one (a session_created must have a time)."""
     untimed = span(1, None, agent(1, **{"gen_ai.conversation.id": "conv-u"}), start=0, end=10)
     untimed.start_time_unix_nano = 0
     mapped = map_spans(request(span(2, 1, chat(), start=1, end=3), untimed), SOURCE)
@@ -419,6 +419,11 @@ def test_an_agent_without_a_time_is_refused_and_its_calls_still_mapped() -> None
     assert created.occurred_at == datetime.fromtimestamp((T0 + 1_000_000_000) / 1e9, UTC)
     (call,) = of_type(mapped, ev.ModelCallCompleted)
     assert call.turn_id == turn_of(1)
+    # The agent's turn is started by its call (a placeholder, as for a parent not in the request), so a
+    # tool call of it is not dead-lettered for a turn that never starts.
+    (started,) = of_type(mapped, ev.TurnStarted)
+    assert (started.turn_id, started.occurred_at) == (turn_of(1), created.occurred_at)
+    checked(mapped)
 
 
 # --- through the journal-writer -----------------------------------------------------------------------

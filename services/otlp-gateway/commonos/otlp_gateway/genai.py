@@ -58,7 +58,8 @@ before anything of it. The profile is part of each id: two profiles' conversatio
 Turns, and spans split across requests. The turn of a ``chat`` / ``execute_tool`` span is found by
 walking up its parents in the request. The walk stops at:
 
-1. an ``invoke_agent`` span: that agent's turn;
+1. an ``invoke_agent`` span: that agent's turn (an agent refused for its times, none or ending before
+   they start, is taken as missing: rule 2 starts its turn);
 2. a parent that is not in the request (an SDK's batch processor exports a span when it ends, so the
    children of a long-running agent arrive before it): the turn ``mint_id("turn", "otel", profile,
    trace_id, <that parent's span id>)`` — exactly the id the parent's own turn has if it is the
@@ -383,6 +384,8 @@ class _Mapper:
         where, found = self.walk(span)
         if where == "agent":
             assert isinstance(found, _Span)
+            if not found.ours and not _timed(found):  # an agent refused for its times: as if it were missing
+                return self.placeholder(span, found.span, session)
             return self.agent_turn(found).id
         if where == "missing":
             assert isinstance(found, str)
