@@ -5,6 +5,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-done
 PYTEST_ARGS ?=
+# `make test` runs the suite in this many processes (pytest-xdist), each test file in one of them (the files
+# that start a whole `cos up` one after the other: tests/conftest.py).
+# One with a nats-server of your own (COS_TEST_NATS_URL): the tests empty its streams, they cannot share it.
+TEST_WORKERS ?= $(if $(COS_TEST_NATS_URL),1,2)
 
 .PHONY: setup demo up test test-fast lint format schema bench chaos clients clients-gateway clean
 
@@ -21,7 +25,7 @@ up: setup
 	$(BIN)/cos up
 
 test: setup lint
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 test-fast: setup
 	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)

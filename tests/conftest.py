@@ -4,7 +4,7 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import asyncpg
 import nats
@@ -31,6 +31,27 @@ def corpus_dir() -> Path:
     """Real transcripts live beside the clone (../shared/corpus), never inside the repository."""
     env = os.environ.get("COS_CORPUS_DIR")
     return Path(env) if env else REPO.parent / "shared" / "corpus"
+
+
+#: Test files that start a whole `cos up` (its well-known ports 4318 and 8470, a whole system's start on a small
+#: machine): `make test`'s processes (pytest-xdist) run them one after the other, in one process.
+COS_UP_FILES: Final = frozenset(
+    {
+        "tests/test_demo.py",
+        "tests/cli/test_first_run.py",
+        "tests/cli/test_up_security.py",
+        "tests/cli/test_env.py",
+        "tests/deploy/test_subscribers_doc.py",
+    }
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each test file runs in one test process (`--dist loadgroup`: a file is a group), the `cos up` files
+    together in one group."""
+    for item in items:
+        path = Path(str(item.path)).resolve().relative_to(REPO).as_posix()
+        item.add_marker(pytest.mark.xdist_group("cos-up" if path in COS_UP_FILES else path))
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,8 @@ import pytest
 
 LONG = os.environ.get("COS_CHAOS") == "long"
 REPORT: list[dict[str, Any]] = []
+#: The user property each scenario's row travels in, from the test process that ran it.
+REPORT_PROPERTY = "chaos_report"
 COLUMNS = ("scenario", "published", "stored", "projected", "lost", "duplicated", "dead_lettered", "recovery_s")
 
 
@@ -28,12 +30,22 @@ def intensity(short: int, long: int) -> int:
 @pytest.fixture
 def chaos_report(request: pytest.FixtureRequest) -> Callable[..., None]:
     def record(**fields: Any) -> None:
-        REPORT.append({"scenario": request.node.name.removeprefix("test_"), **fields})
+        row = json.loads(json.dumps({"scenario": request.node.name.removeprefix("test_"), **fields}, default=str))
+        # On the test's report too: a test process of `make test` (pytest-xdist) sends it to the one printing.
+        request.node.user_properties.append((REPORT_PROPERTY, row))
 
     return record
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    REPORT[:] = [
+        value
+        for reports in terminalreporter.stats.values()
+        for report in reports
+        if getattr(report, "when", None) == "call"
+        for key, value in getattr(report, "user_properties", ())
+        if key == REPORT_PROPERTY
+    ]
     if not REPORT:
         return
     tr = terminalreporter

@@ -9,6 +9,7 @@ failure saying so, never a skip.
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import os
@@ -54,8 +55,16 @@ def _run(argv: list[str], cwd: Path, env: dict[str, str], what: str, timeout_s: 
 
 @functools.cache
 def install_node_examples() -> NodeExamples:
-    node = NodeExamples(FOLDER)
+    """The examples installed and typed, once per process; test processes running at once (`make test` runs
+    two) take turns, holding a lock on a file beside the folder."""
     FOLDER.mkdir(parents=True, exist_ok=True)
+    with (FOLDER.parent / "node-examples.lock").open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        return _install()
+
+
+def _install() -> NodeExamples:
+    node = NodeExamples(FOLDER)
     lock = (EXAMPLES / "package-lock.json").read_bytes()
     stamp = FOLDER / ".installed-lock"
     for name in FILES:

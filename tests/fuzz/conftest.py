@@ -60,12 +60,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 FUZZ_REPORT: list[str] = []
 
 
+#: The user property the report's lines travel in, from the test process that ran the target (pytest-xdist).
+REPORT_PROPERTY: Final = "fuzz_report"
+
+
 @pytest.fixture
 def fuzz_report(request: pytest.FixtureRequest) -> Callable[[str], None]:
-    return lambda line: FUZZ_REPORT.append(f"{request.node.name}: {line}")
+    return lambda line: request.node.user_properties.append((REPORT_PROPERTY, f"{request.node.name}: {line}"))
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    FUZZ_REPORT[:] = [
+        value
+        for reports in terminalreporter.stats.values()
+        for report in reports
+        if getattr(report, "when", None) == "call"
+        for key, value in getattr(report, "user_properties", ())
+        if key == REPORT_PROPERTY
+    ]
     if FUZZ_REPORT:
         terminalreporter.section(f"fuzz report ({_chosen})")
         for line in FUZZ_REPORT:
