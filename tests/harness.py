@@ -108,3 +108,17 @@ def new_nats(root: Path, max_payload: int | None = None) -> NatsServer | Externa
 
 def cleanup(root: Path) -> None:
     shutil.rmtree(root, ignore_errors=True)
+
+
+def reported(terminalreporter: Any, key: str) -> list[Any]:
+    """The values the tests of a run recorded under user property `key` (`item.user_properties`), in the order
+    their reports arrived: how a report reaches the process that prints the summary, whichever process ran
+    the test (`make test` runs two, pytest-xdist)."""
+    return [
+        value
+        for reports in terminalreporter.stats.values()
+        for report in reports
+        if getattr(report, "when", None) == "call"
+        for name, value in getattr(report, "user_properties", ())
+        if name == key
+    ]

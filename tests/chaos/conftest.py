@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from tests.harness import reported
+
 LONG = os.environ.get("COS_CHAOS") == "long"
 REPORT: list[dict[str, Any]] = []
 #: The user property each scenario's row travels in, from the test process that ran it.
@@ -38,14 +40,7 @@ def chaos_report(request: pytest.FixtureRequest) -> Callable[..., None]:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    REPORT[:] = [
-        value
-        for reports in terminalreporter.stats.values()
-        for report in reports
-        if getattr(report, "when", None) == "call"
-        for key, value in getattr(report, "user_properties", ())
-        if key == REPORT_PROPERTY
-    ]
+    REPORT[:] = reported(terminalreporter, REPORT_PROPERTY)
     if not REPORT:
         return
     tr = terminalreporter

@@ -20,6 +20,8 @@ from typing import Any, Final
 import pytest
 from hypothesis import HealthCheck, settings
 
+from tests.harness import reported
+
 # Read when Hypothesis first touches its storage, which is after this module is imported.
 os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", str(Path(tempfile.gettempdir()) / "cos-fuzz-hypothesis"))
 
@@ -70,14 +72,7 @@ def fuzz_report(request: pytest.FixtureRequest) -> Callable[[str], None]:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    FUZZ_REPORT[:] = [
-        value
-        for reports in terminalreporter.stats.values()
-        for report in reports
-        if getattr(report, "when", None) == "call"
-        for key, value in getattr(report, "user_properties", ())
-        if key == REPORT_PROPERTY
-    ]
+    FUZZ_REPORT[:] = reported(terminalreporter, REPORT_PROPERTY)
     if FUZZ_REPORT:
         terminalreporter.section(f"fuzz report ({_chosen})")
         for line in FUZZ_REPORT:
