@@ -22,7 +22,7 @@ from commonos.proto.errors import DataError, OperationalError
 from commonos.proto.events import EventBase, encode_event, event_type
 from commonos.proto.subjects import EVENTS_STREAM, subject_for
 from commonos.runtime import telemetry
-from commonos.runtime.limits import MessageTooLarge, check_fits, server_max_payload, with_stream_header
+from commonos.runtime.limits import EXPECTED_STREAM, MessageTooLarge, header_bytes, server_max_payload
 from commonos.runtime.nats import client_of
 from commonos.runtime.retry import Backoff
 
@@ -52,6 +52,8 @@ def _transient_api_error(exc: nats.js.errors.APIError) -> bool:
 #: responders" or not at all; short, cheap retries (deduplicated by the event id) reach the new leader
 #: within 0.4 s of its election, where waiting the whole ack timeout on each would add up to that.
 _MAX_RETRY_DELAY_S = 0.1
+#: The header nats-py's js.publish(..., stream=EVENTS_STREAM) adds to every event, in bytes (`header_bytes`).
+_STREAM_HEADER_BYTES = len(EXPECTED_STREAM) + 2 + len(EVENTS_STREAM) + 2
 _RETRY_ACK_TIMEOUT_S = 0.3
 
 
@@ -110,16 +112,12 @@ class EventPublisher:
         payload = encode_event(event)
         headers = event_headers(event, self.source)
         telemetry.inject(headers)
-        try:
-            check_fits(
-                f"event {event.event_id} ({event_type(event)})",
-                payload,
-                with_stream_header(headers, EVENTS_STREAM),
-                self.max_payload,
-                self.too_large_hint,
-            )
-        except MessageTooLarge as exc:
-            raise EventTooLarge(str(exc), exc.size, exc.limit) from None
+        # What the server counts: the body, our headers and the one js.publish(..., stream=) adds.
+        size = len(payload) + header_bytes(headers) + _STREAM_HEADER_BYTES
+        limit = self.max_payload
+        if size > limit:
+            what = f"event {event.event_id} ({event_type(event)})"
+            raise EventTooLarge(str(MessageTooLarge(what, size, limit, self.too_large_hint)), size, limit)
         return subject, payload, headers
 
     async def publish(self, event: EventBase) -> PubAck:
