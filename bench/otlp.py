@@ -15,7 +15,8 @@ database with billing running and ready before the clock starts:
   made: neither counts the agent's own work or a Python interpreter's start.
 
 Spans per second count every span sent (the ``invoke_agent`` of each turn and its ``chat`` spans); the
-ratio is gateway over direct, medians of alternating runs. The gateway's peak RSS is read from /proc.
+ratio is gateway over direct, medians of alternating runs (5 by default: one pair's ratio moves a lot on a
+small machine, where every process of both pipelines competes for the cores). The gateway's peak RSS is read from /proc.
 """
 
 from __future__ import annotations

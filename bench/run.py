@@ -136,7 +136,7 @@ class Sizes:
             import_runs=3,
             otlp_turns=500 if quick else 2_000,
             otlp_calls=10,
-            otlp_runs=3,
+            otlp_runs=3 if quick else 5,
         )
 
 
