@@ -56,6 +56,8 @@ _FIRST_INSTANT: Final = datetime.min.replace(tzinfo=UTC)
 _LAST_INSTANT: Final = datetime.max.replace(tzinfo=UTC)
 #: The largest count a 64-bit signed column (billing's) holds.
 MAX_COUNT: Final = 2**63 - 1
+#: The longest provider or model name billing stores (`commonos.billing.projection`).
+MAX_NAME_CHARS: Final = 256
 
 
 def any_value(value: AnyValue) -> Any:

@@ -96,6 +96,7 @@ from typing import Any, Final
 
 from commonos.otlp_gateway.attributes import (
     MAX_COUNT,
+    MAX_NAME_CHARS,
     before,
     boolean,
     count,
@@ -116,8 +117,6 @@ SPEEDS: Final = {"normal": "standard", "standard": "standard", "fast": "fast", "
 #: A tool call's turn when its record names no prompt.
 NO_PROMPT: Final = "no-prompt"
 MAPPED: Final = frozenset({"user_prompt", "api_request", "tool_result", "tool_decision"})
-#: The longest model name billing stores (`commonos.billing.projection`).
-MAX_NAME_CHARS: Final = 256
 #: The largest reported cost billing stores, in dollars.
 MAX_REPORTED_COST: Final = Decimal("1e12")
 _COUNTS: Final = (

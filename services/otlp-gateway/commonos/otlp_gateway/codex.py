@@ -82,7 +82,7 @@ import uuid
 from datetime import datetime
 from typing import Any, Final, NamedTuple
 
-from commonos.otlp_gateway.attributes import MAX_COUNT, before, boolean, count, json_object, text
+from commonos.otlp_gateway.attributes import MAX_COUNT, MAX_NAME_CHARS, before, boolean, count, json_object, text
 from commonos.otlp_gateway.mapping import CODEX, CallAt, CallOrdinals, Emitter, Record
 from commonos.proto.events import ApprovalDecided, ModelCallCompleted, ToolCallRecorded
 from commonos.proto.graph.ids import ordinal_call_event_id
@@ -104,10 +104,6 @@ _COUNTS: Final = (
     "cache_write_token_count",
     "reasoning_token_count",
 )
-
-
-#: The longest model name billing stores (`commonos.billing.projection`).
-MAX_NAME_CHARS: Final = 256
 
 
 def has_usage(attrs: dict[str, Any]) -> bool:

@@ -110,7 +110,15 @@ import msgspec
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
-from commonos.otlp_gateway.attributes import MAX_COUNT, attributes, from_nanos, integer, json_object, resource_tags
+from commonos.otlp_gateway.attributes import (
+    MAX_COUNT,
+    MAX_NAME_CHARS,
+    attributes,
+    from_nanos,
+    integer,
+    json_object,
+    resource_tags,
+)
 from commonos.otlp_gateway.mapping import Mapped, Source
 from commonos.proto import events as ev
 from commonos.proto.errors import DataError
@@ -142,8 +150,6 @@ _PROVIDERS: Final = {
 
 #: A tool result longer than this is cut (like the loop's), `result_bytes` then giving its whole size.
 MAX_RESULT_CHARS: Final = 16_000
-#: The longest provider or model name billing stores (`commonos.billing.projection`).
-MAX_NAME_CHARS: Final = 256
 #: A failed turn's error (the span's status message) is cut to this.
 MAX_ERROR_CHARS: Final = 2_000
 
