@@ -25,12 +25,10 @@ from typing import Any
 import aiohttp
 import asyncpg
 import pytest
-import uvicorn
 from fastapi import FastAPI
 
 from commonos.billing.schema import SCHEMA as BILLING_SCHEMA
-from commonos.console.app import create_app
-from commonos.console.service import ConsoleServer
+from commonos.console.service import server as console_server
 from commonos.console.settings import ConsoleSettings
 from commonos.console.users import Role, User, hash_password, render_users
 from commonos.journal_writer.graph_schema import SCHEMA as GRAPH_SCHEMA
@@ -190,18 +188,10 @@ class RunningConsole:
 
 @contextlib.asynccontextmanager
 async def run_console(settings: ConsoleSettings) -> AsyncIterator[RunningConsole]:
-    app = create_app(settings)
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        lifespan="on",
-        log_config=None,
-        access_log=False,
-        timeout_graceful_shutdown=2,
-    )
-    # In the test's event loop: Ctrl-C and SIGTERM stay pytest's.
-    server = ConsoleServer(config)
+    # As the console's process serves it, in the test's event loop: Ctrl-C and SIGTERM stay pytest's.
+    server = console_server(settings, timeout_graceful_shutdown=2)
+    app = server.config.app
+    assert isinstance(app, FastAPI)
     task = asyncio.create_task(server.serve())
     async with contextlib.AsyncExitStack() as stack:
         try:

@@ -43,6 +43,7 @@ REQUEST_TIMEOUT_S = 10.0
 #: Operations whose answer does not depend on who is signed in, run once with fewer cases (signing in checks an
 #: argon2 hash: slow).
 ANYONE = {("POST", "/api/login")}
+LOGOUT = ("POST", "/api/logout")
 FEWER = 4
 #: Path parameters given the ids of what exists as well as random ones.
 EXISTING = "session_id"
@@ -179,9 +180,11 @@ def exercise(run: Run, session_ids: list[str]) -> None:
     schema = schemathesis.openapi.from_url(run.console.url + "/api/openapi.json", timeout=REQUEST_TIMEOUT_S)
     operations = [result.ok() for result in schema.get_all_operations()]
     assert operations, "the OpenAPI document lists no operation"
+    # Signing out ends the run's sign-in (every later request is 401): it goes last.
+    operations.sort(key=lambda o: (o.method.upper(), o.path) == LOGOUT)
+    signed_out_before = run.statuses[204]
     for operation in operations:
         key = (operation.method.upper(), operation.path)
-        # Signing out (POST /api/logout) only tells the browser to drop its cookie: the run's headers still sign in.
         if key in ANYONE and not run.first:
             continue
         if run.first:
@@ -191,8 +194,15 @@ def exercise(run: Run, session_ids: list[str]) -> None:
         # Path parameters naming what exists (a session id), valid data otherwise.
         if EXISTING in {p.name for p in operation.path_parameters} and not is_stream(operation):
             fuzz(run, operation, existing(operation, session_ids), f"existing {EXISTING}")
-    # Still signed in at the end: the answers were the signed-in person's, not "not signed in".
-    assert requests.get(run.console.url + "/api/me", headers=run.headers, timeout=REQUEST_TIMEOUT_S).status_code == 200
+        if key == LOGOUT:
+            continue
+        # Still signed in after every other operation: the answers were the signed-in person's, not "not signed in".
+        me = requests.get(run.console.url + "/api/me", headers=run.headers, timeout=REQUEST_TIMEOUT_S)
+        assert me.status_code == 200, (key, me.status_code)
+    # A sign-out that was answered 204 held: the same cookie is refused now.
+    if run.statuses[204] > signed_out_before:
+        me = requests.get(run.console.url + "/api/me", headers=run.headers, timeout=REQUEST_TIMEOUT_S)
+        assert me.status_code == 401, me.status_code
 
 
 async def headers_of(console: RunningConsole, name: str) -> dict[str, str]:

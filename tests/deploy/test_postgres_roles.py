@@ -15,6 +15,7 @@ import pytest
 
 from commonos.billing.schema import BILLING_TABLES
 from commonos.billing.schema import SCHEMA as BILLING_SCHEMA
+from commonos.console.sign_outs import SCHEMA as SIGN_OUTS_SCHEMA
 from commonos.journal_writer.graph_schema import SCHEMA as GRAPH_SCHEMA
 from commonos.journal_writer.schema import CORE_TABLES
 from commonos.journal_writer.schema import SCHEMA as CORE_SCHEMA
@@ -226,6 +227,40 @@ async def test_the_console_reads_everything_and_as_an_analyst_only_what_it_may(
                 await console.fetch("SELECT * FROM budget_spend")
     finally:
         await console.close()
+
+
+async def test_the_console_keeps_its_sign_outs_and_no_one_else_reads_them(secured_database: str, analyst: str) -> None:
+    """The console, as cos_console, makes its table of sign-outs when it starts (bootstrap.sql lets it) and
+    writes and reads it; after roles.sql it owns it, and no other role may read or write it."""
+    console_url = as_role(secured_database, "cos_console", "test-cos_console")
+    console = await connect(console_url)
+    try:
+        await apply_schemas(console, [SIGN_OUTS_SCHEMA, SIGN_OUTS_SCHEMA])  # at every start: idempotent
+        await console.execute("INSERT INTO console_sign_outs VALUES ('sid-1', now() + interval '1 hour')")
+    finally:
+        await console.close()
+    await execute(secured_database, ROLES)
+    console = await connect(console_url)
+    try:
+        assert await console.fetchval("SELECT count(*) FROM console_sign_outs") == 1
+        owner = await console.fetchval("SELECT tableowner FROM pg_tables WHERE tablename = 'console_sign_outs'")
+        assert owner == "cos_console"
+    finally:
+        await console.close()
+    for role in ("cos_journal_writer", "cos_billing", "cos_loop"):
+        conn = await asyncpg.connect(as_role(secured_database, role, f"test-{role}"))
+        try:
+            for statement in ("SELECT * FROM console_sign_outs", "DELETE FROM console_sign_outs"):
+                with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                    await conn.execute(statement)
+        finally:
+            await conn.close()
+    conn = await asyncpg.connect(analyst)
+    try:
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await conn.execute("SELECT * FROM console_sign_outs")
+    finally:
+        await conn.close()
 
 
 async def test_roles_sql_refuses_to_run_before_the_tables_exist(database_url: str) -> None:

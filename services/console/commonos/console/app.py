@@ -29,12 +29,16 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from commonos.console import pages
 from commonos.console.auth import Auth, NotSignedIn
 from commonos.console.db import Database
+from commonos.console.guard import Guard
 from commonos.console.live import Live
 from commonos.console.metrics import REQUEST_SECONDS, REQUESTS
 from commonos.console.settings import ConsoleSettings
+from commonos.console.sign_outs import SCHEMA as SIGN_OUTS_SCHEMA
+from commonos.console.sign_outs import DatabaseUnavailable, PgSignOuts
 from commonos.console.templating import STATIC_DIR, render
 from commonos.console.users import Users
 from commonos.runtime.http import VERSION
+from commonos.runtime.postgres import apply_schemas, connect
 
 log = logging.getLogger(__name__)
 
@@ -108,11 +112,17 @@ def create_app(settings: ConsoleSettings, *, users: Users | None = None) -> Fast
         common = settings.common
         try:
             if common.database_url:
+                conn = await connect(common.database_url)
+                try:
+                    await apply_schemas(conn, [SIGN_OUTS_SCHEMA])
+                finally:
+                    await conn.close()
                 db = await Database.open(
                     common.database_url,
                     max_size=settings.pool_max_size,
                     statement_timeout_ms=settings.statement_timeout_ms,
                 )
+                app.state.auth.sign_outs = PgSignOuts(db.pool)
             if common.nats_url:
                 from commonos.runtime import nats as cos_nats
 
@@ -162,7 +172,12 @@ def create_app(settings: ConsoleSettings, *, users: Users | None = None) -> Fast
             "error.html",
             {"status": exc.status_code, "title": titles.get(exc.status_code, "Error"), "detail": exc.detail},
             status_code=exc.status_code,
+            headers=exc.headers,
         )
+
+    @app.exception_handler(DatabaseUnavailable)
+    async def database_unavailable(request: Request, exc: DatabaseUnavailable) -> Response:
+        return await http_error(request, StarletteHTTPException(503, str(exc), headers={"Retry-After": "5"}))
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(request: Request, exc: RequestValidationError) -> Response:
@@ -208,6 +223,8 @@ def create_app(settings: ConsoleSettings, *, users: Users | None = None) -> Fast
         router = getattr(module, "router", None)
         if router is not None:
             app.include_router(router)
+    # Instrumented outermost: the guard's refusals carry the security headers and are counted.
+    app.add_middleware(Guard, settings=settings, auth=app.state.auth)
     app.add_middleware(Instrumented)
     return app
 

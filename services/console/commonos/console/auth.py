@@ -1,9 +1,13 @@
 """Who is asking: the signed session cookie or the trusted proxy header; CSRF tokens bound to the sign-in.
 
-* The session cookie (`cos_console`) holds the person's name, a random session id and the time it was issued,
-  signed with COS_CONSOLE_SECRET (itsdangerous). It is HttpOnly, SameSite=Lax and Secure (unless
-  COS_CONSOLE_INSECURE_COOKIES for http://127.0.0.1). The users file is looked up on every request, so a
-  person removed from it is signed out at once.
+* The session cookie (`cos_console`) holds the person's name, a random session id, the time it was issued and
+  a fingerprint of their password hash, signed with COS_CONSOLE_SECRET (itsdangerous). It is HttpOnly,
+  SameSite=Lax and Secure (unless COS_CONSOLE_INSECURE_COOKIES for http://127.0.0.1). The users file is looked
+  up on every request, so a person removed from it, or whose password was changed (`cos console user add`), is
+  signed out at once; a sign-out is written down (sign_outs.py), so a copy of the cookie taken before it is
+  refused by every console of the database.
+* The person is found once per request, before the route runs (`Guard` in guard.py calls `resolve`); when the
+  database cannot say whether the sign-in was ended, a page that needs a sign-in answers 503.
 * The trusted header (COS_CONSOLE_TRUSTED_HEADER) names the person only when the request comes from an address
   in COS_CONSOLE_TRUSTED_PROXIES; from anywhere else it is ignored.
 * CSRF: every state-changing request (POST, PUT, PATCH, DELETE) must carry the sign-in's token, as the form
@@ -14,6 +18,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import hashlib
 import hmac
 import ipaddress
@@ -29,6 +35,7 @@ from starlette.requests import HTTPConnection
 from starlette.responses import Response
 
 from commonos.console.settings import ConsoleSettings
+from commonos.console.sign_outs import DatabaseUnavailable, MemorySignOuts, SignOuts
 from commonos.console.users import User, Users
 from commonos.proto.errors import DataError
 
@@ -36,6 +43,9 @@ COOKIE: Final = "cos_console"
 CSRF_FIELD: Final = "csrf_token"
 CSRF_HEADER: Final = "X-CSRF-Token"
 SAFE_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
+#: Where the request's person is kept in its ASGI scope, once resolved; and why it could not be.
+_PRINCIPAL: Final = "cos.principal"
+_UNAVAILABLE: Final = "cos.principal_unavailable"
 
 
 @dataclass(frozen=True)
@@ -46,6 +56,9 @@ class Principal:
     csrf_token: str
     #: "cookie" or "proxy".
     via: str
+    #: The cookie's sign-in id and when the cookie expires (a cookie sign-in only).
+    sid: str | None = None
+    expires_at: float = 0.0
 
 
 class NotSignedIn(DataError):
@@ -58,12 +71,23 @@ class Auth:
         self.users = users
         self._serializer = URLSafeTimedSerializer(settings.secret, salt="cos-console-session")
         self._csrf_key = hashlib.sha256(b"cos-console-csrf\0" + settings.secret.encode()).digest()
+        self._password_key = hashlib.sha256(b"cos-console-password\0" + settings.secret.encode()).digest()
+        #: Replaced by the PostgreSQL store once the console has its database (app.py).
+        self.sign_outs: SignOuts = MemorySignOuts()
+        #: Password checks (argon2, in threads) at once; more sign-ins wait their turn (pages/signin.py).
+        self.password_checks = asyncio.Semaphore(2)
 
     # The session cookie.
 
+    def password_fingerprint(self, user: User) -> str:
+        """What the cookie remembers of the password hash: a new password makes every earlier cookie invalid."""
+        digest = hmac.new(self._password_key, (user.password_hash or "").encode(), hashlib.sha256).digest()
+        return base64.urlsafe_b64encode(digest[:12]).decode("ascii")
+
     def sign_in(self, response: Response, user: User) -> Principal:
         sid = secrets.token_urlsafe(18)
-        value = self._serializer.dumps({"u": user.name, "s": sid, "t": int(time.time())})
+        issued = int(time.time())
+        value = self._serializer.dumps({"u": user.name, "s": sid, "t": issued, "h": self.password_fingerprint(user)})
         response.set_cookie(
             COOKIE,
             value,
@@ -73,15 +97,19 @@ class Auth:
             httponly=True,
             samesite="lax",
         )
-        return Principal(user, self.csrf_token("s:" + sid), "cookie")
+        expires = issued + self.settings.session_max_age_s
+        return Principal(user, self.csrf_token("s:" + sid), "cookie", sid, expires)
 
-    def sign_out(self, response: Response) -> None:
+    async def sign_out(self, response: Response, principal: Principal) -> None:
+        """End the sign-in everywhere (DatabaseUnavailable when that cannot be written down), and drop the cookie."""
+        if principal.sid is not None:
+            await self.sign_outs.add(principal.sid, principal.expires_at)
         response.delete_cookie(COOKIE, path="/", secure=self.settings.secure_cookies, httponly=True, samesite="lax")
 
     def csrf_token(self, binding: str) -> str:
         return hmac.new(self._csrf_key, binding.encode(), hashlib.sha256).hexdigest()
 
-    def _from_cookie(self, request: HTTPConnection) -> Principal | None:
+    async def _from_cookie(self, request: HTTPConnection) -> Principal | None:
         raw = request.cookies.get(COOKIE)
         if not raw:
             return None
@@ -89,12 +117,19 @@ class Auth:
             data = self._serializer.loads(raw, max_age=self.settings.session_max_age_s)
         except BadSignature:
             return None
-        if not isinstance(data, dict) or not isinstance(data.get("u"), str) or not isinstance(data.get("s"), str):
+        if not isinstance(data, dict) or not all(isinstance(data.get(k), str) for k in ("u", "s", "h")):
+            return None
+        if not isinstance(data.get("t"), int):
             return None
         user = self.users.get(data["u"])
         if user is None or not user.password_hash:
             return None
-        return Principal(user, self.csrf_token("s:" + data["s"]), "cookie")
+        if not hmac.compare_digest(data["h"].encode(), self.password_fingerprint(user).encode()):
+            return None  # the password was changed since
+        if await self.sign_outs.ended(data["s"]):
+            return None
+        expires = data["t"] + self.settings.session_max_age_s
+        return Principal(user, self.csrf_token("s:" + data["s"]), "cookie", data["s"], expires)
 
     def trusted_peer(self, request: HTTPConnection) -> bool:
         if request.client is None or not self.settings.trusted_proxies:
@@ -117,14 +152,28 @@ class Auth:
             return None
         return Principal(user, self.csrf_token("p:" + user.name), "proxy")
 
+    async def resolve(self, request: HTTPConnection) -> None:
+        """Find the person making `request` and keep them in its scope, for `principal`. The proxy header, when
+        believed, wins over a cookie. When the database cannot say whether the sign-in was ended, nobody is
+        signed in and the reason is kept: pages that need a sign-in answer 503 with it."""
+        try:
+            found = self._from_proxy(request) or await self._from_cookie(request)
+        except DatabaseUnavailable as exc:
+            request.scope[_UNAVAILABLE] = str(exc)
+            found = None
+        request.scope[_PRINCIPAL] = found
+
     def principal(self, request: HTTPConnection) -> Principal | None:
-        """The person making `request`, or None. The proxy header, when believed, wins over a cookie."""
-        cached = request.scope.get("cos.principal", False)
-        if cached is not False:
-            return cached  # type: ignore[no-any-return]
-        found = self._from_proxy(request) or self._from_cookie(request)
-        request.scope["cos.principal"] = found
+        """The person making `request` (found by `resolve`, before the route ran), or None."""
+        if _PRINCIPAL not in request.scope:
+            raise RuntimeError("the console's Guard middleware did not resolve the request's person")
+        found: Principal | None = request.scope[_PRINCIPAL]
         return found
+
+    def unavailable(self, request: HTTPConnection) -> str | None:
+        """Why nobody could be signed in for `request` (the database is unavailable), or None."""
+        reason: str | None = request.scope.get(_UNAVAILABLE)
+        return reason
 
     def same_origin(self, request: HTTPConnection) -> bool:
         """False when the browser says the request comes from a page of another origin."""
@@ -155,13 +204,20 @@ def get_auth(request: HTTPConnection) -> Auth:
 
 
 def optional_principal(request: Request) -> Principal | None:
-    return get_auth(request).principal(request)
+    """The person, for what a page shows (its header, the sign-in page's redirect); None when nobody is
+    signed in, or the request was refused before its person was resolved."""
+    found: Principal | None = request.scope.get(_PRINCIPAL)
+    return found
 
 
 def require_principal(request: Request) -> Principal:
     """A page's dependency: the signed-in person (else NotSignedIn: /login for pages, 401 for the API)."""
-    principal = get_auth(request).principal(request)
+    auth = get_auth(request)
+    principal = auth.principal(request)
     if principal is None:
+        reason = auth.unavailable(request)
+        if reason is not None:
+            raise HTTPException(503, reason, headers={"Retry-After": "5"})
         raise NotSignedIn()
     return principal
 

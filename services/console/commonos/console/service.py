@@ -10,6 +10,8 @@ import sys
 from collections.abc import Iterator
 
 import uvicorn
+from h11 import IDLE
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from commonos.console.app import create_app
 from commonos.console.settings import ConsoleSettings
@@ -39,7 +41,51 @@ class ConsoleServer(uvicorn.Server):
         self.should_exit = True
 
 
-def server(settings: ConsoleSettings) -> ConsoleServer:
+class HeaderTimeout(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol, closing a connection that has not sent a whole request head within
+    `header_timeout_s` of its start or of its previous response (uvicorn has no such limit: a client sending
+    one header byte at a time held its socket for as long as it liked)."""
+
+    header_timeout_s = 10.0
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._head_deadline: asyncio.TimerHandle | None = None
+        self._await_head()
+
+    def _await_head(self) -> None:
+        self._cancel_head_deadline()
+        self._head_deadline = self.loop.call_later(self.header_timeout_s, self._head_too_slow)
+
+    def _cancel_head_deadline(self) -> None:
+        if self._head_deadline is not None:
+            self._head_deadline.cancel()
+            self._head_deadline = None
+
+    def _head_too_slow(self) -> None:
+        self._head_deadline = None
+        # Still no whole request head (h11 leaves IDLE once it has parsed one): close.
+        if self.conn.their_state is IDLE and not self.transport.is_closing():
+            self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.conn.their_state is not IDLE:
+            self._cancel_head_deadline()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing() and self.conn.their_state is IDLE:
+            self._await_head()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_head_deadline()
+        super().connection_lost(exc)
+
+
+def server(settings: ConsoleSettings, *, timeout_graceful_shutdown: int = 5) -> ConsoleServer:
+    """The console's uvicorn, its app made from `settings` (`server.config.app`)."""
+    protocol = type("ConsoleHttp", (HeaderTimeout,), {"header_timeout_s": settings.header_timeout_s})
     config = uvicorn.Config(
         create_app(settings),
         host=settings.host,
@@ -47,10 +93,13 @@ def server(settings: ConsoleSettings) -> ConsoleServer:
         lifespan="on",
         access_log=False,
         log_config=None,
+        http=protocol,
         proxy_headers=False,  # the client address is the peer's: COS_CONSOLE_TRUSTED_PROXIES decides
         server_header=False,
+        # A chat message over the WebSocket is bounded as a request body is.
+        ws_max_size=settings.max_body_bytes,
         # Live pages hold their connections open: on SIGTERM they are closed after this.
-        timeout_graceful_shutdown=5,
+        timeout_graceful_shutdown=timeout_graceful_shutdown,
     )
     return ConsoleServer(config)
 

@@ -13,6 +13,13 @@
     COS_CONSOLE_STATEMENT_TIMEOUT_MS  the longest a page's query may run (default 10000)
     COS_CONSOLE_ORIGINS           comma-separated origins the browser may call from besides the request's own
                                   Host (e.g. https://console.example.com behind a proxy that rewrites Host)
+    COS_CONSOLE_HOSTS             comma-separated host names the console answers to besides loopback names,
+                                  address literals and the hosts of COS_CONSOLE_ORIGINS (e.g. `console`, a
+                                  compose service); any other Host is 421 (a DNS-rebinding page's)
+    COS_CONSOLE_MAX_BODY_BYTES    the largest request body of a signed-in person (default 1 MiB); without a
+                                  sign-in at most 8 KiB (the sign-in forms). Past it: 413, before it is read
+    COS_CONSOLE_HEADER_TIMEOUT_S  a connection that has not sent a whole request head within this is closed
+                                  (default 10; slow-header clients hold no sockets)
 
 COS_NATS_URL and COS_DATABASE_URL (and their credentials) are read as by every service.
 """
@@ -34,6 +41,9 @@ from commonos.runtime.settings import Settings, env_float, env_int
 DEFAULT_PORT: Final = 8470
 DEFAULT_USERS_FILE: Final = Path("config/console-users.toml")
 _HEADER: Final = re.compile(r"[A-Za-z0-9-]{1,64}")
+_HOST: Final = re.compile(r"[a-z0-9_-]{1,63}(\.[a-z0-9_-]{1,63})*")
+#: The largest request body without a sign-in: the sign-in forms (a name of 128, a password of 1,024 characters).
+ANONYMOUS_BODY_BYTES: Final = 8 * 1024
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -83,6 +93,12 @@ class ConsoleSettings:
     origins: tuple[str, ...] = ()
     #: True when no COS_CONSOLE_SECRET was given (a random key: sign-ins end with the process).
     secret_is_random: bool = True
+    #: Host names served besides loopback names, address literals and the hosts of `origins` (lower case).
+    hosts: tuple[str, ...] = ()
+    #: The largest request body of a signed-in person; without a sign-in, ANONYMOUS_BODY_BYTES.
+    max_body_bytes: int = 1024 * 1024
+    #: Seconds a connection may take to send a whole request head.
+    header_timeout_s: float = 10.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, common: Settings | None = None) -> ConsoleSettings:
@@ -105,8 +121,15 @@ class ConsoleSettings:
         for origin in origins:
             if not re.fullmatch(r"https?://[a-z0-9.\-\[\]:]+", origin):
                 raise ConfigError(f"COS_CONSOLE_ORIGINS: {origin!r} is not an origin (https://host[:port])")
+        hosts = tuple(h.strip().lower().rstrip(".") for h in env.get("COS_CONSOLE_HOSTS", "").split(",") if h.strip())
+        for host in hosts:
+            if not _HOST.fullmatch(host):
+                raise ConfigError(f"COS_CONSOLE_HOSTS: {host!r} is not a host name (letters, digits, . and -)")
         values: dict[str, object] = {
             "origins": origins,
+            "hosts": hosts,
+            "max_body_bytes": env_int(env, "COS_CONSOLE_MAX_BODY_BYTES", 1024 * 1024, ANONYMOUS_BODY_BYTES, 1 << 30),
+            "header_timeout_s": env_float(env, "COS_CONSOLE_HEADER_TIMEOUT_S", 10.0, 0.1, 3600.0),
             "common": common if common is not None else Settings.from_env(env),
             "host": env.get("COS_CONSOLE_HOST", "").strip() or "127.0.0.1",
             "port": env_int(env, "COS_CONSOLE_PORT", DEFAULT_PORT, 0, 65535),

@@ -71,7 +71,11 @@ ENV: Final = make_environment()
 
 
 def render(
-    request: Request, template: str, context: Mapping[str, Any] | None = None, status_code: int = 200
+    request: Request,
+    template: str,
+    context: Mapping[str, Any] | None = None,
+    status_code: int = 200,
+    headers: Mapping[str, str] | None = None,
 ) -> HTMLResponse:
     who = optional_principal(request)
     full = {
@@ -83,4 +87,4 @@ def render(
         **(context or {}),
     }
     html = ENV.get_template(template).render(full)
-    return HTMLResponse(html, status_code=status_code)
+    return HTMLResponse(html, status_code=status_code, headers=headers)

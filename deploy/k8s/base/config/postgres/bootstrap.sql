@@ -10,8 +10,9 @@
 --   cos_billing         billing: creates and owns model_calls and its own tables; no core table
 --   cos_loop            the loop: reads messages (session_search), writes nothing
 --   cos_console         the web console: reads every projection (core tables, model_calls, budgets, positions,
---                       graph.*), writes nothing; reads for an analyst after SET ROLE to that analyst's role,
---                       so it must be a member of each: GRANT <analyst> TO cos_console
+--                       graph.*); writes only its own table of sign-outs (console_sign_outs, which it creates);
+--                       reads for an analyst after SET ROLE to that analyst's role, so it must be a member of
+--                       each: GRANT <analyst> TO cos_console
 --   cos_analyst         group role (no login) of read-only analysts; each analyst is a login role IN ROLE
 --                       cos_analyst and sees only the profiles granted to it in analyst_grants
 
@@ -36,7 +37,8 @@ BEGIN
 END
 $$;
 
--- Before PostgreSQL 15 every role could create tables in public; only the writers may.
+-- Before PostgreSQL 15 every role could create tables in public; only the writers (and the console, for its
+-- table of sign-outs) may.
 REVOKE CREATE ON SCHEMA public FROM PUBLIC;
 GRANT USAGE ON SCHEMA public TO cos_journal_writer, cos_billing, cos_loop, cos_console, cos_analyst;
-GRANT CREATE ON SCHEMA public TO cos_journal_writer, cos_billing;
+GRANT CREATE ON SCHEMA public TO cos_journal_writer, cos_billing, cos_console;

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import time
 from typing import Annotated
@@ -13,13 +14,20 @@ from pydantic import BaseModel, Field
 from commonos.console.auth import CsrfChecked, SignedIn, get_auth, optional_principal
 from commonos.console.metrics import SIGN_INS
 from commonos.console.templating import render
-from commonos.console.users import verify_password
+from commonos.console.users import User, verify_password
 
 router = APIRouter(tags=["sign-in"])
 
 #: Failed sign-ins allowed per client address within WINDOW_S; past them the address waits (429).
 MAX_FAILURES = 20
 WINDOW_S = 300.0
+
+
+async def check_password(request: Request, user: User | None, password: str) -> bool:
+    """verify_password in a thread, never on the event loop (which must keep answering), and at most
+    Auth.password_checks at once: each argon2 check takes about 50 ms of a core and 64 MiB."""
+    async with get_auth(request).password_checks:
+        return await asyncio.to_thread(verify_password, user, password)
 
 
 class Throttle:
@@ -100,7 +108,7 @@ async def login_form(
         raise HTTPException(403, "cross-origin request refused")
     _throttle(request).check(request)
     user = auth.users.get(name)
-    if not verify_password(user, password) or user is None:
+    if not await check_password(request, user, password) or user is None:
         SIGN_INS.labels("refused").inc()
         _throttle(request).failed(request)
         return render(
@@ -123,7 +131,7 @@ async def logout_page(request: Request, who: SignedIn) -> Response:
 @router.post("/logout", include_in_schema=False)
 async def logout_form(request: Request, who: CsrfChecked) -> Response:
     response = RedirectResponse("/login", status_code=303)
-    get_auth(request).sign_out(response)
+    await get_auth(request).sign_out(response, who)
     return response
 
 
@@ -139,7 +147,7 @@ async def api_login(request: Request, credentials: Credentials, response: Respon
         raise HTTPException(403, "cross-origin request refused")
     _throttle(request).check(request)
     user = auth.users.get(credentials.name)
-    if not verify_password(user, credentials.password) or user is None:
+    if not await check_password(request, user, credentials.password) or user is None:
         SIGN_INS.labels("refused").inc()
         _throttle(request).failed(request)
         raise HTTPException(401, "wrong name or password")
@@ -151,7 +159,7 @@ async def api_login(request: Request, credentials: Credentials, response: Respon
 @router.post("/api/logout", status_code=204, response_class=Response)
 async def api_logout(request: Request, who: CsrfChecked) -> Response:
     response = Response(status_code=204)
-    get_auth(request).sign_out(response)
+    await get_auth(request).sign_out(response, who)
     return response
 
 
