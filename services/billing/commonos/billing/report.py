@@ -31,6 +31,7 @@ from commonos.accounting.cost_queries import (
     grouped_sql,
     parse_when,
 )
+from commonos.runtime.cli_support import shown
 from commonos.runtime.postgres import Conn
 
 __all__ = [
@@ -179,7 +180,9 @@ def _usd(value: Decimal | None) -> str:
 
 
 def columns(header: tuple[str, ...], rows: Sequence[tuple[str, ...]], right_from: int) -> str:
-    """Plain aligned text columns; cells from ``right_from`` on are right-aligned (numbers)."""
+    """Plain aligned text columns; cells from ``right_from`` on are right-aligned (numbers). A cell's control
+    characters (a model name's, a tag's) are shown as escapes, never sent to the terminal."""
+    header, rows = tuple(map(shown, header)), [tuple(map(shown, r)) for r in rows]
     widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
 
     def line(cells: tuple[str, ...]) -> str:
