@@ -7,6 +7,8 @@ Sums are exact for any valid token counts, and a time range far in the past or t
 from __future__ import annotations
 
 import asyncio
+import csv as csv_module
+import io
 import json
 import os
 import subprocess
@@ -247,3 +249,34 @@ async def test_a_report_says_how_many_calls_are_outside_its_range(three_calls: s
     assert "1 call(s) are after this range: leave out `--until` to show them." in notes
     everything = await acos(three_calls, "report", "cost", "--since", last_year, "--format", "json")
     assert not [n for n in everything.json()["notes"] if "this range" in n]
+
+
+#: Model names a spreadsheet would run as formulas (OWASP's CSV injection list: = + - @, tab, CR).
+FORMULA_MODELS = ('=HYPERLINK("http://evil","x")', "+1+1", "-1+1", "@SUM(A1)", "\t=1+1", "\r=1+1")
+
+
+async def test_csv_cells_a_spreadsheet_would_run_are_quoted_and_numbers_stay_numbers(database_url: str) -> None:
+    now = datetime.now(UTC)
+    pricer = Pricer()
+    rows = [build_row(call(now, model, input_tokens=1000), pricer) for model in (*FORMULA_MODELS, "o4-mini")]
+    conn = await connect(database_url)
+    try:
+        await apply_schemas(conn, billing_schemas())
+        await conn.fetch(INSERT_MODEL_CALLS, *insert_arguments(rows))
+        # A negative cost (a credit an operator's price file gives, say) is a number, not a formula.
+        await conn.execute("UPDATE model_calls SET cost_usd = -1.5, cost_status = 'override' WHERE model = 'o4-mini'")
+    finally:
+        await conn.close()
+    env = {**os.environ, "COS_DATABASE_URL": database_url}
+    argv = [sys.executable, "-m", "commonos.cli.main", "report", "cost", "--since", "0001-01-01", "--format", "csv"]
+    # Read as bytes: a CR inside a cell must come out as it went in.
+    done = await asyncio.to_thread(subprocess.run, argv, env=env, capture_output=True, timeout=120, check=False)
+    assert (done.returncode, done.stderr) == (0, b"")
+    assert done.stdout.endswith(b"\r\n") and done.stdout.count(b"\n") == len(FORMULA_MODELS) + 3
+    table = list(csv_module.reader(io.StringIO(done.stdout.decode(), newline="")))
+    labels = {row[0]: row for row in table[1:]}
+    assert set(labels) == {"'" + model for model in FORMULA_MODELS} | {"o4-mini", "(total: each call once)"}
+    assert labels["o4-mini"][1] == "-1.5000000000", "a number in a numeric column stays a number"
+    assert labels["(total: each call once)"][1] == "-1.5000000000"
+    cells = [cell for row in table[1:] for cell in row[1:]]
+    assert all(cell == "" or Decimal(cell) is not None for cell in cells), cells

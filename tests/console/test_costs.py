@@ -19,9 +19,10 @@ from typing import Any
 import aiohttp
 import pytest
 
+from commonos.accounting.csv_cells import cost_csv, safe_cell
 from commonos.billing.config import BillingConfig, Budget, Period
 from commonos.billing.report import GroupBy, cost_report
-from commonos.console.pages.costs import bar_chart, safe_cell
+from commonos.console.pages.costs import bar_chart
 from commonos.proto import events as ev
 from commonos.runtime.postgres import connect
 from tests.billing.support import billing, run_cli
@@ -307,16 +308,10 @@ async def test_an_analyst_sees_its_profiles_calls_only(
 
 
 def test_safe_cells_and_chart_escaping() -> None:
-    assert [safe_cell(v) for v in ("=1+1", "+1", "-1", "@x", "\tx", "ok", 3, None)] == [
-        "'=1+1",
-        "'+1",
-        "'-1",
-        "'@x",
-        "'\tx",
-        "ok",
-        "3",
-        "",
-    ]
+    texts = ("=1+1", "+1", "-1", "@x", "\tx", "\rx", "ok", "1-1")
+    assert [safe_cell(v) for v in texts] == ["'=1+1", "'+1", "'-1", "'@x", "'\tx", "'\rx", "ok", "1-1"]
+    # Numbers stay numbers, a negative one too: only text is quoted.
+    assert [safe_cell(v) for v in (3, -3, Decimal("-1.5"), None)] == [3, -3, Decimal("-1.5"), ""]
     from commonos.console.pages.costs import CostRow
 
     row = CostRow(
@@ -331,6 +326,20 @@ def test_safe_cells_and_chart_escaping() -> None:
         cache_write_tokens=0,
         reasoning_tokens=0,
     )
+    credit = row.model_copy(update={"usd": Decimal("-1.5"), "label": "-credit\r=1"})
+    lines = list(csv.reader(io.StringIO(cost_csv("model", [(r.label, r) for r in (row, credit)]), newline="")))
+    assert lines[0] == [
+        "model",
+        "usd",
+        "calls",
+        "unpriced",
+        "input",
+        "output",
+        "reasoning",
+        "cache_read",
+        "cache_write",
+    ]
+    assert [line[:3] for line in lines[1:]] == [["<script>x</script>", "1.5", "2"], ["'-credit\r=1", "-1.5", "2"]]
     svg = str(bar_chart("c", "T <t>", [row]))
     assert "<script>" not in svg and "&lt;script&gt;x&lt;/script&gt;" in svg and "T &lt;t&gt;" in svg
     assert svg.startswith('<svg class="chart" id="c" role="img" aria-labelledby="c-t c-d"')

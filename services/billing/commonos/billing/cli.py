@@ -80,7 +80,8 @@ def _report_cost(args: argparse.Namespace) -> int:
         report = await cost_report(conn, args.group_by, args.since, args.until)
         return render_report(report, args.format)
 
-    print(asyncio.run(_with_database(dsn, work)))
+    # CSV lines end with CRLF (RFC 4180), the last one too.
+    print(asyncio.run(_with_database(dsn, work)), end="" if args.format == "csv" else "\n")
     return 0
 
 

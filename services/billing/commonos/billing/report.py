@@ -12,8 +12,6 @@ The SQL and the rendering are here; the CLI only parses arguments.
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import re
 from collections.abc import Sequence
@@ -31,6 +29,8 @@ from commonos.accounting.cost_queries import (
     grouped_sql,
     parse_when,
 )
+from commonos.accounting.csv_cells import cost_csv
+from commonos.runtime.cli_support import shown
 from commonos.runtime.postgres import Conn
 
 __all__ = [
@@ -179,7 +179,9 @@ def _usd(value: Decimal | None) -> str:
 
 
 def columns(header: tuple[str, ...], rows: Sequence[tuple[str, ...]], right_from: int) -> str:
-    """Plain aligned text columns; cells from ``right_from`` on are right-aligned (numbers)."""
+    """Plain aligned text columns; cells from ``right_from`` on are right-aligned (numbers). A cell's control
+    characters (a model name's, a tag's) are shown as escapes, never sent to the terminal."""
+    header, rows = tuple(map(shown, header)), [tuple(map(shown, r)) for r in rows]
     widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
 
     def line(cells: tuple[str, ...]) -> str:
@@ -224,24 +226,7 @@ def render_report(report: CostReport, fmt: str = "table") -> str:
         "cache_write",
     )
     if fmt == "csv":
-        out = io.StringIO()
-        writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(header)
-        for label, row in _labelled(report):
-            writer.writerow(
-                (
-                    label,
-                    "" if row.usd is None else str(row.usd),
-                    row.calls,
-                    row.unpriced_calls,
-                    row.input_tokens,
-                    row.output_tokens,
-                    row.reasoning_tokens,
-                    row.cache_read_tokens,
-                    row.cache_write_tokens,
-                )
-            )
-        return out.getvalue().rstrip("\n")
+        return cost_csv(str(report.group_by), _labelled(report))
     table = [
         (
             label,

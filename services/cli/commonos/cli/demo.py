@@ -23,10 +23,12 @@ import nats
 import nats.js.errors
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from commonos.cli.up import NATS_IDENTITY, price_scripted_calls, start_system
 from commonos.proto.subjects import EVENTS_STREAM
 from commonos.runtime.args import CliError
+from commonos.runtime.cli_support import as_text
 from commonos.runtime.postgres import connect
 from commonos.runtime.settings import Settings
 from commonos.runtime.system import Endpoints, clear_state
@@ -86,12 +88,12 @@ async def run_queries(database_url: str) -> dict[str, list[asyncpg.Record]]:
 
 def print_results(console: Console, results: dict[str, list[asyncpg.Record]]) -> None:
     for title, rows in results.items():
-        table = Table(title=title, title_justify="left")
+        table = Table(title=as_text(title), title_justify="left")
         columns = list(rows[0].keys()) if rows else ["(no rows)"]
         for col in columns:
-            table.add_column(col, overflow="fold")
+            table.add_column(as_text(col), overflow="fold")
         for row in rows:
-            table.add_row(*(_cell(v) for v in row.values()))
+            table.add_row(*(as_text(_cell(v)) for v in row.values()))
         console.print(table)
 
 
@@ -111,7 +113,7 @@ def _demo(args: argparse.Namespace) -> int:
     try:
         system.print_state(console)
         assert system.endpoints is not None
-        console.print(f"\n[bold]you>[/bold] {args.message}")
+        console.print(Text.assemble("\n", ("you>", "bold"), " ", as_text(args.message)))
         env = {
             **os.environ,
             "COS_NATS_URL": system.endpoints.nats_url,
@@ -143,7 +145,9 @@ def _demo(args: argparse.Namespace) -> int:
         asyncio.run(wait_projected(system.endpoints))
         console.print()
         print_results(console, asyncio.run(run_queries(system.endpoints.database_url)))
-        console.print(f"\nData and logs: {settings.data_dir.resolve()} (the tables stay; run `cos up` to explore)")
+        console.print(
+            as_text(f"\nData and logs: {settings.data_dir.resolve()} (the tables stay; run `cos up` to explore)")
+        )
     finally:
         clear_state(settings)
         system.stop()

@@ -18,6 +18,7 @@ from importlib.metadata import entry_points
 
 from commonos.proto.errors import OperationalError
 from commonos.runtime.args import CliError, Parser
+from commonos.runtime.cli_support import shown
 from commonos.runtime.settings import ConfigError
 
 #: The entry-point group of `cos`'s commands: `<command> = "<module with register(subparsers)>"`.
@@ -65,11 +66,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(args.handler(args) or 0)
-    except (CliError, ConfigError) as exc:
-        print("cos: error: " + " ".join(str(exc).splitlines()), file=sys.stderr)
+    except (CliError, ConfigError) as exc:  # what it says comes from files, servers and arguments: shown
+        print("cos: error: " + shown(" ".join(str(exc).splitlines())), file=sys.stderr)
         return 2
     except OperationalError as exc:  # a server that cannot start or be reached: said in one line
-        print("cos: error: " + " ".join(str(exc).splitlines()), file=sys.stderr)
+        print("cos: error: " + shown(" ".join(str(exc).splitlines())), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from commonos.runtime.args import CliError
-from commonos.runtime.cli_support import cli_settings
+from commonos.runtime.cli_support import as_text, cli_settings, shown
 from commonos.runtime.settings import Settings
 from commonos.runtime.system import alive, running_state
 
@@ -209,22 +209,24 @@ def _print(status: Status) -> None:
 
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     where = f"cos up (pid {status.cos_up_pid}) in {status.data_dir}" if status.cos_up_pid else "configured servers"
-    console.print(f"CommonOS: {'healthy' if status.healthy else 'UNHEALTHY'} - {where}", markup=False)
-    console.print(f"NATS: {status.nats_url}: {status.nats}", markup=False)
-    console.print(f"PostgreSQL: {status.postgres_url}: {status.postgres}", markup=False)
+    console.print(as_text(f"CommonOS: {'healthy' if status.healthy else 'UNHEALTHY'} - {where}"))
+    console.print(as_text(f"NATS: {status.nats_url}: {status.nats}"))
+    console.print(as_text(f"PostgreSQL: {status.postgres_url}: {status.postgres}"))
     if status.services:
         table = Table(title="services")
         for column in ("service", "pid", "address", "health", "ready", "version"):
             table.add_column(column)
         for s in status.services:
-            table.add_row(s.name, str(s.pid or ""), s.url or "", s.health, s.ready, s.version or "")
+            table.add_row(*(as_text(x) for x in (s.name, s.pid or "", s.url or "", s.health, s.ready, s.version or "")))
         console.print(table)
     if status.consumers:
         table = Table(title="consumers of COS_EVENTS")
         for column in ("consumer", "filter", "acknowledged up to", "behind", "unacknowledged"):
             table.add_column(column, justify="left" if column in ("consumer", "filter") else "right")
         for c in status.consumers:
-            table.add_row(c.name, c.filter, f"{c.acknowledged_seq:,}", f"{c.pending:,}", f"{c.unacknowledged:,}")
+            table.add_row(
+                as_text(c.name), as_text(c.filter), f"{c.acknowledged_seq:,}", f"{c.pending:,}", f"{c.unacknowledged:,}"
+            )
         console.print(table)
     if status.events is not None:
         console.print(
@@ -233,7 +235,7 @@ def _print(status: Status) -> None:
             markup=False,
         )
     for problem in status.problems:
-        console.print(f"problem: {problem}", markup=False)
+        console.print(as_text(f"problem: {problem}"))
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -244,7 +246,7 @@ def _status(args: argparse.Namespace) -> int:
         if args.format == "json":
             print(json.dumps({"healthy": False, "problems": [str(exc)]}))
         else:
-            print(f"CommonOS: not running - {exc}")
+            print(shown(f"CommonOS: not running - {exc}"))
         return 1
     if args.format == "json":
         body = asdict(status)

@@ -44,6 +44,7 @@ from rich.table import Table
 from commonos.cli.streams import ensure_all
 from commonos.proto.errors import ConfigError, OperationalError
 from commonos.runtime.args import CliError
+from commonos.runtime.cli_support import as_text
 from commonos.runtime.embedded import NatsServer, PostgresCluster, ServerStartError, free_port
 from commonos.runtime.postgres import apply_schemas, connect
 from commonos.runtime.settings import Settings
@@ -317,10 +318,10 @@ class System:
         for col in ("component", "address", "pid", "state"):
             table.add_column(col)
         for c in self.components:
-            table.add_row(c.name, c.address, str(c.pid or ""), c.state)
+            table.add_row(as_text(c.name), as_text(c.address), str(c.pid or ""), as_text(c.state))
         console.print(table)
         for line in self.connect_lines():
-            console.print(line, markup=False, highlight=False, soft_wrap=True)
+            console.print(as_text(line), soft_wrap=True)
 
     def connect_lines(self) -> list[str]:
         """How to reach the servers and what to try next, whole (a table cell may be cut to the terminal)."""

@@ -39,6 +39,7 @@ from commonos.importer.vendors import SOURCES, VENDORS, labels
 from commonos.importer.watch import Watcher
 from commonos.proto.events import Event
 from commonos.runtime.args import CliError, positive_int
+from commonos.runtime.cli_support import as_text
 from commonos.runtime.settings import Settings
 
 if TYPE_CHECKING:
@@ -207,10 +208,10 @@ async def _publish_run(
             max_payload=max_payload,
             interval_s=args.interval_s,
             settle_s=args.settle_s,
-            say=lambda line: err.print(line, markup=False),
+            say=lambda line: err.print(as_text(line)),
             profile=args.profile,
         )
-        err.print(f"watching {root} every {args.interval_s:g}s; Ctrl-C stops", markup=False)
+        err.print(as_text(f"watching {root} every {args.interval_s:g}s; Ctrl-C stops"))
         return await watcher.run_until(stop)
 
 

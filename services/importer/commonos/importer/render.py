@@ -1,4 +1,8 @@
-"""What ``cos import`` shows: a progress bar while it reads, and the summary (a table, or JSON)."""
+"""What ``cos import`` shows: a progress bar while it reads, and the summary (a table, or JSON).
+
+What the transcripts and the servers wrote (titles, paths, projects, model names, reasons, warnings) is printed
+as text (`commonos.runtime.cli_support.as_text`): never read as markup, its control characters shown as escapes.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,6 @@ from collections.abc import Callable, Iterator
 from decimal import Decimal
 
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -18,8 +21,10 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 from rich.table import Table
+from rich.text import Text
 
 from commonos.importer.report import ImportSummary, summary_json
+from commonos.runtime.cli_support import as_text
 
 
 @contextlib.contextmanager
@@ -56,7 +61,7 @@ def _signed(value: Decimal | None, sign: bool = False) -> str:
 
 
 def print_table(summary: ImportSummary, console: Console) -> None:
-    sessions = Table(title=f"{summary.vendor} sessions under {summary.root}", show_lines=False)
+    sessions = Table(title=as_text(f"{summary.vendor} sessions under {summary.root}"), show_lines=False)
     for column in ("started", "session", "project", "calls", "input", "output", "cache read", "cache write"):
         left = column in ("session", "project", "started")
         sessions.add_column(column, justify="left" if left else "right", no_wrap=True, overflow="ellipsis")
@@ -71,8 +76,8 @@ def print_table(summary: ImportSummary, console: Console) -> None:
             title = "NOT IMPORTED " + title
         sessions.add_row(
             s.started_at.strftime("%Y-%m-%d %H:%M") if s.started_at else "",
-            title,
-            (s.project or "")[:32],
+            as_text(title),
+            as_text((s.project or "")[:32]),
             _n(s.invocations),
             _n(s.input_tokens),
             _n(s.output_tokens),
@@ -91,7 +96,7 @@ def print_table(summary: ImportSummary, console: Console) -> None:
     for m in [*summary.models, None]:
         line = m if m is not None else summary.totals
         models.add_row(
-            m.model if m is not None else "total",
+            as_text(m.model) if m is not None else "total",
             _n(line.invocations),
             _n(line.input_tokens),
             _n(line.output_tokens),
@@ -145,13 +150,13 @@ def print_table(summary: ImportSummary, console: Console) -> None:
         for s in summary.sessions:
             if s.imported is False:
                 name = s.title or s.vendor_session_id or s.session_id
-                console.print(f"  {name} ({s.source_path}): {s.not_imported}", markup=False, highlight=False)
+                console.print(as_text(f"  {name} ({s.source_path}): {s.not_imported}"))
     if summary.rows_cut:
         console.print(f"{summary.rows_cut} row(s) cut to fit a message (marked cos_import_cut, with their size)")
     for warning in summary.warnings:
-        console.print(f"[yellow]warning:[/yellow] {escape(warning)}", markup=True, highlight=False)
+        console.print(Text.assemble(("warning:", "yellow"), " ", as_text(warning)))
     for error in summary.errors:
-        console.print(f"[red]error:[/red] {escape(error)}", markup=True, highlight=False)
+        console.print(Text.assemble(("error:", "red"), " ", as_text(error)))
 
 
 def emit(summary: ImportSummary, output_format: str) -> None:

@@ -14,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from commonos.runtime.args import CliError, positive_int
-from commonos.runtime.cli_support import cli_jetstream, cli_settings
+from commonos.runtime.cli_support import as_text, cli_jetstream, cli_settings
 from commonos.runtime.settings import Settings
 
 
@@ -102,7 +102,13 @@ def _dlq_list_cmd(args: argparse.Namespace) -> int:
         size = f"{d.body_bytes} (by reference)" if d.body_omitted else str(d.body_bytes)
         if d.original_missing:
             size += ", original gone"
-        table.add_row(str(d.dlq_seq), d.subject, d.consumer, str(d.stream_seq or ""), size, d.dead_at[:19], d.reason)
+        table.add_row(
+            str(d.dlq_seq),
+            *(as_text(x) for x in (d.subject, d.consumer)),
+            str(d.stream_seq or ""),
+            size,
+            *(as_text(x) for x in (d.dead_at[:19], d.reason)),
+        )
     Console().print(table)
     return 0
 

@@ -4,15 +4,20 @@ The URLs come from COS_NATS_URL / COS_DATABASE_URL, else from the `cos up` runni
 (`commonos.runtime.system.endpoints`); a command that cannot reach NATS fails with one line, never a
 traceback, and without repeating the URL (the one `cos up` writes carries a password).
 
-Importing this module loads neither nats-py nor asyncpg: a command that does not talk to NATS stays quick.
+What a command prints that it did not write (a title, a path, a model name, a reason, a server's answer)
+goes through `shown` (plain text) or `as_text` (for rich): printed as written, rich markup in it never read as
+markup, and the terminal control characters in it shown as escapes (`\\x1b`) instead of sent to the terminal.
+
+Importing this module loads neither nats-py, asyncpg nor rich: a command that does not talk to NATS stays quick.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from commonos.runtime.args import CliError
 from commonos.runtime.settings import Settings
@@ -21,8 +26,28 @@ from commonos.runtime.system import endpoints
 if TYPE_CHECKING:
     from nats.aio.client import Client
     from nats.js import JetStreamContext
+    from rich.text import Text
 
-__all__ = ["cli_connect", "cli_jetstream", "cli_settings"]
+__all__ = ["as_text", "cli_connect", "cli_jetstream", "cli_settings", "shown"]
+
+#: What a terminal acts on instead of showing: C0 controls but newline and tab, DEL and C1 controls.
+_CONTROL: Final = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def shown(value: object) -> str:
+    """`value` as text a terminal shows as it is: each control character but newline and tab (ESC, BEL, CR,
+    backspace, DEL, the C1 controls) written as its escape (`\\x1b`), so none moves the cursor, clears the
+    screen, sets the window title or makes a link."""
+    return _CONTROL.sub(lambda found: f"\\x{ord(found.group()):02x}", str(value))
+
+
+def as_text(value: object, style: str = "") -> Text:
+    """`value` for rich (a table cell or title, `console.print`): `shown`, and never read as markup, emoji
+    codes or highlighted: `[/x]` prints as `[/x]`. Text we write ourselves may use markup; text we did not,
+    never does."""
+    from rich.text import Text
+
+    return Text(shown(value), style=style)
 
 
 def cli_settings(

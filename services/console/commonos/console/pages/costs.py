@@ -18,8 +18,6 @@ An analyst reads as its database role: row-level security leaves it its profiles
 
 from __future__ import annotations
 
-import csv
-import io
 import os
 import re
 import tomllib
@@ -36,6 +34,7 @@ from pydantic import BaseModel, Field
 
 from commonos.accounting.cost_queries import GROUP_EXPRESSIONS as REPORT_GROUPS
 from commonos.accounting.cost_queries import RANGE, TOTAL_SQL, UNTAGGED_SQL, ReportError, grouped_sql, parse_when
+from commonos.accounting.csv_cells import cost_csv
 from commonos.console.auth import SignedIn
 from commonos.console.db import Database, get_db
 from commonos.console.templating import render
@@ -398,51 +397,13 @@ async def api_costs(who: SignedIn, db: Db, r: RangeParams) -> CostReport:
 
 # CSV.
 
-#: A spreadsheet reads a cell beginning with one of these as a formula.
-FORMULA_STARTS: Final = ("=", "+", "-", "@", "\t", "\r")
-CSV_HEADER: Final = (
-    "usd",
-    "calls",
-    "unpriced",
-    "input",
-    "output",
-    "reasoning",
-    "cache_read",
-    "cache_write",
-)
-
-
-def safe_cell(value: object) -> str:
-    """A CSV cell that no spreadsheet runs: text beginning with = + - @ (or a tab, a CR) gets a leading quote."""
-    text = "" if value is None else str(value)
-    return "'" + text if text.startswith(FORMULA_STARTS) else text
-
 
 def report_csv(report: CostReport, group_by: str) -> str:
-    """One grouping as CSV, laid out as `cos report cost --format csv`: the groups, (none), the total."""
+    """One grouping as CSV, laid out as `cos report cost --format csv` (one function writes both): the groups,
+    (none), the total."""
     table = _pick(report, group_by)
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\r\n", quoting=csv.QUOTE_MINIMAL)
-    writer.writerow([table.group_by, *CSV_HEADER])
     rows = [*table.rows, *([table.untagged] if table.untagged else []), report.total]
-    for row in rows:
-        writer.writerow(
-            [
-                safe_cell(x)
-                for x in (
-                    row.label,
-                    "" if row.usd is None else str(row.usd),
-                    row.calls,
-                    row.unpriced_calls,
-                    row.input_tokens,
-                    row.output_tokens,
-                    row.reasoning_tokens,
-                    row.cache_read_tokens,
-                    row.cache_write_tokens,
-                )
-            ]
-        )
-    return out.getvalue()
+    return cost_csv(table.group_by, [(row.label, row) for row in rows])
 
 
 def _pick(report: CostReport, group_by: str) -> CostTable:
