@@ -6,6 +6,7 @@ the terminal. The commands run as a user runs them (subprocesses), on real serve
 
 from __future__ import annotations
 
+import csv
 import io
 import os
 import uuid
@@ -102,8 +103,8 @@ async def test_import_prints_titles_as_text_and_its_calls_are_stored(
         await wait_stored(nats_url, database_url, 2 * len(TITLES) + 1)
 
 
-async def test_dlq_list_prints_reasons_as_text(nats_url: str, database_url: str) -> None:
-    reason = "bad [/x] and [red]not red[/red] \x1b[2J"
+async def dead_letter_reason(nats_url: str, reason: str, consumer: str = "billing") -> None:
+    """A model call dead-lettered by `consumer` with `reason`."""
     nc = await nats.connect(nats_url)
     try:
         js = nc.jetstream()
@@ -118,12 +119,22 @@ async def test_dlq_list_prints_reasons_as_text(nats_url: str, database_url: str)
         ack = await js.publish(subject_for(event), encode_event(event), stream=EVENTS_STREAM)
         sub = await js.pull_subscribe(subject_for(event), durable=None, stream=EVENTS_STREAM)
         (msg,) = await sub.fetch(1, timeout=5)
-        await dead_letter(js, msg, reason, "[bold]billing", ack.seq, nc=nc)
+        await dead_letter(js, msg, reason, consumer, ack.seq, nc=nc)
     finally:
         await nc.close()
+
+
+async def test_dlq_list_prints_reasons_as_text(nats_url: str, database_url: str) -> None:
+    await dead_letter_reason(nats_url, "bad [/x] and [red]not red[/red] \x1b[2J", "[bold]billing")
     run = await acos("dlq", "list", nats_url=nats_url, database_url=database_url)
     assert (run.code, run.err) == (0, ""), run.err[-2000:]
     assert_shown_as_text(run.out, "bad [/x] and [red]not red[/red] \\x1b[2J", "[bold]billing")
+    # As CSV, a reason a spreadsheet would run as a formula is quoted as the cost CSV's cells are.
+    await dead_letter_reason(nats_url, '=HYPERLINK("http://evil","x")')
+    run = await acos("dlq", "list", "--format", "csv", nats_url=nats_url, database_url=database_url)
+    assert run.code == 0, run.err[-2000:]
+    rows = list(csv.reader(io.StringIO(run.out)))
+    assert '\'=HYPERLINK("http://evil","x")' in [row[-1] for row in rows], rows
 
 
 async def test_status_prints_consumer_names_and_filters_as_text(nats_url: str, database_url: str) -> None:

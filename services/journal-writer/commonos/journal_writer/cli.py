@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import csv
 import json
 import sys
 from typing import Any
@@ -13,6 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from commonos.accounting.csv_cells import csv_table
 from commonos.runtime.args import CliError, positive_int
 from commonos.runtime.cli_support import as_text, cli_jetstream, cli_settings
 from commonos.runtime.settings import Settings
@@ -90,10 +90,10 @@ def _dlq_list_cmd(args: argparse.Namespace) -> int:
         print()
         return 0
     if args.format == "csv":
-        w = csv.writer(sys.stdout)
-        w.writerow(["dlq_seq", "subject", "consumer", "stream_seq", "dead_at", "reason"])
-        for d in letters:
-            w.writerow([d.dlq_seq, d.subject, d.consumer, d.stream_seq, d.dead_at, d.reason])
+        # A reason or subject is text we did not write: no cell of it may run in a spreadsheet.
+        header = ("dlq_seq", "subject", "consumer", "stream_seq", "dead_at", "reason")
+        rows = ((d.dlq_seq, d.subject, d.consumer, d.stream_seq, str(d.dead_at), d.reason) for d in letters)
+        sys.stdout.write(csv_table(header, rows))
         return 0
     table = Table(title=f"dead letters ({len(letters)})")
     for col in ("seq", "subject", "consumer", "stream seq", "bytes", "dead at", "reason"):
