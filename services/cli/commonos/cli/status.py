@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from commonos.runtime.args import CliError
-from commonos.runtime.cli_support import cli_settings
+from commonos.runtime.cli_support import cli_connect, cli_settings
 from commonos.runtime.settings import Settings
 from commonos.runtime.system import alive, running_state
 
@@ -114,18 +114,12 @@ async def _nats(settings: Settings, status: Status) -> None:
     import nats.errors
 
     from commonos.proto.subjects import DLQ_STREAM, EVENTS_STREAM
-    from commonos.runtime import nats as cos_nats
-
-    async def quiet(*args: Any) -> None:
-        return None
 
     try:
-        nc = await cos_nats.connect(
-            settings, "cos-status", error_cb=quiet, disconnected_cb=quiet, max_reconnect_attempts=0, connect_timeout=3
-        )
-    except (nats.errors.Error, OSError, TimeoutError) as exc:
-        status.nats = f"no answer ({type(exc).__name__}: {exc})"
-        status.problems.append(f"NATS does not answer at {status.nats_url}")
+        nc = await cli_connect(settings, "cos-status", quiet=True)
+    except CliError as exc:
+        status.nats = "no answer"
+        status.problems.append(str(exc))
         return
     try:
         js = nc.jetstream()
