@@ -78,6 +78,26 @@ def alerts_stream_config(replicas: int = 1) -> StreamConfig:
     )
 
 
+#: The stream `cos status` writes one message to, to learn whether JetStream takes writes: it keeps that message
+#: alone (nothing reads it), so it never grows.
+STATUS_STREAM = "COS_STATUS"
+STATUS_SUBJECT = "cos.status.write_check"
+
+
+def status_stream_config(replicas: int = 1) -> StreamConfig:
+    return StreamConfig(
+        name=STATUS_STREAM,
+        subjects=[STATUS_SUBJECT],
+        storage=StorageType.FILE,
+        retention=RetentionPolicy.LIMITS,
+        discard=DiscardPolicy.OLD,
+        max_msgs=1,
+        num_replicas=replicas,
+        # Set, so that `ensure_stream` finds the stream as wanted and writes nothing but the one message.
+        duplicate_window=60.0,
+    )
+
+
 def client_of(js: JetStreamContext) -> Client | None:
     """The connection a JetStreamContext was made from, for callers handed only the context.
 
