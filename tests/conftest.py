@@ -41,6 +41,7 @@ COS_UP_FILES: Final = frozenset(
         "tests/cli/test_first_run.py",
         "tests/cli/test_up_security.py",
         "tests/cli/test_env.py",
+        "tests/cli/test_up_servers.py",
         "tests/deploy/test_subscribers_doc.py",
     }
 )

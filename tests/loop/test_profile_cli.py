@@ -78,7 +78,7 @@ def test_an_unreachable_nats_is_one_line(command: tuple[str, ...], profiles: Pat
     assert cos("profile", *command, env=_env("nats://127.0.0.1:1", profiles)) == (
         2,
         "",
-        "cos: error: cannot reach NATS (COS_NATS_URL): nats: no servers available for connection\n",
+        "cos: error: cannot reach NATS at nats://127.0.0.1:1 (COS_NATS_URL): no answer after 3 attempts\n",
     )
 
 

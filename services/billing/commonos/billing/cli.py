@@ -32,8 +32,7 @@ from commonos.billing.report import (
 )
 from commonos.billing.reprice import RepriceError, render_reprice, reprice
 from commonos.runtime.args import CliError
-from commonos.runtime.cli_support import cli_settings
-from commonos.runtime.postgres import connect
+from commonos.runtime.cli_support import cli_database, cli_settings
 from commonos.runtime.settings import Settings
 
 T = TypeVar("T")
@@ -61,16 +60,11 @@ def database_url(settings: Settings) -> str:
 
 
 async def _with_database(dsn: str, work: Callable[[Any], Awaitable[T]]) -> T:
-    try:
-        conn = await connect(dsn, timeout=10)
-    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-        raise CliError(f"cannot reach PostgreSQL: {type(exc).__name__}: {exc}") from None
-    try:
-        return await work(conn)
-    except asyncpg.UndefinedTableError:
-        raise CliError("no model_calls table in this database: billing has not run here yet") from None
-    finally:
-        await conn.close()
+    async with cli_database(dsn) as conn:
+        try:
+            return await work(conn)
+        except asyncpg.UndefinedTableError:
+            raise CliError("no model_calls table in this database: billing has not run here yet") from None
 
 
 def _report_cost(args: argparse.Namespace) -> int:

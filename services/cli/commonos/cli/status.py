@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from commonos.runtime.args import CliError
-from commonos.runtime.cli_support import as_text, cli_settings, shown
+from commonos.runtime.cli_support import as_text, cli_connect, cli_settings, shown
 from commonos.runtime.settings import Settings
 from commonos.runtime.system import alive, running_state
 
@@ -65,11 +65,20 @@ class Status:
     events: int | None = None
     last_event_stored_at: str | None = None
     dead_letters: int | None = None
+    #: Whether JetStream stores a message now (`_write_check`).
+    jetstream_writes: str = "not checked"
     problems: list[str] = field(default_factory=list)
 
     @property
     def healthy(self) -> bool:
         return not self.problems
+
+
+#: How long `cos status` waits for JetStream to store its one message.
+WRITE_CHECK_TIMEOUT_S = 2.0
+#: Its body: larger than an event usually is, so that it needs new room on disk (a few bytes would fit in what the
+#: last page of a block file has left, on a disk that has no room for an event).
+WRITE_CHECK_BODY = b" " * 16 * 1024
 
 
 def _hide_password(url: str) -> str:
@@ -114,18 +123,12 @@ async def _nats(settings: Settings, status: Status) -> None:
     import nats.errors
 
     from commonos.proto.subjects import DLQ_STREAM, EVENTS_STREAM
-    from commonos.runtime import nats as cos_nats
-
-    async def quiet(*args: Any) -> None:
-        return None
 
     try:
-        nc = await cos_nats.connect(
-            settings, "cos-status", error_cb=quiet, disconnected_cb=quiet, max_reconnect_attempts=0, connect_timeout=3
-        )
-    except (nats.errors.Error, OSError, TimeoutError) as exc:
-        status.nats = f"no answer ({type(exc).__name__}: {exc})"
-        status.problems.append(f"NATS does not answer at {status.nats_url}")
+        nc = await cli_connect(settings, "cos-status", quiet=True)
+    except CliError as exc:
+        status.nats = "no answer"
+        status.problems.append(str(exc))
         return
     try:
         js = nc.jetstream()
@@ -151,6 +154,12 @@ async def _nats(settings: Settings, status: Status) -> None:
                 )
             dlq = await js.stream_info(DLQ_STREAM)
             status.dead_letters = dlq.state.messages
+            for stream in (info, dlq):
+                if (full := _full(stream)) is not None:
+                    status.problems.append(full)
+            status.jetstream_writes = await _write_check(js, settings.stream_replicas)
+            if status.jetstream_writes != "ok" and not status.jetstream_writes.startswith("not checked"):
+                status.problems.append(status.jetstream_writes)
             if dlq.state.messages:
                 status.problems.append(
                     f"{dlq.state.messages} dead letter(s) waiting (cos dlq list; cos dlq replay once fixed)"
@@ -159,6 +168,60 @@ async def _nats(settings: Settings, status: Status) -> None:
             status.problems.append(f"the streams cannot be read: {type(exc).__name__}: {exc}")
     finally:
         await nc.close()
+
+
+#: A stream that discards new messages is taken as full when less room than this is left in it.
+FULL_WITHIN_BYTES = 8 * 1024
+
+
+def _full(info: Any) -> str | None:
+    """Why a stream refuses new messages because of its own limits (`discard: new`), or None."""
+    from nats.js.api import DiscardPolicy
+
+    config, state = info.config, info.state
+    if config.sealed:
+        return f"{config.name} is sealed: JetStream refuses new messages on it"
+    if config.discard != DiscardPolicy.NEW:
+        return None  # at its limits it drops its oldest messages and takes the new ones
+    what = None
+    if config.max_bytes and config.max_bytes > 0 and state.bytes > config.max_bytes - FULL_WITHIN_BYTES:
+        what = f"{state.bytes:,} bytes of its max_bytes {config.max_bytes:,}"
+    elif config.max_msgs and config.max_msgs > 0 and state.messages >= config.max_msgs:
+        what = f"{state.messages:,} messages of its max_msgs {config.max_msgs:,}"
+    if what is None:
+        return None
+    return (
+        f"{config.name} is full ({what}, discard new): JetStream refuses new messages until an operator raises the "
+        "limit"
+    )
+
+
+async def _write_check(js: Any, replicas: int) -> str:
+    """Whether JetStream stores a message now: one small message to its own stream (STATUS_STREAM, which keeps one,
+    made on first use). "ok", "JetStream refuses writes: <why>", or "not checked: <why>"."""
+    import nats.errors
+    import nats.js.errors
+
+    from commonos.runtime import nats as cos_nats
+
+    try:
+        await cos_nats.ensure_stream(js, cos_nats.status_stream_config(replicas))
+    except (cos_nats.StreamUnavailable, nats.errors.TimeoutError):
+        return f"not checked: this NATS user may not use {cos_nats.STATUS_STREAM}"
+    except nats.js.errors.APIError as exc:
+        return f"JetStream refuses writes: {exc.description or exc}"
+    try:
+        await js.publish(
+            cos_nats.STATUS_SUBJECT, WRITE_CHECK_BODY, timeout=WRITE_CHECK_TIMEOUT_S, stream=cos_nats.STATUS_STREAM
+        )
+    except nats.js.errors.APIError as exc:
+        return f"JetStream refuses writes: {exc.description or exc}"
+    except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
+        return (
+            f"JetStream did not store a message within {WRITE_CHECK_TIMEOUT_S:.0f} s ({type(exc).__name__}): its store "
+            "may be full or failing (see the nats-server's log)"
+        )
+    return "ok"
 
 
 async def _postgres(settings: Settings, status: Status) -> None:
@@ -211,6 +274,8 @@ def _print(status: Status) -> None:
     where = f"cos up (pid {status.cos_up_pid}) in {status.data_dir}" if status.cos_up_pid else "configured servers"
     console.print(as_text(f"CommonOS: {'healthy' if status.healthy else 'UNHEALTHY'} - {where}"))
     console.print(as_text(f"NATS: {status.nats_url}: {status.nats}"))
+    if status.nats == "ok":
+        console.print(as_text(f"JetStream writes: {status.jetstream_writes}"))
     console.print(as_text(f"PostgreSQL: {status.postgres_url}: {status.postgres}"))
     if status.services:
         table = Table(title="services")

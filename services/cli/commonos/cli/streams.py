@@ -15,7 +15,7 @@ from typing import Any
 from nats.js.api import StreamConfig
 
 from commonos.runtime.args import CliError
-from commonos.runtime.cli_support import cli_settings
+from commonos.runtime.cli_support import cli_connect, cli_settings
 from commonos.runtime.settings import Settings
 
 
@@ -33,7 +33,7 @@ async def ensure_all(settings: Settings, nats_url: str) -> list[tuple[str, int, 
     """Create or update every stream; (name, replicas, messages) of each afterwards."""
     from commonos.runtime import nats as cos_nats
 
-    nc = await cos_nats.connect(dataclasses.replace(settings, nats_url=nats_url), "cos-streams")
+    nc = await cli_connect(dataclasses.replace(settings, nats_url=nats_url), "cos-streams")
     try:
         js = nc.jetstream()
         out = []

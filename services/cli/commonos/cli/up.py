@@ -98,6 +98,9 @@ def price_scripted_calls() -> None:
         os.environ.setdefault("COS_PRICE_FILE", str(DEMO_PRICES))
 
 
+#: How often `cos up` looks whether its embedded servers still run (it stops everything when one does not).
+WATCH_INTERVAL_S = 0.5
+
 #: Our own NATS identity, set aside for the embedded server (whose users are ours).
 NATS_IDENTITY = ("COS_NATS_USER", "COS_NATS_PASSWORD", "COS_NATS_PASSWORD_FILE", "COS_NATS_CREDS")
 
@@ -313,6 +316,14 @@ class System:
         if self.nats is not None:
             self.nats.stop()
 
+    def server_gone(self) -> str | None:
+        """The embedded server that is no longer running, in one line with how it ended and its log; None while
+        both run (a configured server is the operator's: the services wait it out)."""
+        for name, server in (("nats-server", self.nats), ("PostgreSQL", self.postgres)):
+            if server is not None and (ended := server.ended()) is not None:
+                return f"the embedded {name} {ended} (its log: {server.log_path})"
+        return None
+
     def print_state(self, console: Console) -> None:
         table = Table(title="CommonOS")
         for col in ("component", "address", "pid", "state"):
@@ -490,7 +501,16 @@ def _up(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, _on_signal)
         signal.signal(signal.SIGINT, _on_signal)
         while not stop:
-            signal.pause()
+            gone = system.server_gone()
+            if gone is not None:
+                # Said at once; the services then take up to COS_DRAIN_TIMEOUT_S to stop.
+                print(
+                    f"cos: error: {gone}; stopping everything (`cos up` starts it all again on the same data)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                return 1
+            time.sleep(WATCH_INTERVAL_S)
     finally:
         clear_state(settings)
         system.stop()

@@ -38,6 +38,7 @@ from commonos.console.sign_outs import DatabaseUnavailable, PgSignOuts
 from commonos.console.templating import STATIC_DIR, render
 from commonos.console.users import Users
 from commonos.runtime.http import VERSION
+from commonos.runtime.nats import connection_problem
 from commonos.runtime.postgres import apply_schemas, connect
 
 log = logging.getLogger(__name__)
@@ -203,8 +204,10 @@ def create_app(settings: ConsoleSettings, *, users: Users | None = None) -> Fast
             except Exception as exc:
                 reasons["database"] = str(exc) or type(exc).__name__
         nc = request.app.state.nc
-        if nc is None or not nc.is_connected:
-            reasons["nats"] = "not connected"
+        if nc is None:
+            reasons["nats"] = "no NATS configured"
+        elif (problem := connection_problem(nc)) is not None:
+            reasons["nats"] = problem
         if reasons:
             return JSONResponse({"status": "not ready", "reasons": reasons}, status_code=503)
         return JSONResponse({"status": "ready"})

@@ -52,9 +52,11 @@ __all__ = ["EVENT_SOURCE", "SOURCES", "ImportRun", "Watcher", "import_files", "n
 
 @contextlib.asynccontextmanager
 async def nats_publisher(
-    settings: Settings, claim: tuple[str, str] | None = None
+    settings: Settings, claim: tuple[str, str] | None = None, *, keep_reconnecting: bool = False
 ) -> AsyncIterator[tuple[PublishFn, int]]:
-    """A publish function over a NATS connection, and the server's max message size.
+    """A publish function over a NATS connection, and the server's max message size; with `keep_reconnecting`
+    (a watch) the connection waits out a NATS outage for as long as it lasts, else the import fails after a
+    few seconds of it (`commonos.runtime.cli_support.cli_connect`).
 
     With `claim` (a profile and the vendor), the profile the import belongs to is published first
     (`profile_upserted`, tagged `vendor:<vendor>`), or the import refused (`CliError`) if it is deleted.
@@ -69,7 +71,7 @@ async def nats_publisher(
         if not closing:
             log.warning("nats: disconnected; publishing resumes after the reconnect")
 
-    nc = await cli_connect(settings, "cos-import", disconnected_cb=on_disconnected)
+    nc = await cli_connect(settings, "cos-import", keep_reconnecting=keep_reconnecting, disconnected_cb=on_disconnected)
     try:
         js = nc.jetstream()
         await cos_nats.ensure_streams(js, settings.stream_replicas)
@@ -182,7 +184,8 @@ async def _publish_run(
     source: Source, root: Path, pricer: Pricer, settings: Settings, args: argparse.Namespace, progress: bool
 ) -> ImportRun:
     profile = args.profile or profile_id_for(source.vendor)
-    async with nats_publisher(settings, claim=(profile, source.vendor)) as (publish, max_payload):
+    claim = (profile, source.vendor)
+    async with nats_publisher(settings, claim, keep_reconnecting=args.watch) as (publish, max_payload):
         if not args.watch:
             return await import_files(
                 source,

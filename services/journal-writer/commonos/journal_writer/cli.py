@@ -36,7 +36,8 @@ def _replay(args: argparse.Namespace) -> int:
         TextColumn("events"),
         TimeRemainingColumn(),
         console=console,
-        disable=args.quiet,
+        # On a terminal only: elsewhere it is drawn once, at the end, above an error or the result.
+        disable=args.quiet or not console.is_terminal,
     ) as progress:
         task = progress.add_task("replay", total=None)
 

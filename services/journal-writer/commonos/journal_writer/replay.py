@@ -25,12 +25,12 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from commonos.journal_writer.service import writer_projections, writer_schemas
 from commonos.proto.errors import DataError
 from commonos.proto.subjects import EVENTS_STREAM
-from commonos.runtime import nats as cos_nats
+from commonos.runtime.cli_support import cli_connect, cli_database
 from commonos.runtime.consumer import BatchConsumer, ConsumerOptions, Projection
 from commonos.runtime.fetcher import PullFetcher
 from commonos.runtime.http import Health
 from commonos.runtime.lanes import Lane, MergedFetcher
-from commonos.runtime.postgres import apply_schemas, connect, create_pool
+from commonos.runtime.postgres import apply_schemas, create_pool
 from commonos.runtime.settings import Settings
 
 
@@ -51,8 +51,7 @@ class ReplayResult:
 
 
 async def _prepare(dsn: str, projections: Sequence[Projection], truncate: bool) -> None:
-    conn = await connect(dsn)
-    try:
+    async with cli_database(dsn) as conn:
         await apply_schemas(conn, writer_schemas())
         tables = [t for p in projections for t in p.tables]
         counts = {t: await conn.fetchval(f"SELECT count(*) FROM {t}") for t in tables}
@@ -63,8 +62,6 @@ async def _prepare(dsn: str, projections: Sequence[Projection], truncate: bool) 
             await conn.execute(f"TRUNCATE {', '.join(tables)} CASCADE")
         for p in projections:
             await conn.execute(f"DELETE FROM {p.position_table} WHERE consumer = $1", p.name)
-    finally:
-        await conn.close()
 
 
 async def replay(
@@ -84,7 +81,7 @@ async def replay(
     _, dsn = settings.require_urls()
     chosen = list(projections) if projections is not None else writer_projections()
     await _prepare(dsn, chosen, truncate)
-    nc = await cos_nats.connect(settings, "cos-replay")
+    nc = await cli_connect(settings, "cos-replay")
     pool: asyncpg.Pool | None = None
     started = time.perf_counter()
     try:

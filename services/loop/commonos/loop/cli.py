@@ -73,7 +73,7 @@ def _decide(args: argparse.Namespace, status: ApprovalStatus) -> int:
             approver = check_approver(args.by or _who())
         except ValueError as exc:
             raise CliError(f"--by: {exc}") from None
-        nc = await cli_connect(settings, "cos-approve", max_reconnect_attempts=3)
+        nc = await cli_connect(settings, "cos-approve")
         try:
             ack = await send_decision(nc, args.profile, args.id, status, approver)
         finally:

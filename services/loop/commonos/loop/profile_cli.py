@@ -83,7 +83,7 @@ async def _journal(settings: Settings, source: str | None = None) -> tuple[Any, 
     from commonos.runtime import nats as cos_nats
     from commonos.runtime.publisher import EventPublisher
 
-    nc = await cli_connect(settings, "cos-profile", quiet=True, max_reconnect_attempts=3)
+    nc = await cli_connect(settings, "cos-profile", quiet=True)
     js = nc.jetstream()
     await cos_nats.ensure_streams(js, settings.stream_replicas)
     publisher = EventPublisher(js, JOURNAL_SOURCE if source is None else source, nc=nc)

@@ -94,6 +94,7 @@ class LoopService:
         #: Where the profile folders are (COS_PROFILES_DIR): a folder missing there is reported at start.
         self.profiles_dir = profiles_dir or next((p.folder.parent for p in loop.profiles.values()), Path("profiles"))
         self.health = health if health is not None else Health()
+        cos_nats.watch_connection(self.health, nc)
         self.grace_s = grace_s
         self.handle_signals = handle_signals
         self.stop_event = asyncio.Event()
@@ -179,7 +180,6 @@ class LoopService:
                 await self.connection_closed()
                 break
             self.health.beat()
-            self.health.set_ready("nats", self.nc.is_connected, "not connected to NATS")
             if self.registry is not None and self.publisher is not None and time.monotonic() >= next_sweep:
                 next_sweep = time.monotonic() + self.heartbeat_s
                 try:

@@ -59,22 +59,23 @@ async def _wait_for_nats(
 ) -> Any | None:
     async def on_disconnected() -> None:
         log.warning("nats: disconnected; OTLP requests are answered 503 until it is back")
-        health.set_ready("nats", False, "NATS disconnected: requests are answered 503")
 
     async def on_reconnected() -> None:
         log.info("nats: reconnected")
-        health.set_ready("nats", True)
 
     backoff = Backoff(0.2, 5.0)
     while not stop.is_set():
         try:
-            return await cos_nats.connect(
+            nc = await cos_nats.connect(
                 settings,
                 NAME,
                 closed_cb=on_closed,
                 disconnected_cb=on_disconnected,
                 reconnected_cb=on_reconnected,
             )
+            health.set_ready("nats", True)
+            cos_nats.watch_connection(health, nc)
+            return nc
         except (nats.errors.Error, OSError, TimeoutError) as exc:
             health.set_ready("nats", False, f"NATS unreachable: {type(exc).__name__}")
             health.beat()
@@ -186,8 +187,6 @@ async def serve(
             on_started(Running(otlp, http, metrics, tokens, health))
         while not stop.is_set():
             health.beat()
-            connected = nc.is_connected
-            health.set_ready("nats", connected, "NATS disconnected: requests are answered 503")
             health.set_ready("tokens", tokens.loaded.is_set(), "the tokens are not loaded yet")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.2)

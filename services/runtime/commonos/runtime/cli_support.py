@@ -1,8 +1,11 @@
-"""What every `cos` command that talks to the system does first: find it, and connect to its NATS.
+"""What every `cos` command that talks to the system does first: find it, and connect to its NATS and PostgreSQL.
 
 The URLs come from COS_NATS_URL / COS_DATABASE_URL, else from the `cos up` running in COS_DATA_DIR
-(`commonos.runtime.system.endpoints`); a command that cannot reach NATS fails with one line, never a
-traceback, and without repeating the URL (the one `cos up` writes carries a password).
+(`commonos.runtime.system.endpoints`). A command does not wait for a server that is gone: it tries
+`CONNECT_ATTEMPTS` times, each attempt waiting at most `CONNECT_TIMEOUT_S` for an answer, then fails with one
+line naming the server and its address without the password (the URL `cos up` writes carries one), never a
+traceback. Once connected, a NATS connection that drops is given `RECONNECT_ATTEMPTS` more tries (a server
+restarting) before the command fails; only a command that keeps running (`cos import --watch`) waits for ever.
 
 What a command prints that it did not write (a title, a path, a model name, a reason, a server's answer)
 goes through `shown` (plain text) or `as_text` (for rich): printed as written, rich markup in it never read as
@@ -28,7 +31,15 @@ if TYPE_CHECKING:
     from nats.js import JetStreamContext
     from rich.text import Text
 
-__all__ = ["as_text", "cli_connect", "cli_jetstream", "cli_settings", "shown"]
+__all__ = ["as_text", "cli_connect", "cli_database", "cli_jetstream", "cli_settings", "server_address", "shown"]
+
+#: How long one attempt of a command to reach a server waits for its answer, in seconds.
+CONNECT_TIMEOUT_S = 2
+#: How many times a command tries to reach NATS before it says that NATS cannot be reached (half a second apart:
+#: a server that refuses connections is given up on in about a second, one that does not answer in about 7).
+CONNECT_ATTEMPTS = 3
+#: How many times a command's NATS connection that dropped tries to come back before the command fails.
+RECONNECT_ATTEMPTS = 10
 
 #: What a terminal acts on instead of showing: C0 controls but newline and tab, DEL and C1 controls.
 _CONTROL: Final = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -75,24 +86,89 @@ async def _quiet(*args: Any) -> None:
     return None
 
 
-async def cli_connect(settings: Settings, name: str, *, quiet: bool = False, **overrides: Any) -> Client:
-    """A command's NATS connection (`commonos.runtime.nats.connect`), silent about the disconnect its own
-    close causes; with `quiet`, silent about connection errors too (the command reports what fails).
+def server_address(url: str) -> str:
+    """Where a server is, without the login: `nats://127.0.0.1:4222` for `nats://admin:secret@127.0.0.1:4222`
+    (each of a comma-separated list)."""
+    from urllib.parse import urlsplit
 
-    Raises `CliError` when NATS cannot be reached.
+    shown = []
+    for one in url.split(","):
+        parts = urlsplit(one.strip())
+        host = parts.hostname or ""
+        if ":" in host:
+            host = f"[{host}]"
+        try:
+            port = f":{parts.port}" if parts.port is not None else ""
+        except ValueError:
+            port = ""
+        shown.append(f"{parts.scheme}://{host}{port}" if parts.scheme else host + port)
+    return ",".join(shown)
+
+
+async def cli_connect(
+    settings: Settings, name: str, *, quiet: bool = False, keep_reconnecting: bool = False, **overrides: Any
+) -> Client:
+    """A command's NATS connection (`commonos.runtime.nats.connect` with a command's limits: `CONNECT_ATTEMPTS`
+    tries of `CONNECT_TIMEOUT_S`, then `RECONNECT_ATTEMPTS` after a drop, for ever with `keep_reconnecting`),
+    silent about the attempts that fail before it connects and about the disconnect its own close causes;
+    with `quiet`, silent about connection errors later too (the command reports what fails).
+
+    Raises `CliError`, naming NATS and its address, when NATS cannot be reached.
     """
+    import logging
+
     import nats.errors
 
     from commonos.runtime import nats as cos_nats
 
-    options: dict[str, Any] = {"disconnected_cb": _quiet}
-    if quiet:
-        options["error_cb"] = _quiet
+    connected = False
+
+    async def on_error(exc: Exception) -> None:
+        if connected and not quiet:
+            logging.getLogger(cos_nats.__name__).warning("nats: %s", exc)
+
+    options: dict[str, Any] = {
+        "disconnected_cb": _quiet,
+        "error_cb": on_error,
+        "connect_timeout": CONNECT_TIMEOUT_S,
+        # nats-py counts the attempts after the first; 0 would be without end, as -1 is.
+        "max_reconnect_attempts": CONNECT_ATTEMPTS - 1,
+    }
     options.update(overrides)
+    assert settings.nats_url is not None
     try:
-        return await cos_nats.connect(settings, name, **options)
+        nc = await cos_nats.connect(settings, name, **options)
     except (nats.errors.Error, OSError, TimeoutError) as exc:
-        raise CliError(f"cannot reach NATS (COS_NATS_URL): {exc}") from None
+        if isinstance(exc, nats.errors.NoServersError):
+            why = f"no answer after {CONNECT_ATTEMPTS} attempts"
+        elif isinstance(exc, TimeoutError | nats.errors.TimeoutError):
+            why = "no answer"
+        else:
+            why = str(exc) or type(exc).__name__
+        raise CliError(f"cannot reach NATS at {server_address(settings.nats_url)} (COS_NATS_URL): {why}") from None
+    connected = True
+    # Read at each reconnect (a successful connect starts the count again).
+    nc.options["max_reconnect_attempts"] = -1 if keep_reconnecting else RECONNECT_ATTEMPTS
+    return nc
+
+
+@contextlib.asynccontextmanager
+async def cli_database(dsn: str) -> AsyncIterator[Any]:
+    """A command's PostgreSQL connection (`commonos.runtime.postgres.connect`), closed after; `CliError`, naming
+    PostgreSQL and its address, when it does not answer within `CONNECT_TIMEOUT_S` or refuses the login."""
+    import asyncpg
+
+    from commonos.runtime.postgres import connect
+
+    try:
+        conn = await connect(dsn, timeout=CONNECT_TIMEOUT_S)
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        why = "no answer" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
+        raise CliError(f"cannot reach PostgreSQL at {server_address(dsn)} (COS_DATABASE_URL): {why}") from None
+    try:
+        yield conn
+    finally:
+        await conn.close()
 
 
 @contextlib.asynccontextmanager

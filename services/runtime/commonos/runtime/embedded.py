@@ -117,6 +117,15 @@ class _Process:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def ended(self) -> str | None:
+        """How the process ended (`killed by signal 9`, `exited with code 1`), or None while it runs or before it
+        started."""
+        if self.proc is None or (code := self.proc.poll()) is None:
+            return None
+        if code < 0:
+            return f"killed by signal {-code}"
+        return f"exited with code {code}"
+
     def signal(self, sig: int) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(sig)
@@ -206,7 +215,7 @@ class NatsServer:
             *self.extra_args,
         ]
         env = {**os.environ, **self.env} if self.env else None
-        self._proc = _Process(self.name, argv, self._READY, self.data_dir / "nats-server.log", env=env)
+        self._proc = _Process(self.name, argv, self._READY, self.log_path, env=env)
         match = self._proc.start()
         self.port = int(match.group(1))
         return self
@@ -214,6 +223,14 @@ class NatsServer:
     @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.running
+
+    def ended(self) -> str | None:
+        """How the server's process ended, or None while it runs (`_Process.ended`)."""
+        return self._proc.ended() if self._proc is not None else None
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "nats-server.log"
 
     @property
     def pid(self) -> int | None:
@@ -438,7 +455,7 @@ class PostgresCluster:
         argv = [str(postgres_bindir() / "postgres"), "-D", str(self.pgdata)]
         for k, v in conf.items():
             argv += ["-c", f"{k}={v}"]
-        log = self.data_dir / "postgres.log"
+        log = self.log_path
         if not log.exists():
             log.touch()
             self._chown(log)
@@ -449,6 +466,14 @@ class PostgresCluster:
     @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.running
+
+    def ended(self) -> str | None:
+        """How the server's process (the postmaster) ended, or None while it runs (`_Process.ended`)."""
+        return self._proc.ended() if self._proc is not None else None
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "postgres.log"
 
     def stop(self) -> None:
         """Fast shutdown (SIGINT): active connections are cut, data is kept."""

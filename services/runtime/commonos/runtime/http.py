@@ -22,12 +22,14 @@ VERSION = _version()
 
 
 class Health:
-    """Liveness is a heartbeat from the service's main loop; readiness is a set of named checks."""
+    """Liveness is a heartbeat from the service's main loop; readiness is a set of named checks: those the service
+    sets (`set_ready`) and those asked at each /readyz (`watch`), such as its NATS connection's."""
 
     def __init__(self, stale_after_s: float = 30.0) -> None:
         self.stale_after_s = stale_after_s
         self._beat = time.monotonic()
         self._not_ready: dict[str, str] = {"starting": "the service has not finished starting"}
+        self._watched: dict[str, Callable[[], str | None]] = {}
         #: Set by `fail`: the service cannot go on (say its NATS connection was closed for good).
         self.failure: str | None = None
 
@@ -45,16 +47,24 @@ class Health:
         else:
             self._not_ready[check] = reason or check
 
+    def watch(self, check: str, problem: Callable[[], str | None]) -> None:
+        """Ask `problem()` at every readiness question: not ready, for its reason, while it returns one."""
+        self._watched[check] = problem
+
     @property
     def ready(self) -> bool:
-        return not self._not_ready
+        return not self.reasons()
 
     @property
     def alive(self) -> bool:
         return self.failure is None and time.monotonic() - self._beat < self.stale_after_s
 
     def reasons(self) -> dict[str, str]:
-        return dict(self._not_ready)
+        reasons = dict(self._not_ready)
+        for check, problem in self._watched.items():
+            if check not in reasons and (reason := problem()) is not None:
+                reasons[check] = reason
+        return reasons
 
 
 class HttpServer:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import nats
 import nats.errors
@@ -16,6 +16,9 @@ from nats.js.errors import BadRequestError, NotFoundError
 from commonos.proto.errors import OperationalError
 from commonos.proto.subjects import ALERTS_ALL, ALERTS_STREAM, DLQ_ALL, DLQ_STREAM, EVENTS_ALL, EVENTS_STREAM
 from commonos.runtime.settings import Settings
+
+if TYPE_CHECKING:
+    from commonos.runtime.http import Health
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +78,26 @@ def alerts_stream_config(replicas: int = 1) -> StreamConfig:
     )
 
 
+#: The stream `cos status` writes one message to, to learn whether JetStream takes writes: it keeps that message
+#: alone (nothing reads it), so it never grows.
+STATUS_STREAM = "COS_STATUS"
+STATUS_SUBJECT = "cos.status.write_check"
+
+
+def status_stream_config(replicas: int = 1) -> StreamConfig:
+    return StreamConfig(
+        name=STATUS_STREAM,
+        subjects=[STATUS_SUBJECT],
+        storage=StorageType.FILE,
+        retention=RetentionPolicy.LIMITS,
+        discard=DiscardPolicy.OLD,
+        max_msgs=1,
+        num_replicas=replicas,
+        # Set, so that `ensure_stream` finds the stream as wanted and writes nothing but the one message.
+        duplicate_window=60.0,
+    )
+
+
 def client_of(js: JetStreamContext) -> Client | None:
     """The connection a JetStreamContext was made from, for callers handed only the context.
 
@@ -83,6 +106,25 @@ def client_of(js: JetStreamContext) -> Client | None:
     """
     client = getattr(js, "_nc", None)
     return client if isinstance(client, Client) else None
+
+
+def connection_problem(nc: Client) -> str | None:
+    """Why a service cannot serve on `nc` now, or None while it is connected: the one readiness check of a NATS
+    connection (`watch_connection`, and the console's /readyz)."""
+    if nc.is_connected:
+        return None
+    if nc.is_closed:
+        return f"NATS connection closed: {nc.last_error or 'by the service'}"
+    last = f" (last error: {nc.last_error})" if nc.last_error else ""
+    if nc.is_reconnecting:
+        return f"NATS disconnected, reconnecting{last}"
+    return f"not connected to NATS{last}"
+
+
+def watch_connection(health: Health, nc: Client) -> None:
+    """`health` not ready (check "nats", the reason from `connection_problem`) whenever `nc` is not connected,
+    asked at each /readyz: how every service's readiness follows its NATS connection."""
+    health.watch("nats", lambda: connection_problem(nc))
 
 
 def inbox_prefix(user: str) -> str:

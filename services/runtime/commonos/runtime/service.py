@@ -77,6 +77,7 @@ async def service_context(
 
     try:
         nc = await cos_nats.connect(settings, name, closed_cb=on_closed)
+        cos_nats.watch_connection(health, nc)
         try:
             js = nc.jetstream()
             await _streams_when_there(js, settings.stream_replicas, streams, health, stop)
