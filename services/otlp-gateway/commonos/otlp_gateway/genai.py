@@ -48,7 +48,9 @@ it would be a guess.
 
 Sessions. A span's session is the first of, on the span and then on its ancestors present in the
 request (nearest first): ``cos.session_id`` (a UUID: one of our sessions, used as is, no
-``session_created``), ``gen_ai.conversation.id`` (``mint_id("session", "otel", profile, conversation)``);
+``session_created``; the gateway cannot tell whose session it is: one of another profile has the
+span's events dead-lettered, ``profile_mismatch``, by the journal-writer and billing),
+``gen_ai.conversation.id`` (``mint_id("session", "otel", profile, conversation)``);
 else one session per trace (``mint_id("session", "otel-trace", profile, trace_id)``). A session named by
 a conversation or a trace gets a ``session_created`` (source ``otel``, the resource's tags, and, for the
 session of a delegated agent whose parent agent is in another session, ``parent_session_id``), published
