@@ -19,7 +19,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 
 from commonos.runtime.dlq import list_dead_letters
 from tests.billing.support import billing
-from tests.otlp_gateway.conftest import make_token, post, run_gateway
+from tests.otlp_gateway.conftest import make_token, post, run_gateway, stored_events
 from tests.otlp_gateway.logs import claude, codex, kvs, record
 from tests.support import journal_writer, wait_caught_up
 
@@ -144,3 +144,35 @@ async def test_one_profile_cannot_shadow_anothers_calls(nats_url: str, database_
         ("beta", "codex"),
         ("beta", "otel"),
     ]
+
+
+async def test_a_token_gives_only_the_tags_its_profile_allows(nats_url: str) -> None:
+    """Issue #29 (8): any token could tag its calls `client:<anyone>` (and so fill another client's costs and
+    budgets). A token made with `--tag client:acme --tag-keys project` gives every event `client:acme`, lets
+    its senders set `project` only, and says in the partial success which tags it left out; the records are
+    stored all the same. A token made without either is as before."""
+    resource = {"client": "other", "project": "site", "team": "x", "cos.tag.cost-center": "cc42"}
+    async with run_gateway(nats_url, map_logs=None, map_traces=None) as gateway:
+        pinned = await make_token(nats_url, "acme", tags=("client:acme",), tag_keys=("project",))
+        free = await make_token(nats_url, "beta")
+        await _known(gateway, pinned, free)
+        logs = claude(api_request("req_tags", 1, 1.0), resource=resource).SerializeToString()
+        answer = await post(gateway.url, "logs", logs, token=pinned, content_type=PB)
+        assert answer.status == 200, answer.body
+        partial = ExportLogsServiceResponse.FromString(answer.body).partial_success
+        assert partial.rejected_log_records == 0
+        for left_out in ("client:other", "team:x", "cost-center:cc42"):
+            assert left_out in partial.error_message, partial.error_message
+        traces = chat_span(7)
+        traces.resource_spans[0].resource.attributes.extend(kvs(resource))
+        answer = await post(gateway.url, "traces", traces.SerializeToString(), token=pinned, content_type=PB)
+        partial_spans = ExportTraceServiceResponse.FromString(answer.body).partial_success
+        assert partial_spans.rejected_spans == 0 and "client:other" in partial_spans.error_message
+        answer = await post(gateway.url, "logs", logs, token=free, content_type=PB)
+        assert not ExportLogsServiceResponse.FromString(answer.body).HasField("partial_success")
+    calls = {(e.profile_id, e.request_id): e.tags for e in await stored_events(nats_url) if hasattr(e, "request_id")}
+    assert calls == {
+        ("acme", "req_tags"): ("client:acme", "project:site", "vendor:claude-code"),
+        ("acme", "msg_shared_1"): ("client:acme", "project:site"),
+        ("beta", "req_tags"): ("client:other", "cost-center:cc42", "project:site", "team:x", "vendor:claude-code"),
+    }

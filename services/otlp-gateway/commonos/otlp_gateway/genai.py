@@ -119,7 +119,6 @@ from commonos.otlp_gateway.attributes import (
     from_nanos,
     integer,
     json_object,
-    resource_tags,
 )
 from commonos.otlp_gateway.mapping import Mapped, Source
 from commonos.proto import events as ev
@@ -281,10 +280,12 @@ class _Mapper:
         for resource_spans in request.resource_spans:
             spans = [s for scope in resource_spans.scope_spans for s in scope.spans]
             try:
-                tags = resource_tags(attributes(resource_spans.resource.attributes), self.source.tag_attributes)
+                tags, left_out = self.source.tags_of(attributes(resource_spans.resource.attributes))
             except InvalidTag as exc:
                 self.mapped.reject(str(exc), len(spans))
                 continue
+            if left_out is not None:
+                self.mapped.warn(left_out)
             for span in spans:
                 try:
                     parsed = _parse(span, tags)

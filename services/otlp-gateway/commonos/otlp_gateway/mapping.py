@@ -51,6 +51,7 @@ first is kept, the record counted ignored, so no request publishes an id twice.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final, Protocol
@@ -70,7 +71,7 @@ from commonos.proto.events import (
     TurnStarted,
 )
 from commonos.proto.graph.ids import vendor_scope, vendor_session_id
-from commonos.proto.tags import InvalidTag
+from commonos.proto.tags import InvalidTag, tag_key
 
 #: Vendors of the log sources, as the importer names them (sessions, tags, sources).
 CLAUDE_CODE: Final = "claude-code"
@@ -87,6 +88,39 @@ class Source:
     profile_id: str
     #: Bare resource attribute keys mapped to tags (`client=acme` -> `client:acme`); `cos.tag.<key>` always maps.
     tag_attributes: tuple[str, ...] = ("client", "project", "team")
+    #: The token's own tags: every event carries them (`TokenInfo.tags`).
+    tags: tuple[str, ...] = ()
+    #: The tag keys the token's senders may set (`TokenInfo.tag_keys`); None: any.
+    tag_keys: tuple[str, ...] | None = None
+
+    def tags_of(self, resource: Mapping[str, Any]) -> tuple[tuple[str, ...], str | None]:
+        """The tags of a resource's records, and what was left out (None: nothing), one line.
+
+        The tags its attributes give (`resource_tags`: raises `InvalidTag` for an invalid one, which refuses
+        the resource's records), less those the token may not give: a key of the token's own tags (the
+        token's value wins) or, when the token names the keys its senders may set, any other key. Then the
+        token's own tags. Left-out tags do not refuse the records: they are stored without them, and the
+        line goes into the partial success's ``error_message``.
+        """
+        sent = resource_tags(resource, self.tag_attributes)
+        if not self.tags and self.tag_keys is None:
+            return sent, None
+        fixed = {tag_key(t) for t in self.tags}
+        kept: list[str] = []
+        left_out: list[str] = []
+        for tag in sent:
+            key = tag_key(tag)
+            allowed = key not in fixed and (self.tag_keys is None or key in self.tag_keys)
+            (kept if allowed else left_out).append(tag)
+        tags = tuple(sorted({*kept, *self.tags}))
+        if not left_out:
+            return tags, None
+        may = "any other key" if self.tag_keys is None else (", ".join(self.tag_keys) or "no key")
+        why = (
+            f"tags this token may not give, left out: {', '.join(left_out)} (its own: {', '.join(self.tags) or 'none'};"
+            f" its senders may set: {may})"
+        )
+        return tags, why
 
 
 @dataclass
@@ -103,6 +137,11 @@ class Mapped:
 
     def reject(self, reason: str, records: int = 1) -> None:
         self.rejected += records
+        if reason not in self.errors:
+            self.errors.append(reason)
+
+    def warn(self, reason: str) -> None:
+        """Say `reason` in the partial success without refusing a record (OTLP's warning)."""
         if reason not in self.errors:
             self.errors.append(reason)
 
@@ -357,10 +396,12 @@ async def map_logs(request: ExportLogsServiceRequest, source: Source, ordinals: 
         if not by_vendor:
             continue
         try:
-            tags = resource_tags(resource, source.tag_attributes)
+            tags, left_out = source.tags_of(resource)
         except InvalidTag as exc:
             mapped.reject(f"resource of {', '.join(sorted(by_vendor))}: {exc}", sum(map(len, by_vendor.values())))
             continue
+        if left_out is not None:
+            mapped.warn(left_out)
         if CLAUDE_CODE in by_vendor:
             claude_code.map_records(by_vendor[CLAUDE_CODE], vendor_tags(tags, CLAUDE_CODE), emitter)
         if CODEX in by_vendor:

@@ -285,7 +285,12 @@ class OtlpReceiver:
         except BadRequest as exc:
             raise _Refusal(400, "bad_request", _INVALID_ARGUMENT, str(exc)) from None
 
-        source = Source(profile_id=token.profile_id, tag_attributes=self.settings.tag_attributes)
+        source = Source(
+            profile_id=token.profile_id,
+            tag_attributes=self.settings.tag_attributes,
+            tags=token.tags,
+            tag_keys=token.tag_keys,
+        )
         if isinstance(message, ExportMetricsServiceRequest):
             points = self.metrics.client.record(message, token.profile_id)
             self.metrics.records.labels(signal, "accepted").inc(points)
