@@ -622,16 +622,22 @@ async def test_a_call_stored_under_another_event_id_is_not_billed_again(nats_url
     twice = [msgspec.structs.replace(first, event_id=new_id()) for _ in range(2)]
     # The same request id at another provider is another call; calls without a request id are all kept.
     other_provider = msgspec.structs.replace(first, event_id=new_id(), provider="openai", model="o4-mini")
+    # A request id is its sender's word: another profile's call naming it (in a session of its own) is its
+    # own call, in a later batch and within the batch of the first profile's copies (issue #29).
+    other_profile = [
+        msgspec.structs.replace(first, event_id=new_id(), profile_id="other-profile", session_id=new_id())
+        for _ in range(2)
+    ]
     no_id = [model_call(clock.tick(), input_tokens=5) for _ in range(2)]
-    acks = await publish_all(nats_url, [first, *no_id])
+    acks = await publish_all(nats_url, [first, *no_id, other_profile[0]])
     async with billing(nats_url, database_url):
         await wait_for_position(database_url, "billing", acks[-1].seq, table=POSITIONS)
-    acks = await publish_all(nats_url, [again, *twice, other_provider])
+    acks = await publish_all(nats_url, [again, other_profile[1], *twice, other_provider])
     async with billing(nats_url, database_url, batch_size=10):
         await wait_for_position(database_url, "billing", acks[-1].seq, table=POSITIONS)
     conn = await connect(database_url)
     try:
         ids = {r["event_id"] for r in await conn.fetch("SELECT event_id FROM model_calls")}
-        assert ids == {first.event_id, other_provider.event_id, *(n.event_id for n in no_id)}
+        assert ids == {first.event_id, other_provider.event_id, other_profile[0].event_id, *(n.event_id for n in no_id)}
     finally:
         await conn.close()

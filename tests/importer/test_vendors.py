@@ -34,7 +34,7 @@ def test_the_registry_lists_each_vendor_once() -> None:
 
 
 def test_a_vendor_added_to_the_registry_gets_its_subcommand(monkeypatch: pytest.MonkeyPatch) -> None:
-    def read(path: Path, warn: object = None) -> list[ImportedSession]:
+    def read(path: Path, warn: object = None, profile: str | None = None) -> list[ImportedSession]:
         return []
 
     extra = Source(

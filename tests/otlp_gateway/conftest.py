@@ -139,12 +139,19 @@ async def run_gateway(
         await asyncio.wait_for(task, 30)
 
 
-async def make_token(nats_url: str, profile: str = "otlp-test", name: str | None = None) -> str:
+async def make_token(
+    nats_url: str,
+    profile: str = "otlp-test",
+    name: str | None = None,
+    *,
+    tags: tuple[str, ...] = (),
+    tag_keys: tuple[str, ...] | None = None,
+) -> str:
     nc = await nats.connect(nats_url)
     try:
         js = nc.jetstream()
         await ensure_streams(js)
-        token, _ = await create_token(await tokens_bucket(js), profile, name)
+        token, _ = await create_token(await tokens_bucket(js), profile, name, tags=tags, tag_keys=tag_keys)
         return token
     finally:
         await nc.close()

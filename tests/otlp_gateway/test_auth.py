@@ -107,14 +107,47 @@ async def test_cos_otlp_token_create_list_revoke(gateway: Gateway, nats_url: str
     assert again.returncode == 2 and "exists already" in again.stderr
     bad = await asyncio.to_thread(_cos, nats_url, "token", "create", "--profile", "Not A Profile!")
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    pinned = await asyncio.to_thread(
+        _cos,
+        nats_url,
+        "token",
+        "create",
+        "--profile",
+        "acme",
+        "--name",
+        "pinned",
+        "--tag",
+        "client:acme",
+        "--tag-keys",
+        "project,team",
+    )
+    assert pinned.returncode == 0, pinned.stderr
+    for wrong in (["--tag", "Client:acme"], ["--tag-keys", "Project"]):
+        refused = await asyncio.to_thread(_cos, nats_url, "token", "create", "--profile", "acme", *wrong)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
 
     listed = await asyncio.to_thread(_cos, nats_url, "token", "list", "--format", "json")
     assert listed.returncode == 0, listed.stderr
-    [row] = json.loads(listed.stdout)
-    assert (row["name"], row["profile_id"]) == ("ci", "acme")
+    row, pinned_row = json.loads(listed.stdout)
+    assert (row["name"], row["profile_id"], row["tags"], row["tag_keys"]) == ("ci", "acme", [], None)
+    assert (pinned_row["name"], pinned_row["tags"], pinned_row["tag_keys"]) == (
+        "pinned",
+        ["client:acme"],
+        ["project", "team"],
+    )
     assert token not in listed.stdout and token_digest(token) not in listed.stdout
     table = await asyncio.to_thread(_cos, nats_url, "token", "list")
-    assert table.stdout.splitlines()[0].split() == ["name", "profile", "created_at", "sha256"]
+    assert table.stdout.splitlines()[0].split() == [
+        "name",
+        "profile",
+        "created_at",
+        "sha256",
+        "tags",
+        "(senders",
+        "may",
+        "set)",
+    ]
+    assert table.stdout.splitlines()[2].split()[-2:] == ["client:acme", "(project,team)"]
 
     deadline = time.monotonic() + 5
     while (await post(gateway.url, "traces", EMPTY, token=token, content_type=PB)).status != 200:

@@ -24,6 +24,8 @@ from commonos.proto.events import (
 from commonos.proto.graph.ids import mint_id, request_call_event_id
 from tests.otlp_gateway.logs import CLAUDE_SCOPE, at, claude, kvs, mapped, record, request
 
+#: The vendor part of the ids of the tests' profile (`vendor_scope("claude-code", "otlp-test")`).
+SCOPE = "claude-code@otlp-test"
 SESSION = "a1797583-09eb-4d28-bc67-0b054c1eb402"
 PROMPT = "8864e351-8cf7-49b4-810e-6cd84cf3d8dc"
 BASE = {"session.id": SESSION, "user.id": "u", "terminal.type": "non-interactive"}
@@ -100,11 +102,11 @@ async def test_session_and_turn_from_a_prompt() -> None:
     session, turn = result.events
     assert isinstance(session, SessionCreated) and isinstance(turn, TurnStarted)
     # The importer's root session id of the same Claude Code session.
-    assert session.session_id == uuid.UUID(mint_id("session", "claude-code", SESSION))
+    assert session.session_id == uuid.UUID(mint_id("session", SCOPE, SESSION))
     assert session.source == "claude-code" and session.profile_id == "otlp-test"
     assert session.tags == ("client:acme", "vendor:claude-code") == turn.tags
     assert turn.session_id == session.session_id and turn.occurred_at == at(0)
-    assert turn.turn_id == gateway_id("turn", "claude-code", SESSION, PROMPT)
+    assert turn.turn_id == gateway_id("turn", SCOPE, SESSION, PROMPT)
     assert (turn.depth, turn.parent_turn_id, turn.context_snapshot) == (0, None, None)
     roundtrip(result.events)
 
@@ -112,13 +114,13 @@ async def test_session_and_turn_from_a_prompt() -> None:
 async def test_api_request_is_a_model_call_with_disjoint_buckets_and_the_reported_cost() -> None:
     result = await mapped(claude(prompt(), api_request()))
     (call,) = of(result.events, ModelCallCompleted)
-    assert call.event_id == request_call_event_id("claude-code", "req_fake02000tools")
+    assert call.event_id == request_call_event_id(SCOPE, "req_fake02000tools")
     assert call.request_id == "req_fake02000tools" and call.provider == "anthropic"
     assert call.model == "claude-sonnet-4-5" and call.occurred_at == at(1)
     assert (call.input_tokens, call.output_tokens, call.cache_read_tokens) == (5, 22, 200017)
     assert (call.cache_write_5m_tokens, call.cache_write_1h_tokens, call.reasoning_tokens) == (2300, 40, 0)
     assert call.reported_cost_usd == Decimal("0.0692151") and call.latency_s == 0.023 and call.speed == "standard"
-    assert call.turn_id == gateway_id("turn", "claude-code", SESSION, PROMPT)
+    assert call.turn_id == gateway_id("turn", SCOPE, SESSION, PROMPT)
     assert call.tags == ("vendor:claude-code",) and not call.usage_estimated
     roundtrip(result.events)
 
@@ -157,9 +159,9 @@ async def test_tool_result_is_a_tool_call() -> None:
     (tool,) = of(result.events, ToolCallRecorded)
     assert tool.call_id == "toolu_1" and tool.name == "Write" and not tool.is_error and tool.result is None
     assert tool.finished_at == at(2) and tool.started_at == at(2) - timedelta(milliseconds=10)
-    assert tool.turn_id == gateway_id("turn", "claude-code", SESSION, PROMPT)
-    assert tool.tool_call_id == tool_call_id_of("claude-code", SESSION, "toolu_1")
-    assert tool.event_id == gateway_id("tool_call_recorded", "claude-code", SESSION, "toolu_1")
+    assert tool.turn_id == gateway_id("turn", SCOPE, SESSION, PROMPT)
+    assert tool.tool_call_id == tool_call_id_of(SCOPE, SESSION, "toolu_1")
+    assert tool.event_id == gateway_id("tool_call_recorded", SCOPE, SESSION, "toolu_1")
     assert tool.approval is None and tool.args == {}
     roundtrip(result.events)
 
@@ -173,7 +175,7 @@ async def test_a_failed_tool_keeps_its_error_and_details_its_parameters() -> Non
 async def test_a_tool_result_without_a_prompt_gets_the_sessions_no_prompt_turn() -> None:
     result = await mapped(claude(tool_result(extra={"prompt.id": None})))
     turn = of(result.events, TurnStarted)[0]
-    assert turn.turn_id == gateway_id("turn", "claude-code", SESSION, "no-prompt")
+    assert turn.turn_id == gateway_id("turn", SCOPE, SESSION, "no-prompt")
     assert of(result.events, ToolCallRecorded)[0].turn_id == turn.turn_id
 
 
@@ -195,8 +197,8 @@ async def test_tool_decision_is_an_approval() -> None:
         ("toolu_4", ApprovalStatus.APPROVED, "user"),
     ]
     first = approvals[0]
-    assert first.tool_call_id == tool_call_id_of("claude-code", SESSION, "toolu_1") and first.decided_at == at(1.5)
-    assert first.turn_id == gateway_id("turn", "claude-code", SESSION, PROMPT)
+    assert first.tool_call_id == tool_call_id_of(SCOPE, SESSION, "toolu_1") and first.decided_at == at(1.5)
+    assert first.turn_id == gateway_id("turn", SCOPE, SESSION, PROMPT)
     roundtrip(result.events)
 
 

@@ -22,6 +22,8 @@ from commonos.proto.events import (
 from commonos.proto.graph.ids import mint_id, ordinal_call_event_id
 from tests.otlp_gateway.logs import at, codex, mapped, record
 
+#: The vendor part of the ids of the tests' profile (`vendor_scope("codex", "otlp-test")`).
+SCOPE = "codex@otlp-test"
 CONVERSATION = "01a23336-3758-7411-aba1-63247723f280"
 BASE = {"conversation.id": CONVERSATION, "app.version": "0.171.0", "model": "gpt-5-codex", "slug": "gpt-5-codex"}
 
@@ -86,14 +88,14 @@ def roundtrip(events: list[EventBase]) -> None:
 
 
 def turn_id(seconds: float) -> uuid.UUID:
-    return gateway_id("turn", "codex", CONVERSATION, turn_key(at(seconds)))
+    return gateway_id("turn", SCOPE, CONVERSATION, turn_key(at(seconds)))
 
 
 async def test_session_and_turn() -> None:
     result = await mapped(codex(starts(), prompt(), resource={"project": "site"}))
     session, turn = result.events
     assert isinstance(session, SessionCreated) and isinstance(turn, TurnStarted)
-    assert session.session_id == uuid.UUID(mint_id("session", "codex", CONVERSATION))  # the importer's
+    assert session.session_id == uuid.UUID(mint_id("session", SCOPE, CONVERSATION))  # the importer's
     assert session.source == "codex" and session.tags == ("project:site", "vendor:codex") == turn.tags
     assert session.occurred_at == at(0) and turn.occurred_at == at(0.5) and turn.turn_id == turn_id(0.5)
     roundtrip(result.events)
@@ -103,7 +105,7 @@ async def test_a_completed_response_with_counts_is_a_model_call_in_disjoint_buck
     result = await mapped(codex(prompt(), completed(with_counts=False), completed()))
     assert result.ignored == 1  # Codex logs each completed response twice, once without counts
     (call,) = of(result.events, ModelCallCompleted)
-    assert call.event_id == ordinal_call_event_id("codex", CONVERSATION, 0)
+    assert call.event_id == ordinal_call_event_id(SCOPE, CONVERSATION, 0)
     assert (call.input_tokens, call.cache_read_tokens, call.cache_write_5m_tokens) == (1020, 120000, 0)
     assert (call.output_tokens, call.reasoning_tokens, call.cache_write_1h_tokens) == (42, 0, 0)
     assert call.provider == "openai" and call.model == "gpt-5-codex" and call.request_id is None
@@ -141,7 +143,7 @@ async def test_ordinals_count_calls_across_requests_and_retries_keep_them() -> N
     a = of((await mapped(first, ordinals)).events, ModelCallCompleted)
     b = of((await mapped(second, ordinals)).events, ModelCallCompleted)
     retried = of((await mapped(first, ordinals)).events, ModelCallCompleted)
-    ids = [ordinal_call_event_id("codex", CONVERSATION, n) for n in range(3)]
+    ids = [ordinal_call_event_id(SCOPE, CONVERSATION, n) for n in range(3)]
     assert [c.event_id for c in a + b] == ids and retried == a
     # The second request names no prompt: its call belongs to the turn begun before it, in the first.
     assert b[0].turn_id == turn_id(0.5)
@@ -168,7 +170,7 @@ async def test_before_any_prompt_a_call_has_no_turn_and_a_tool_the_no_prompt_tur
     (call,) = of(result.events, ModelCallCompleted)
     assert call.turn_id is None
     (turn,) = of(result.events, TurnStarted)
-    assert turn.turn_id == gateway_id("turn", "codex", CONVERSATION, "no-prompt")
+    assert turn.turn_id == gateway_id("turn", SCOPE, CONVERSATION, "no-prompt")
     assert of(result.events, ToolCallRecorded)[0].turn_id == turn.turn_id
 
 
@@ -178,8 +180,8 @@ async def test_tool_result_is_a_tool_call() -> None:
     assert tool.call_id == "call_1" and tool.name == "exec_command" and not tool.is_error
     assert tool.args == {"cmd": "cat notes.txt"} and tool.result == "alpha\n" and tool.result_bytes is None
     assert tool.finished_at == at(2) and tool.started_at == at(2) - timedelta(milliseconds=13)
-    assert tool.tool_call_id == tool_call_id_of("codex", CONVERSATION, "call_1") and tool.turn_id == turn_id(0.5)
-    assert tool.event_id == gateway_id("tool_call_recorded", "codex", CONVERSATION, "call_1")
+    assert tool.tool_call_id == tool_call_id_of(SCOPE, CONVERSATION, "call_1") and tool.turn_id == turn_id(0.5)
+    assert tool.event_id == gateway_id("tool_call_recorded", SCOPE, CONVERSATION, "call_1")
     roundtrip(result.events)
 
 
@@ -221,7 +223,7 @@ async def test_tool_decision_is_an_approval() -> None:
         ("call_3", ApprovalStatus.APPROVED, "user"),
         ("call_4", ApprovalStatus.DENIED, "user"),
     ]
-    assert approvals[0].tool_call_id == tool_call_id_of("codex", CONVERSATION, "call_1")
+    assert approvals[0].tool_call_id == tool_call_id_of(SCOPE, CONVERSATION, "call_1")
     assert approvals[0].turn_id == turn_id(0.5) and approvals[0].decided_at == at(1.5)
     roundtrip(result.events)
 
@@ -277,7 +279,7 @@ async def test_a_call_billing_cannot_store_is_refused_before_it_takes_an_ordinal
     )
     assert result.rejected == 2 and len(result.errors) == 2
     (call,) = of(result.events, ModelCallCompleted)
-    assert call.event_id == ordinal_call_event_id("codex", CONVERSATION, 0)
+    assert call.event_id == ordinal_call_event_id(SCOPE, CONVERSATION, 0)
 
 
 async def test_the_same_call_twice_in_a_request_is_one_event() -> None:

@@ -7,9 +7,10 @@ file order with one `MemoryOrdinals` (what the gateway would do receiving them),
   each exactly once, with exactly its ``expected`` tokens in our buckets; a reply cut off mid-stream
   (``stalled``: the CLI never received its usage, and logs no call) is the only call missing;
 * mapping the payloads again (an exporter's retry) gives the same events: nothing new;
-* the ``model_call_completed`` ids are those the importer mints from the same scenario's transcripts,
-  and the session is the importer's root session: a session received over OTLP and imported too is
-  billed once. Where a call is in one source only, `ONLY_OTLP` says which and why;
+* the ``model_call_completed`` ids are those the importer mints from the same scenario's transcripts
+  imported into the token's profile (the vendor's default one, and another), and the session is the
+  importer's root session: a session received over OTLP and imported too is billed once. Where a call is
+  in one source only, `ONLY_OTLP` says which and why;
 * on real servers, the journal-writer and billing accept all of it (nothing dead-lettered), and billing
   holds each answered call once though both sources and a retry published it.
 """
@@ -24,12 +25,12 @@ import asyncpg
 import nats
 import pytest
 
-from commonos.importer.claude import read_claude
-from commonos.importer.codex import read_codex
 from commonos.importer.events import events_for, profile_id_for
+from commonos.importer.reading import read_trees
+from commonos.importer.vendors import VENDORS
 from commonos.otlp_gateway.mapping import MemoryOrdinals, Source, map_logs
 from commonos.proto.events import ModelCallCompleted
-from commonos.proto.graph.ids import request_call_event_id
+from commonos.proto.graph.ids import request_call_event_id, vendor_scope
 from commonos.runtime.dlq import list_dead_letters
 from tests.billing.support import billing
 from tests.clients.support import Recorded, recorded
@@ -70,12 +71,13 @@ def expected(call: dict[str, Any]) -> dict[str, int]:
     return {k: int(call["expected"].get(k) or 0) for k in BUCKETS}
 
 
-async def replay(item: Recorded) -> tuple[list[ModelCallCompleted], list[Any], MemoryOrdinals]:
-    """The model calls of a scenario's payloads mapped in file order, and every event."""
+async def replay(item: Recorded, source: Source = SOURCE) -> tuple[list[ModelCallCompleted], list[Any], MemoryOrdinals]:
+    """The model calls of a scenario's payloads mapped in file order (from a token of `source`'s profile),
+    and every event."""
     ordinals = MemoryOrdinals()
     events: list[Any] = []
     for name, request in recorded_logs(item.folder):
-        result = await mapped(request, ordinals)
+        result = await mapped(request, ordinals, source)
         assert (result.rejected, result.errors) == (0, []), f"{item.id} {name}"
         events += result.events
     return [e for e in events if isinstance(e, ModelCallCompleted)], events, ordinals
@@ -122,18 +124,26 @@ def test_a_stalled_call_is_the_only_one_missing() -> None:
     assert stalled == [("claude-code-2.1.332/interrupted", 0), ("codex-0.171.0/interrupted", 0)]
 
 
-def imported_calls(item: Recorded) -> tuple[list[ModelCallCompleted], set[uuid.UUID]]:
-    """The importer's model calls of the scenario's transcripts, and its trees' root sessions."""
-    trees = list(read_claude(item.tree) if item.cli == "claude-code" else read_codex(item.tree))
+def imported_calls(item: Recorded, profile: str | None = None) -> tuple[list[ModelCallCompleted], set[uuid.UUID]]:
+    """The importer's model calls of the scenario's transcripts imported into `profile` (None: the vendor's),
+    and its trees' root sessions."""
+    (source,) = (s for s in VENDORS if s.vendor == item.cli)
+    read = [t for path in source.top_files(item.tree) for t in read_trees(source, path, print, profile)]
+    assert all(t.imported is not None for t in read), [t.error for t in read]
+    trees = [t.imported for t in read if t.imported is not None]
     calls = [e for tree in trees for e in events_for(tree) if isinstance(e, ModelCallCompleted)]
     roots = {uuid.UUID(root.id) for tree in trees if (root := tree.graph.root()) is not None}
     return calls, roots
 
 
+@pytest.mark.parametrize("profile", [None, "otlp-test"], ids=["default-profile", "other-profile"])
 @pytest.mark.parametrize("item", SCENARIOS, ids=ids(SCENARIOS))
-async def test_the_gateway_and_the_importer_mint_the_same_ids(item: Recorded) -> None:
-    otlp, events, _ = await replay(item)
-    imported, roots = imported_calls(item)
+async def test_the_gateway_and_the_importer_mint_the_same_ids(item: Recorded, profile: str | None) -> None:
+    """A token of the profile an import uses: the vendor's default one (ids as they always were) or another
+    (`cos import --profile`; the profile is part of the ids, `vendor_scope`)."""
+    source = Source(profile_id=profile or profile_id_for(item.cli))
+    otlp, events, _ = await replay(item, source)
+    imported, roots = imported_calls(item, profile)
     otlp_by_id = {c.event_id: c for c in otlp}
     imported_by_id = {c.event_id: c for c in imported}
     only_otlp = ONLY_OTLP.get((item.cli, item.name), {})
@@ -147,7 +157,18 @@ async def test_the_gateway_and_the_importer_mint_the_same_ids(item: Recorded) ->
     sessions = {e.session_id for e in events}
     assert sessions == roots == {c.session_id for c in otlp}, item.id
     if item.cli == "claude-code":
-        assert all(c.event_id == request_call_event_id("claude-code", str(c.request_id)) for c in otlp)
+        scope = vendor_scope("claude-code", source.profile_id)
+        assert scope == ("claude-code" if profile is None else "claude-code@otlp-test")
+        assert all(c.event_id == request_call_event_id(scope, str(c.request_id)) for c in otlp)
+
+
+@pytest.mark.parametrize("item", SCENARIOS, ids=ids(SCENARIOS))
+async def test_two_profiles_of_one_recorded_session_share_no_id(item: Recorded) -> None:
+    """The same telemetry sent with the tokens of two profiles: no event, session or call id in common."""
+    _, first, _ = await replay(item, Source(profile_id=profile_id_for(item.cli)))
+    _, second, _ = await replay(item, Source(profile_id="otlp-test"))
+    assert not {e.event_id for e in first} & {e.event_id for e in second}
+    assert not {e.session_id for e in first} & {e.session_id for e in second}
 
 
 def test_the_only_otlp_calls_are_in_the_servers_log() -> None:

@@ -204,6 +204,45 @@ async def test_bad_bodies_unknown_types_and_oversized_bodies_are_refused(
         assert await stored_events(nats_url) == []
 
 
+async def test_a_gzip_body_of_several_members_is_read_whole_or_refused(nats_url: str) -> None:
+    """RFC 1952 lets a gzip body be several members one after the other (`gzip a; gzip b; cat`): every member's
+    records are stored, the body limit holds across all of them, and anything after the last member that is
+    no gzip member is refused: never a 200 for records not stored."""
+    first = spans("a", trace=b"\x0a" * 16).SerializeToString()
+    second = spans("b", "c", trace=b"\x0b" * 16).SerializeToString()
+    async with run_gateway(nats_url, max_body_bytes=4096) as gateway:
+        token = await make_token(nats_url)
+        await asyncio.sleep(0.3)
+        zipped = {"Content-Encoding": "gzip"}
+        answer = await post(
+            gateway.url,
+            "traces",
+            gzip.compress(first) + gzip.compress(second),
+            token=token,
+            content_type=PB,
+            headers=zipped,
+        )
+        assert answer.status == 200, answer.body
+        assert not ExportTraceServiceResponse.FromString(answer.body).HasField("partial_success")
+        assert [e.event_id for e in await stored_events(nats_url)] == [
+            span_event_id(b"\x0a" * 16, 1),
+            span_event_id(b"\x0b" * 16, 1),
+            span_event_id(b"\x0b" * 16, 2),
+        ]
+        # Each member within the limit, the two together over it; a second member cut short; bytes that are
+        # no gzip member after the first.
+        half = gzip.compress(b"\x00" * 3000)
+        for body, status in (
+            (half + half, 413),
+            (gzip.compress(first) + gzip.compress(second)[:-6], 400),
+            (gzip.compress(first) + b"trailing bytes", 400),
+        ):
+            answer = await post(gateway.url, "traces", body, token=token, content_type=PB, headers=zipped)
+            assert answer.status == status, (body[-20:], answer.status, answer.body)
+            assert status_pb2.Status.FromString(answer.body).message
+        assert len(await stored_events(nats_url)) == 3
+
+
 async def test_real_client_payloads_are_decoded(gateway: Gateway, token: str) -> None:
     """The JSON the real Claude Code and Codex CLIs sent (tests/fixtures/clients), logs and metrics."""
     files = sorted(CLIENTS.glob("*/*/otlp/*.json"))

@@ -40,6 +40,31 @@ def _digest(kind: str, parts: tuple[str, ...]) -> bytearray:
     return digest
 
 
+# --- whose vendor ids --------------------------------------------------------------------------
+
+
+def vendor_scope(vendor: str, profile_id: str) -> str:
+    """The vendor part of the ids minted from a vendor's own identifiers for `profile_id`'s records.
+
+    A vendor's session and request ids are chosen by its clients, so two profiles can send the same ones; an
+    id minted from them alone would let one profile's records pre-empt (or be dead-lettered against) the
+    other's. The profile is therefore part of every such id: ``<vendor>@<profile>`` (neither a vendor name
+    nor a profile id holds ``@``), except for the vendor's own default profile (``claude-code``,
+    ``codex``: the one ``cos import`` uses without ``--profile``), whose ids stay ``<vendor>`` as they were
+    minted before profiles were part of them, so that nothing already stored is counted again. The
+    importer and the OTLP gateway both mint with it: one profile's import and telemetry of the same
+    session agree, two profiles' never meet.
+    """
+    return vendor if profile_id == vendor else f"{vendor}@{profile_id}"
+
+
+def vendor_session_id(vendor: str, profile_id: str, session_key: str) -> str:
+    """Our id of a vendor's top-level session (Claude Code's ``session.id``, Codex's conversation) as
+    `profile_id`'s: the importer's root session of its transcript and the OTLP gateway's session of its
+    telemetry."""
+    return mint_id("session", vendor_scope(vendor, profile_id), session_key)
+
+
 # --- event ids of model calls ---------------------------------------------------------------------
 # Shared by the importer and the OTLP gateway, so that a call reaching us both ways is one event.
 # Changing this namespace would change every model call's event id, and a call imported (or received)

@@ -251,9 +251,10 @@ FROM unnest(
     $14::text[], $15::float8[], $16::text[], $17::bool[], $18::numeric[],
     $19::numeric[], $20::text[], $21::text[], $22::text[], $23::text[], $24::text[], $25::timestamptz[]
 ) AS u(e, p, s, t, r, pv, m, it, ot, crt, cw5, cw1, rt, sp, lat, sr, ue, rc, c, cs, ps, pver, pd, tg, ca)
--- One vendor request is one call, whichever event id names it (see `same_request_once`).
+-- One vendor request of a profile is one call, whichever event id names it (see `same_request_once`).
 WHERE u.r IS NULL OR NOT EXISTS (
-    SELECT 1 FROM model_calls m WHERE m.request_id = u.r AND m.provider = u.pv AND m.event_id <> u.e)
+    SELECT 1 FROM model_calls m
+    WHERE m.request_id = u.r AND m.provider = u.pv AND m.profile_id = u.p AND m.event_id <> u.e)
 ON CONFLICT (event_id) DO NOTHING
 RETURNING event_id
 """
@@ -271,19 +272,21 @@ def insert_arguments(rows: Sequence[ModelCallRow]) -> list[list[Any]]:
 
 
 def same_request_once(rows: Sequence[ModelCallRow]) -> list[ModelCallRow]:
-    """`rows` without a second row for a (provider, request id) that an earlier row with another event id has.
+    """`rows` without a second row for a (profile, provider, request id) that an earlier row with another event id has.
 
     A vendor's request id names one call. Two sources can report the same call under different event ids:
     a transcript imported by an older version (whose ids for Claude Code calls were minted from the
     message, not the request) and the OTLP gateway or a re-import today. The first stored is billed; the
-    rest are duplicates, like a second copy of the same event id. :data:`INSERT_MODEL_CALLS` checks the
-    stored rows; this checks the batch, which that statement cannot see.
+    rest are duplicates, like a second copy of the same event id. The profile is part of the key: a request
+    id is the sender's word, and another profile's claim to the same id must not make a profile's own call a
+    duplicate. :data:`INSERT_MODEL_CALLS` checks the stored rows; this checks the batch, which that statement
+    cannot see.
     """
-    first: dict[tuple[str, str], uuid.UUID] = {}
+    first: dict[tuple[str, str, str], uuid.UUID] = {}
     kept: list[ModelCallRow] = []
     for row in rows:
         if row.request_id is not None:
-            event_id = first.setdefault((row.provider, row.request_id), row.event_id)
+            event_id = first.setdefault((row.profile_id, row.provider, row.request_id), row.event_id)
             if event_id != row.event_id:
                 continue
         kept.append(row)

@@ -72,6 +72,7 @@ from commonos.proto.graph import (
     UserInput,
     mint_id,
 )
+from commonos.proto.graph.ids import vendor_session_id
 
 #: The vendor's name in graphs, events and tags.
 VENDOR: Final = "codex"
@@ -472,7 +473,7 @@ def _session_id_from_name(path: Path) -> str:
     return match.group(1) if match else path.stem
 
 
-def _read_codex_file(path: Path, warn: Warn) -> ImportedSession | None:
+def _read_codex_file(path: Path, warn: Warn, profile: str) -> ImportedSession | None:
     """Read one rollout as one top-level session graph; None when the file holds no records or is gone."""
     records, source_bytes = json_object_lines(path, warn)
     if not records:
@@ -485,7 +486,7 @@ def _read_codex_file(path: Path, warn: Warn) -> ImportedSession | None:
     branch = git.get("branch") if isinstance(git.get("branch"), str) else None
     started = parse_time(meta.get("timestamp")) or parse_time(records[0][0].get("timestamp"))
 
-    session_id = mint_id("session", VENDOR, vendor_session)
+    session_id = vendor_session_id(VENDOR, profile, vendor_session)
     reader = _RolloutReader(path, session_id, vendor_session)
     builder = reader.b
     builder.sessions[session_id] = Session(
@@ -532,19 +533,21 @@ def read_codex(root: Path) -> Iterator[ImportedSession]:
             yield imported
 
 
-def read_codex_file(path: Path, warn: Warn | None = None) -> ImportedSession | None:
-    """Read one transcript (see `_read_codex_file`); content of an unexpected shape is a `TranscriptError`.
+def read_codex_file(path: Path, warn: Warn | None = None, profile: str | None = None) -> ImportedSession | None:
+    """Read one transcript (see `_read_codex_file`) as `profile`'s (None: the vendor's default profile,
+    ``codex``); content of an unexpected shape is a `TranscriptError`.
 
     `warn` hears of what was skipped (a line over `MAX_LINE_BYTES`, a file that is not a regular
-    file); without it, such warnings are logged.
+    file); without it, such warnings are logged. The profile is part of the session's id
+    (`vendor_session_id`), as the OTLP gateway mints it for the same conversation's telemetry.
     """
     with shape_errors_as_transcript_errors(path):
-        return _read_codex_file(path, warn or log_warning)
+        return _read_codex_file(path, warn or log_warning, profile or VENDOR)
 
 
-def read_codex_trees(path: Path, warn: Warn | None = None) -> list[ImportedSession]:
+def read_codex_trees(path: Path, warn: Warn | None = None, profile: str | None = None) -> list[ImportedSession]:
     """`read_codex_file` as a `Source` reads: the rollout's one tree, or none."""
-    imported = read_codex_file(path, warn)
+    imported = read_codex_file(path, warn, profile)
     return [imported] if imported is not None else []
 
 

@@ -59,7 +59,7 @@ from commonos.proto.graph import (
     encode_graph,
     validate,
 )
-from commonos.proto.graph.ids import model_call_event_id, ordinal_call_event_id, request_call_event_id
+from commonos.proto.graph.ids import model_call_event_id, ordinal_call_event_id, request_call_event_id, vendor_scope
 from commonos.proto.subjects import EVENTS_STREAM
 from commonos.runtime.limits import DEFAULT_MAX_PAYLOAD, message_bytes, with_stream_header
 
@@ -141,15 +141,20 @@ def call_event_ids(imported: ImportedSession) -> dict[str, uuid.UUID]:
     """The ``model_call_completed`` id of each invocation with usage, the one the OTLP gateway mints too.
 
     * Claude Code: a call whose lines carry the API request id (``requestId``) is
-      ``request_call_event_id("claude-code", request_id)``, as the gateway names the ``api_request``
+      ``request_call_event_id(scope, request_id)``, as the gateway names the ``api_request``
       event of that request; a call without one keeps ``model_call_event_id(invocation id)``.
     * Codex: the n-th invocation with usage of the rollout (from 0, in the rollout's order) is
-      ``ordinal_call_event_id("codex", conversation id, n)``; Codex's telemetry names no call, and the
+      ``ordinal_call_event_id(scope, conversation id, n)``; Codex's telemetry names no call, and the
       gateway counts the conversation's ``response.completed`` events with token counts the same way.
     * Any other vendor: ``model_call_event_id(invocation id)``.
+
+    *scope* is `vendor_scope` of the vendor and the import's profile: the vendor's
+    name for its default profile, ``<vendor>@<profile>`` for another (``cos import --profile``), as the
+    gateway mints it for a token of that profile.
     """
     graph = imported.graph
     with_usage = [m for m in graph.model_invocations if has_usage(m)]
+    scope = vendor_scope(imported.vendor, profile_of(imported))
     if imported.vendor == CLAUDE_CODE:
         request_ids = {
             v.our_id: v.vendor_id
@@ -157,14 +162,12 @@ def call_event_ids(imported: ImportedSession) -> dict[str, uuid.UUID]:
             if v.our_type == "model_invocation" and v.vendor_id_kind == "request_id"
         }
         return {
-            m.id: request_call_event_id(CLAUDE_CODE, request_ids[m.id])
-            if m.id in request_ids
-            else model_call_event_id(m.id)
+            m.id: request_call_event_id(scope, request_ids[m.id]) if m.id in request_ids else model_call_event_id(m.id)
             for m in with_usage
         }
     session_key = vendor_session_key(graph) if imported.vendor == CODEX else None
     if session_key is not None:
-        return {m.id: ordinal_call_event_id(CODEX, session_key, n) for n, m in enumerate(with_usage)}
+        return {m.id: ordinal_call_event_id(scope, session_key, n) for n, m in enumerate(with_usage)}
     return {m.id: model_call_event_id(m.id) for m in with_usage}
 
 

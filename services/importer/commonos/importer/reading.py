@@ -38,7 +38,7 @@ def read_trees(source: Source, path: Path, warn: Warn, profile: str | None = Non
     """
     out = []
     try:
-        read = source.read(path, warn)
+        read = source.read(path, warn, profile)
         if profile is not None:
             read = [msgspec.structs.replace(imported, profile_id=profile) for imported in read]
     except TranscriptError as exc:  # names the file

@@ -22,9 +22,10 @@ Fingerprint = dict[Path, tuple[int, int]]
 
 
 class Reader(Protocol):
-    """Reads one top-level transcript into its session trees; `warn` hears of input it skipped."""
+    """Reads one top-level transcript into its session trees as `profile`'s (None: the vendor's default
+    profile; the profile is part of the root session's id); `warn` hears of input it skipped."""
 
-    def __call__(self, path: Path, warn: Warn | None = None) -> list[ImportedSession]: ...
+    def __call__(self, path: Path, warn: Warn | None = None, profile: str | None = None) -> list[ImportedSession]: ...
 
 
 def owned_by_itself(path: Path, tops: set[Path]) -> Path | None:

@@ -23,7 +23,9 @@ So ``OTEL_RESOURCE_ATTRIBUTES=client=acme,project=site,cos.tag.cost-center=cc42`
 ``client:acme``, ``cost-center:cc42``, ``project:site``. A bool or number value is written as text
 (``true``, ``42``); tags are sorted, each once. Every tag is checked by `commonos.proto.tags.parse_tag`:
 an invalid one raises `InvalidTag` naming the attribute, and the mapping refuses that resource's
-records with that reason (OTLP partial success). The vendor modules add ``vendor:<vendor>``.
+records with that reason (OTLP partial success). What a token may give of them is
+`commonos.otlp_gateway.mapping.Source.tags_of`'s (its own tags, the keys its senders may set). The vendor
+modules add ``vendor:<vendor>``.
 """
 
 from __future__ import annotations

@@ -24,9 +24,10 @@ import hmac
 import json
 import logging
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Final
+from typing import Any, Final
 
 import nats.errors
 import nats.js.errors
@@ -36,6 +37,7 @@ from nats.js.api import KeyValueConfig, StorageType
 from nats.js.kv import KeyValue
 
 from commonos.proto.errors import DataError
+from commonos.proto.tags import InvalidTag, parse_tag, parse_tags
 
 log = logging.getLogger(__name__)
 
@@ -58,14 +60,39 @@ class TokenInfo:
     created_at: str
     #: SHA-256 of the token (hex): the bucket's key.
     digest: str = ""
+    #: Tags every event of the token carries (`cos otlp token create --tag`); a sender's other value of one
+    #: of their keys is left out.
+    tags: tuple[str, ...] = ()
+    #: The tag keys the token's senders may set through resource attributes (`--tag-keys`); None: any the
+    #: gateway maps (COS_OTLP_TAG_ATTRIBUTES and `cos.tag.<key>`).
+    tag_keys: tuple[str, ...] | None = None
 
     def encode(self) -> bytes:
-        return json.dumps({"profile_id": self.profile_id, "name": self.name, "created_at": self.created_at}).encode()
+        data: dict[str, Any] = {"profile_id": self.profile_id, "name": self.name, "created_at": self.created_at}
+        if self.tags:
+            data["tags"] = list(self.tags)
+        if self.tag_keys is not None:
+            data["tag_keys"] = list(self.tag_keys)
+        return json.dumps(data).encode()
 
     @classmethod
     def decode(cls, digest: str, raw: bytes) -> TokenInfo:
         data = json.loads(raw)
-        return cls(str(data["profile_id"]), str(data["name"]), str(data.get("created_at", "")), digest)
+        keys = data.get("tag_keys")
+        return cls(
+            str(data["profile_id"]),
+            str(data["name"]),
+            str(data.get("created_at", "")),
+            digest,
+            tuple(parse_tags(str(t) for t in data.get("tags") or ())),
+            None if keys is None else tuple(check_tag_key(str(k)) for k in keys),
+        )
+
+
+def check_tag_key(key: str) -> str:
+    """`key` when it is a tag key (the tag rules: lower-case letters, digits, ``_`` and ``-``), else InvalidTag."""
+    parse_tag(f"{key}:x")
+    return key
 
 
 def new_token() -> str:
@@ -120,14 +147,24 @@ async def list_tokens(kv: KeyValue) -> list[TokenInfo]:
     return sorted(out, key=lambda t: (t.profile_id, t.created_at, t.name))
 
 
-async def create_token(kv: KeyValue, profile_id: str, name: str | None = None) -> tuple[str, TokenInfo]:
-    """A new token of `profile_id` named `name` (default `<profile>-<8 hex>`): (the token, what is stored)."""
+async def create_token(
+    kv: KeyValue,
+    profile_id: str,
+    name: str | None = None,
+    *,
+    tags: Sequence[str] = (),
+    tag_keys: Sequence[str] | None = None,
+) -> tuple[str, TokenInfo]:
+    """A new token of `profile_id` named `name` (default `<profile>-<8 hex>`), giving its events `tags` and
+    letting its senders set the tag keys `tag_keys` only (None: any): (the token, what is stored)."""
+    fixed = tuple(sorted(set(parse_tags(tags))))
+    keys = None if tag_keys is None else tuple(sorted({check_tag_key(k) for k in tag_keys}))
     token = new_token()
     digest = token_digest(token)
     name = name or f"{profile_id}-{digest[:8]}"
     if any(t.name == name for t in await list_tokens(kv)):
         raise TokenError(f"a token named {name!r} exists already: choose another --name (or revoke it first)")
-    info = TokenInfo(profile_id, name, datetime.now(UTC).isoformat(timespec="seconds"), digest)
+    info = TokenInfo(profile_id, name, datetime.now(UTC).isoformat(timespec="seconds"), digest, fixed, keys)
     await kv.create(digest, info.encode())
     return token, info
 
@@ -198,7 +235,7 @@ class TokenIndex:
                         continue
                     try:
                         target[entry.key] = TokenInfo.decode(entry.key, entry.value)
-                    except (ValueError, KeyError, TypeError):
+                    except (ValueError, KeyError, TypeError, InvalidTag):
                         log.warning("COS_OTLP_TOKENS: the value of %s… is not a token's; ignored", entry.key[:8])
             except (nats.errors.Error, TimeoutError, OSError) as exc:
                 log.warning("the token watch stopped (%s); starting it again", type(exc).__name__)

@@ -10,16 +10,16 @@ prompt's work carry its ``prompt.id``. Checked against Claude Code 2.1.332's rec
 =====================================  ===================================================================
 Claude Code record / attribute         our event / field
 =====================================  ===================================================================
-``session.id``                         session ``mint_id("session", "claude-code", session.id)`` (the
+``session.id``                         session ``mint_id("session", scope, session.id)`` (the
                                        importer's root session of the same transcript);
                                        ``session_created`` (source ``claude-code``, tags = the
                                        resource's tags + ``vendor:claude-code``) once per request
-``prompt.id``                          turn ``gateway_id("turn", "claude-code", session.id, prompt.id)``;
+``prompt.id``                          turn ``gateway_id("turn", scope, session.id, prompt.id)``;
                                        ``turn_started`` once per request, at the ``user_prompt``'s time
                                        (else the first record of the prompt in the request)
 ``user_prompt``                        ``turn_started`` (the prompt's text is not stored)
 ``api_request``                        ``model_call_completed``, id
-                                       ``request_call_event_id("claude-code", request_id)``
+                                       ``request_call_event_id(scope, request_id)``
   ``request_id``                         ``request_id`` (and the event id, as the importer's)
   ``model``                              ``model``; provider ``anthropic``
   ``input_tokens``                       ``input_tokens`` (already without cache reads and writes)
@@ -64,21 +64,25 @@ Decisions:
   needs no tool call row), and the tool call's own ``approval`` column stays empty rather than
   depending on how the client batched its records.
 * **Model call ids, and which source wins.** A call's event id is
-  ``request_call_event_id("claude-code", request_id)``, which the importer mints for the same call from
-  its transcript's ``requestId``: a session received here and later imported (or the other way round)
-  is billed once, whichever comes first. The first event stored wins (JetStream drops the second within
+  ``request_call_event_id(scope, request_id)``, which the importer mints for the same call from
+  its transcript's ``requestId`` imported into the token's profile: a session received here and later
+  imported (or the other way round) is billed once, whichever comes first. (*scope*, here and in the
+  table, is ``vendor_scope("claude-code", profile)``: ``claude-code`` for the profile ``claude-code``,
+  ``claude-code@<profile>`` for any other; see :mod:`~commonos.otlp_gateway.mapping`.)
+  The first event stored wins (JetStream drops the second within
   its duplicate window, billing's ``ON CONFLICT (event_id)`` after it; both carry the request id, and
-  billing also keeps one call per provider and request id whatever its event id). Both carry the same
+  billing also keeps one call per profile, provider and request id whatever its event id). Both carry the same
   tokens (tested on the recorded sessions); only the other fields differ: the OTLP event has the turn,
   the reported cost and the latency, the imported one the stop reason. Calls only one source has: the
   ``/compact`` summary call is an ``api_request`` but no transcript line (only the gateway bills it);
   a reply cut off mid-stream is neither. A record without ``request_id`` (no Claude Code release we
   know) gets a gateway id of its session, prompt, ``event.sequence`` and time, which the importer
   cannot match: such a call arriving both ways would be counted twice.
-* **One profile for both paths.** The session id is the importer's, and a session belongs to the
-  profile that first published it: billing refuses (dead-letters, ``profile_mismatch``) a session's
-  calls from another profile. To receive a session here and import it too, give the gateway's token
-  the profile the import uses (``claude-code`` by default, or ``cos import claude --profile``).
+* **Each profile its own ids.** The profile is part of the session's and every call's id, so two
+  profiles sending the same ``session.id`` and request ids have two sessions and their own calls;
+  neither can make the other's calls duplicates or dead letters. To receive a session here and import
+  it too, give the gateway's token the profile the import uses (``claude-code`` by default, or
+  ``cos import claude --profile``): the ids then agree.
 * A subagent's calls carry their parent's ``session.id`` (and an ``agent_id``): they are the parent
   session's, as the importer bills them on its root session too.
 * A mapped record without ``session.id`` or without a time is refused (partial success), with why;
@@ -212,12 +216,12 @@ def model_call(
 ) -> ModelCallCompleted:
     request_id = text(attrs.get("request_id"))
     if request_id is not None:
-        event_id = request_call_event_id(CLAUDE_CODE, request_id)
+        event_id = request_call_event_id(emitter.scope(CLAUDE_CODE), request_id)
     else:
         sequence = integer(attrs.get("event.sequence"))
         event_id = gateway_id(
             "model_call_completed",
-            CLAUDE_CODE,
+            emitter.scope(CLAUDE_CODE),
             session_key,
             text(attrs.get("prompt.id")) or "",
             str(sequence) if sequence is not None else "",

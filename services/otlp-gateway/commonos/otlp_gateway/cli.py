@@ -1,7 +1,7 @@
 """``cos otlp serve`` and ``cos otlp token create|list|revoke``.
 
     cos otlp serve [--host H] [--port 4318] [--max-body-bytes N] [--tag-attributes client,project,team]
-    cos otlp token create --profile P [--name N]     prints the token, once
+    cos otlp token create --profile P [--name N] [--tag K:V ...] [--tag-keys K,...]   prints the token, once
     cos otlp token list [--format table|json]
     cos otlp token revoke NAME
 
@@ -37,6 +37,25 @@ def _serve(args: argparse.Namespace) -> int:
     return main()
 
 
+def _tag(raw: str) -> str:
+    from commonos.proto.tags import InvalidTag, parse_tag
+
+    try:
+        return parse_tag(raw)
+    except InvalidTag as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _tag_keys(raw: str) -> tuple[str, ...]:
+    from commonos.otlp_gateway.auth import check_tag_key
+    from commonos.proto.tags import InvalidTag
+
+    try:
+        return tuple(check_tag_key(k.strip()) for k in raw.split(",") if k.strip())
+    except InvalidTag as exc:
+        raise argparse.ArgumentTypeError(f"not a tag key: {exc}") from None
+
+
 def _profile(raw: str) -> str:
     from commonos.proto.tags import InvalidProfileId, check_profile_id
 
@@ -60,7 +79,7 @@ def _create(args: argparse.Namespace) -> int:
 
     async def work(kv: Any) -> Any:
         try:
-            return await create_token(kv, args.profile, args.name)
+            return await create_token(kv, args.profile, args.name, tags=args.tag, tag_keys=args.tag_keys)
         except TokenError as exc:
             raise CliError(str(exc)) from None
 
@@ -87,9 +106,11 @@ def _list(args: argparse.Namespace) -> int:
         print("no tokens (cos otlp token create --profile P)")
         return 0
     width = max(len(t.name) for t in tokens)
-    print(f"{'name':<{width}}  {'profile':<20}  {'created_at':<25}  sha256")
+    print(f"{'name':<{width}}  {'profile':<20}  {'created_at':<25}  {'sha256':<12}  tags (senders may set)")
     for t in tokens:
-        print(f"{t.name:<{width}}  {t.profile_id:<20}  {t.created_at:<25}  {t.digest[:12]}")
+        keys = "any" if t.tag_keys is None else (",".join(t.tag_keys) or "none")
+        tags = f"{','.join(t.tags) or '-'} ({keys})"
+        print(f"{t.name:<{width}}  {t.profile_id:<20}  {t.created_at:<25}  {t.digest[:12]:<12}  {tags}")
     return 0
 
 
@@ -148,6 +169,19 @@ def register(sub: Any) -> None:
     )
     create.add_argument("--profile", required=True, type=_profile, help="the profile the telemetry belongs to")
     create.add_argument("--name", help="a name to list and revoke it by (default: <profile>-<8 hex>)")
+    create.add_argument(
+        "--tag",
+        action="append",
+        default=[],
+        type=_tag,
+        help="a tag every event of the token carries (repeat for more); a sender's other value of its key is left out",
+    )
+    create.add_argument(
+        "--tag-keys",
+        type=_tag_keys,
+        help="the only tag keys the token's senders may set through resource attributes (comma-separated; '' for "
+        "none); others are left out and named in the partial success (default: any)",
+    )
     create.set_defaults(handler=_create)
     lst = token_sub.add_parser("list", help="the tokens (names, profiles, creation times; never the tokens)")
     lst.add_argument("--format", choices=("table", "json"), default="table")

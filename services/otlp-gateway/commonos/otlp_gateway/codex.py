@@ -9,14 +9,14 @@ the time its ``event.timestamp`` (``time_unix_nano`` is 0), and every record car
 ======================================  ==================================================================
 Codex record / attribute                our event / field
 ======================================  ==================================================================
-``conversation.id``                     session ``mint_id("session", "codex", conversation.id)`` (the
+``conversation.id``                     session ``mint_id("session", scope, conversation.id)`` (the
                                         importer's session of the same rollout); ``session_created``
                                         (source ``codex``, tags = the resource's + ``vendor:codex``) once
                                         per request
 ``codex.conversation_starts``           ``session_created`` only
-``codex.user_prompt``                   turn ``gateway_id("turn", "codex", conversation.id, <its time>)``,
+``codex.user_prompt``                   turn ``gateway_id("turn", scope, conversation.id, <its time>)``,
                                         ``turn_started`` at its time (the prompt's text is not stored)
-``codex.sse_event`` with                ``model_call_completed``, id ``ordinal_call_event_id("codex",
+``codex.sse_event`` with                ``model_call_completed``, id ``ordinal_call_event_id(scope,
 ``event.kind=response.completed``       conversation.id, n)``: the importer's for the n-th call with
 and token counts (some above 0)         usage of the rollout (see below)
   ``input_token_count``                   ``input_tokens`` = it − ``cached_token_count`` −
@@ -51,8 +51,11 @@ Decisions:
 * **Model call ids, and which source wins.** Codex's telemetry names neither the request nor the
   response, so the gateway counts: the n-th ``response.completed`` with token counts of a conversation
   (from 0) is the n-th call with usage of its rollout, which the importer names
-  ``ordinal_call_event_id("codex", conversation, n)`` too. The place is kept by `CallOrdinals` keyed
-  on a fingerprint (the record's time and counts), so a retried request gets the same ids. Both
+  ``ordinal_call_event_id(scope, conversation, n)`` too (imported into the token's profile). The place
+  is kept by `CallOrdinals` keyed on the scope, the conversation and a fingerprint (the record's time and
+  counts), so a retried request gets the same ids, and each profile counts its own calls. (*scope*, here
+  and in the table, is ``vendor_scope("codex", profile)``: ``codex`` for the profile ``codex``,
+  ``codex@<profile>`` for any other; see :mod:`~commonos.otlp_gateway.mapping`.) Both
   sources carry the same tokens (tested on the recorded sessions), and the first stored wins
   (JetStream's duplicate window, then billing's ``ON CONFLICT (event_id)``); the OTLP event has the
   turn, neither has a request id. It fails where the order differs: requests of one conversation
@@ -60,9 +63,9 @@ Decisions:
   a rollout holding calls with usage that Codex did not log under that conversation (were a forked
   session's rollout to copy its parent's calls, as none of the recorded scenarios shows): then a call
   is counted twice (once per source). Import or receive such sessions one way only.
-* **One profile for both paths**, as for Claude Code: billing refuses a session's calls from another
-  profile than the one that first published it; give the gateway's token the import's profile
-  (``codex`` by default).
+* **Each profile its own ids**, as for Claude Code: two profiles sending the same conversation have
+  two sessions, and count their calls apart; give the gateway's token the import's profile (``codex``
+  by default) for the ids of a conversation received here and imported to agree.
 * **Turns** are the prompts: a record that names no turn belongs to the turn of the latest
   ``codex.user_prompt`` at or before its time (`CallOrdinals.turn_at`, across requests). A model call
   before any known prompt has no turn; a tool call before any gets the session's ``no-prompt`` turn
@@ -158,14 +161,15 @@ async def map_records(records: list[Record], tags: tuple[str, ...], emitter: Emi
             mapped.reject(why)
             continue
         session_id = emitter.session(CODEX, conversation, tags, at)
+        scope = emitter.scope(CODEX)  # the ordinals' vendor key too: each profile counts its own calls
         if name == "codex.conversation_starts":
             continue
         if name == "codex.user_prompt":
             key = turn_key(at)
-            await ordinals.begin_turn(CODEX, conversation, key, at)
+            await ordinals.begin_turn(scope, conversation, key, at)
             emitter.turn(CODEX, conversation, key, tags, at)
             continue
-        key_at = await ordinals.turn_at(CODEX, conversation, at)
+        key_at = await ordinals.turn_at(scope, conversation, at)
         if name == "codex.sse_event" or call_id is None:
             turn_id = emitter.turn(CODEX, conversation, key_at, tags, _turn_start(key_at, at)) if key_at else None
             emitter.add(await model_call(attrs, conversation, session_id, turn_id, tags, at, emitter, ordinals))
@@ -227,10 +231,11 @@ async def model_call(
     emitter: Emitter,
     ordinals: CallOrdinals,
 ) -> ModelCallCompleted:
-    ordinal = await ordinals.ordinal(CODEX, conversation, fingerprint(attrs, at))
+    scope = emitter.scope(CODEX)
+    ordinal = await ordinals.ordinal(scope, conversation, fingerprint(attrs, at))
     tokens = usage(attrs)
     return ModelCallCompleted(
-        event_id=ordinal_call_event_id(CODEX, conversation, ordinal),
+        event_id=ordinal_call_event_id(scope, conversation, ordinal),
         occurred_at=at,
         profile_id=emitter.source.profile_id,
         session_id=session_id,

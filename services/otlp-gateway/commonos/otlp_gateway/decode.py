@@ -54,18 +54,44 @@ def encoding_of(content_type: str | None) -> str:
     )
 
 
+#: How much of a gzip body is handed to zlib at a time (`gunzip`).
+_GZIP_SLICE: Final = 64 * 1024
+
+
 def gunzip(body: bytes, limit: int) -> bytes:
-    """The gzip-compressed `body` inflated, never more than `limit` bytes of it (a gzip bomb stops there)."""
+    """The gzip-compressed `body` inflated, never more than `limit` bytes of it (a gzip bomb stops there).
+
+    A gzip body may be several members one after the other (RFC 1952 2.2; ``cat a.gz b.gz``): each is
+    inflated in turn, the limit holding for all of them together. Bytes after a member that do not make a
+    whole gzip member refuse the body: no request is answered 200 with data left unread. The body is fed
+    in slices of `_GZIP_SLICE`, so what zlib hands back after a member's end is at most one slice, never
+    a copy of the whole rest (which made a body of many small members quadratic).
+    """
+    out = bytearray()
+    view = memoryview(body)
     inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-    try:
-        out = inflater.decompress(body, limit + 1)
-    except zlib.error as exc:
-        raise BadRequest(f"the gzip body cannot be inflated: {exc}") from None
-    if len(out) > limit or inflater.unconsumed_tail:
-        raise TooLarge(f"the body inflates to more than {limit} bytes")
-    if not inflater.eof:
-        raise BadRequest("the gzip body is truncated")
-    return out
+    pending: bytes | memoryview = b""
+    offset = 0
+    while True:
+        if not pending:
+            if offset >= len(view):
+                break
+            pending = view[offset : offset + _GZIP_SLICE]
+            offset += len(pending)
+        try:
+            # max_length 0 would mean no limit: at least 1 is asked for (`out` never exceeds `limit` here).
+            out += inflater.decompress(pending, limit + 1 - len(out))
+        except zlib.error as exc:
+            raise BadRequest(f"the gzip body cannot be inflated: {exc}") from None
+        if len(out) > limit or inflater.unconsumed_tail:
+            raise TooLarge(f"the body inflates to more than {limit} bytes")
+        pending = b""
+        if inflater.eof:
+            pending = inflater.unused_data
+            if not pending and offset >= len(view):
+                return bytes(out)
+            inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    raise BadRequest("the gzip body is truncated")
 
 
 def decode_body(body: bytes, content_encoding: str | None, limit: int) -> bytes:

@@ -48,7 +48,9 @@ it would be a guess.
 
 Sessions. A span's session is the first of, on the span and then on its ancestors present in the
 request (nearest first): ``cos.session_id`` (a UUID: one of our sessions, used as is, no
-``session_created``), ``gen_ai.conversation.id`` (``mint_id("session", "otel", profile, conversation)``);
+``session_created``; the gateway cannot tell whose session it is: one of another profile has the
+span's events dead-lettered, ``profile_mismatch``, by the journal-writer and billing),
+``gen_ai.conversation.id`` (``mint_id("session", "otel", profile, conversation)``);
 else one session per trace (``mint_id("session", "otel-trace", profile, trace_id)``). A session named by
 a conversation or a trace gets a ``session_created`` (source ``otel``, the resource's tags, and, for the
 session of a delegated agent whose parent agent is in another session, ``parent_session_id``), published
@@ -117,7 +119,6 @@ from commonos.otlp_gateway.attributes import (
     from_nanos,
     integer,
     json_object,
-    resource_tags,
 )
 from commonos.otlp_gateway.mapping import Mapped, Source
 from commonos.proto import events as ev
@@ -279,10 +280,12 @@ class _Mapper:
         for resource_spans in request.resource_spans:
             spans = [s for scope in resource_spans.scope_spans for s in scope.spans]
             try:
-                tags = resource_tags(attributes(resource_spans.resource.attributes), self.source.tag_attributes)
+                tags, left_out = self.source.tags_of(attributes(resource_spans.resource.attributes))
             except InvalidTag as exc:
                 self.mapped.reject(str(exc), len(spans))
                 continue
+            if left_out is not None:
+                self.mapped.warn(left_out)
             for span in spans:
                 try:
                     parsed = _parse(span, tags)

@@ -17,20 +17,27 @@ ignored (counted in `Mapped.ignored`), never an error. A resource whose attribut
 tag (:mod:`~commonos.otlp_gateway.attributes`) has its vendor records refused with the reason; its
 other records are ignored as usual.
 
-Ids shared by every vendor module (`Emitter`):
+Ids shared by every vendor module (`Emitter`). *scope* is ``vendor_scope(vendor, profile)``
+(`commonos.proto.graph.ids`): the token's profile is part of every id minted from the vendor's
+identifiers, which its sender chose. So two profiles sending the same ``session.id`` or request id never
+meet: neither's records are taken for duplicates of the other's, nor dead-lettered against a session the
+other owns. Only the vendor's default profile (``claude-code``, ``codex``) keeps the ids minted before
+(*scope* = the vendor's name); any other is ``<vendor>@<profile>``. The importer mints the same for a
+transcript imported into that profile, so OTLP and import of one session still agree.
 
 ==========================  ==========================================================================
 our id                      derived from
 ==========================  ==========================================================================
-session id                  ``mint_id("session", vendor, vendor session id)``: the importer's
-                            root session id of the same session's transcript
-``session_created`` id      `gateway_id` ``("session_created", vendor, vendor session id)``
-turn id                     `gateway_id` ``("turn", vendor, vendor session id, turn key)``
-``turn_started`` id         `gateway_id` ``("turn_started", vendor, vendor session id, turn key)``
-tool call id (ours)         `gateway_id` ``("tool_call", vendor, vendor session id, call id)``
-``tool_call_recorded`` id   `gateway_id` ``("tool_call_recorded", vendor, vendor session id, call id)``
-``approval_decided`` id     `gateway_id` ``("approval_decided", vendor, vendor session id, call id)``
-``model_call_completed``    per vendor: see its module
+session id                  ``vendor_session_id(vendor, profile, vendor session id)`` =
+                            ``mint_id("session", scope, vendor session id)``: the importer's root
+                            session id of the same session's transcript imported into the profile
+``session_created`` id      `gateway_id` ``("session_created", scope, vendor session id)``
+turn id                     `gateway_id` ``("turn", scope, vendor session id, turn key)``
+``turn_started`` id         `gateway_id` ``("turn_started", scope, vendor session id, turn key)``
+tool call id (ours)         `gateway_id` ``("tool_call", scope, vendor session id, call id)``
+``tool_call_recorded`` id   `gateway_id` ``("tool_call_recorded", scope, vendor session id, call id)``
+``approval_decided`` id     `gateway_id` ``("approval_decided", scope, vendor session id, call id)``
+``model_call_completed``    per vendor (with *scope* too): see its module
 ==========================  ==========================================================================
 
 A session and a turn are announced (``session_created``, ``turn_started``) in every request that has a
@@ -44,6 +51,7 @@ first is kept, the record counted ignored, so no request publishes an id twice.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final, Protocol
@@ -62,8 +70,8 @@ from commonos.proto.events import (
     ToolCallRecorded,
     TurnStarted,
 )
-from commonos.proto.graph.ids import mint_id
-from commonos.proto.tags import InvalidTag
+from commonos.proto.graph.ids import vendor_scope, vendor_session_id
+from commonos.proto.tags import InvalidTag, tag_key
 
 #: Vendors of the log sources, as the importer names them (sessions, tags, sources).
 CLAUDE_CODE: Final = "claude-code"
@@ -80,6 +88,39 @@ class Source:
     profile_id: str
     #: Bare resource attribute keys mapped to tags (`client=acme` -> `client:acme`); `cos.tag.<key>` always maps.
     tag_attributes: tuple[str, ...] = ("client", "project", "team")
+    #: The token's own tags: every event carries them (`TokenInfo.tags`).
+    tags: tuple[str, ...] = ()
+    #: The tag keys the token's senders may set (`TokenInfo.tag_keys`); None: any.
+    tag_keys: tuple[str, ...] | None = None
+
+    def tags_of(self, resource: Mapping[str, Any]) -> tuple[tuple[str, ...], str | None]:
+        """The tags of a resource's records, and what was left out (None: nothing), one line.
+
+        The tags its attributes give (`resource_tags`: raises `InvalidTag` for an invalid one, which refuses
+        the resource's records), less those the token may not give: a key of the token's own tags (the
+        token's value wins) or, when the token names the keys its senders may set, any other key. Then the
+        token's own tags. Left-out tags do not refuse the records: they are stored without them, and the
+        line goes into the partial success's ``error_message``.
+        """
+        sent = resource_tags(resource, self.tag_attributes)
+        if not self.tags and self.tag_keys is None:
+            return sent, None
+        fixed = {tag_key(t) for t in self.tags}
+        kept: list[str] = []
+        left_out: list[str] = []
+        for tag in sent:
+            key = tag_key(tag)
+            allowed = key not in fixed and (self.tag_keys is None or key in self.tag_keys)
+            (kept if allowed else left_out).append(tag)
+        tags = tuple(sorted({*kept, *self.tags}))
+        if not left_out:
+            return tags, None
+        may = "any other key" if self.tag_keys is None else (", ".join(self.tag_keys) or "no key")
+        why = (
+            f"tags this token may not give, left out: {', '.join(left_out)} (its own: {', '.join(self.tags) or 'none'};"
+            f" its senders may set: {may})"
+        )
+        return tags, why
 
 
 @dataclass
@@ -96,6 +137,11 @@ class Mapped:
 
     def reject(self, reason: str, records: int = 1) -> None:
         self.rejected += records
+        if reason not in self.errors:
+            self.errors.append(reason)
+
+    def warn(self, reason: str) -> None:
+        """Say `reason` in the partial success without refusing a record (OTLP's warning)."""
         if reason not in self.errors:
             self.errors.append(reason)
 
@@ -158,9 +204,10 @@ def gateway_id(*parts: str) -> uuid.UUID:
     return uuid.uuid5(_GATEWAY_NAMESPACE, msgspec.json.encode(list(parts)).decode())
 
 
-def session_id_of(vendor: str, session_key: str) -> uuid.UUID:
-    """Our id of a vendor session: the importer's id of the same session's transcript tree."""
-    return uuid.UUID(mint_id("session", vendor, session_key))
+def session_id_of(vendor: str, profile_id: str, session_key: str) -> uuid.UUID:
+    """Our id of a vendor session of `profile_id`: the importer's id of the same session's transcript tree
+    imported into that profile (`vendor_session_id`)."""
+    return uuid.UUID(vendor_session_id(vendor, profile_id, session_key))
 
 
 def tool_call_id_of(vendor: str, session_key: str, call_id: str) -> uuid.UUID:
@@ -211,6 +258,10 @@ class Emitter:
         self._turns: set[uuid.UUID] = set()
         self._events: set[uuid.UUID] = set()
 
+    def scope(self, vendor: str) -> str:
+        """The vendor part of this request's ids: `vendor_scope` of the vendor and the token's profile."""
+        return vendor_scope(vendor, self.source.profile_id)
+
     def add(self, event: EventBase) -> None:
         """Add `event`, unless the request already has one of its id (the same call's record twice): the
         first is kept, the record counted ignored."""
@@ -222,12 +273,13 @@ class Emitter:
 
     def session(self, vendor: str, session_key: str, tags: tuple[str, ...], at: datetime) -> uuid.UUID:
         """The session's id, announcing it (``session_created``) if this request did not yet."""
-        session_id = session_id_of(vendor, session_key)
+        scope = self.scope(vendor)
+        session_id = session_id_of(vendor, self.source.profile_id, session_key)
         if session_id not in self._sessions:
             self._sessions.add(session_id)
             self.add(
                 SessionCreated(
-                    event_id=gateway_id("session_created", vendor, session_key),
+                    event_id=gateway_id("session_created", scope, session_key),
                     occurred_at=at,
                     profile_id=self.source.profile_id,
                     session_id=session_id,
@@ -249,13 +301,14 @@ class Emitter:
         started_at: datetime,
     ) -> ToolCallRecorded:
         """The ``tool_call_recorded`` of a vendor's tool call, with the ids of the module's table."""
+        scope = self.scope(at.vendor)
         return ToolCallRecorded(
-            event_id=gateway_id("tool_call_recorded", at.vendor, at.session_key, at.call_id),
+            event_id=gateway_id("tool_call_recorded", scope, at.session_key, at.call_id),
             occurred_at=at.at,
             profile_id=self.source.profile_id,
             session_id=at.session_id,
             turn_id=at.turn_id,
-            tool_call_id=tool_call_id_of(at.vendor, at.session_key, at.call_id),
+            tool_call_id=tool_call_id_of(scope, at.session_key, at.call_id),
             call_id=at.call_id,
             name=name,
             args=args,
@@ -268,13 +321,14 @@ class Emitter:
 
     def approval(self, at: CallAt, *, approved: bool, decided_by: str) -> ApprovalDecided:
         """The ``approval_decided`` of a vendor's tool call (decided at `at`), with the ids of the module's table."""
+        scope = self.scope(at.vendor)
         return ApprovalDecided(
-            event_id=gateway_id("approval_decided", at.vendor, at.session_key, at.call_id),
+            event_id=gateway_id("approval_decided", scope, at.session_key, at.call_id),
             occurred_at=at.at,
             profile_id=self.source.profile_id,
             session_id=at.session_id,
             turn_id=at.turn_id,
-            tool_call_id=tool_call_id_of(at.vendor, at.session_key, at.call_id),
+            tool_call_id=tool_call_id_of(scope, at.session_key, at.call_id),
             call_id=at.call_id,
             status=ApprovalStatus.APPROVED if approved else ApprovalStatus.DENIED,
             decided_at=at.at,
@@ -284,12 +338,13 @@ class Emitter:
     def turn(self, vendor: str, session_key: str, turn_key: str, tags: tuple[str, ...], at: datetime) -> uuid.UUID:
         """The turn's id, announcing its session and it (``turn_started``) if this request did not yet."""
         session_id = self.session(vendor, session_key, tags, at)
-        turn_id = gateway_id("turn", vendor, session_key, turn_key)
+        scope = self.scope(vendor)
+        turn_id = gateway_id("turn", scope, session_key, turn_key)
         if turn_id not in self._turns:
             self._turns.add(turn_id)
             self.add(
                 TurnStarted(
-                    event_id=gateway_id("turn_started", vendor, session_key, turn_key),
+                    event_id=gateway_id("turn_started", scope, session_key, turn_key),
                     occurred_at=at,
                     profile_id=self.source.profile_id,
                     session_id=session_id,
@@ -341,10 +396,12 @@ async def map_logs(request: ExportLogsServiceRequest, source: Source, ordinals: 
         if not by_vendor:
             continue
         try:
-            tags = resource_tags(resource, source.tag_attributes)
+            tags, left_out = source.tags_of(resource)
         except InvalidTag as exc:
             mapped.reject(f"resource of {', '.join(sorted(by_vendor))}: {exc}", sum(map(len, by_vendor.values())))
             continue
+        if left_out is not None:
+            mapped.warn(left_out)
         if CLAUDE_CODE in by_vendor:
             claude_code.map_records(by_vendor[CLAUDE_CODE], vendor_tags(tags, CLAUDE_CODE), emitter)
         if CODEX in by_vendor:

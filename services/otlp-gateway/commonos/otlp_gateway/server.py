@@ -16,11 +16,21 @@ For each request, in order:
 
 A 200 carries the Export*ServiceResponse in the request's encoding, with `partial_success` (the records
 refused and why) when some were refused; error responses carry a google.rpc.Status.
+
+Before any of it, on this port and on the service's `/metrics` `/healthz` `/readyz` port: a Host header
+naming none of the names the port answers (`allowed_hosts`) is 421. A web page whose own name was
+rebound to 127.0.0.1 (DNS rebinding) could otherwise read a loopback gateway's unauthenticated
+`/metrics` (its profiles, its clients' metrics) as the page's own origin. A request without a Host
+(no browser sends one) is served. And a connection that has not sent a request's headers within
+`GatewaySettings.header_timeout_s` (from its opening or its last answer; aiohttp's keep-alive timer,
+which also closes idle keep-alive connections) is closed; a body not all there within `body_timeout_s`
+is 408: slow clients cannot hold sockets open.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import time
 from collections import Counter
@@ -31,6 +41,7 @@ from typing import Any, Final
 
 import nats.errors
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 from google.protobuf.message import Message  # type: ignore[import-untyped]
 from nats.aio.client import Client
 from nats.js.api import PubAck
@@ -81,6 +92,60 @@ _UNIMPLEMENTED: Final = 12
 _INTERNAL: Final = 13
 
 _CHUNK: Final = 64 * 1024
+#: What a port listening on loopback answers to, beside its own address.
+LOOPBACK_NAMES: Final = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def host_of(header: str) -> str:
+    """The name of a Host header: without its port or an IPv6 address's brackets, lower case, no final dot."""
+    value = header.strip().lower()
+    if value.startswith("["):
+        value = value[1 : value.find("]")] if "]" in value else value[1:]
+    elif value.count(":") == 1:
+        value = value.partition(":")[0]
+    return value.rstrip(".")
+
+
+def _is_loopback(address: str) -> bool:
+    if address.lower().rstrip(".") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def allowed_hosts(listen: str, configured: Sequence[str] | None) -> frozenset[str] | None:
+    """The Host names a port listening on `listen` answers (None: any).
+
+    `configured` (COS_OTLP_HOSTS) when set (``*`` among them: any); else, on a loopback address, the
+    loopback names and that address; else any (on 0.0.0.0 or another interface the names it is reached
+    by are the deployment's: set COS_OTLP_HOSTS to them).
+    """
+    if configured:
+        names = {host_of(name) for name in configured}
+        return None if "*" in names else frozenset(names)
+    if _is_loopback(listen):
+        return LOOPBACK_NAMES | {host_of(listen)}
+    return None
+
+
+def host_check(allowed: frozenset[str] | None, on_refused: Callable[[], None] | None = None) -> Middleware:
+    """A middleware answering 421 to a request whose Host header names none of `allowed` (None: any)."""
+
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        header = request.headers.get("Host")
+        if allowed is not None and header is not None and host_of(header) not in allowed:
+            if on_refused is not None:
+                on_refused()
+            return web.Response(
+                status=421,
+                text=f"this server does not answer to the host {host_of(header)[:100]!r} (COS_OTLP_HOSTS)\n",
+            )
+        return await handler(request)
+
+    return check
 
 
 class Unavailable(OperationalError):
@@ -220,7 +285,12 @@ class OtlpReceiver:
         except BadRequest as exc:
             raise _Refusal(400, "bad_request", _INVALID_ARGUMENT, str(exc)) from None
 
-        source = Source(profile_id=token.profile_id, tag_attributes=self.settings.tag_attributes)
+        source = Source(
+            profile_id=token.profile_id,
+            tag_attributes=self.settings.tag_attributes,
+            tags=token.tags,
+            tag_keys=token.tag_keys,
+        )
         if isinstance(message, ExportMetricsServiceRequest):
             points = self.metrics.client.record(message, token.profile_id)
             self.metrics.records.labels(signal, "accepted").inc(points)
@@ -278,11 +348,20 @@ class OtlpReceiver:
             raise TooLarge(f"the body is over {limit} bytes")
         chunks: list[bytes] = []
         size = 0
-        async for chunk in request.content.iter_chunked(_CHUNK):
-            size += len(chunk)
-            if size > limit:
-                raise TooLarge(f"the body is over {limit} bytes")
-            chunks.append(chunk)
+        try:
+            async with asyncio.timeout(self.settings.body_timeout_s):
+                async for chunk in request.content.iter_chunked(_CHUNK):
+                    size += len(chunk)
+                    if size > limit:
+                        raise TooLarge(f"the body is over {limit} bytes")
+                    chunks.append(chunk)
+        except TimeoutError:
+            raise _Refusal(
+                408,
+                "body_timeout",
+                _INVALID_ARGUMENT,
+                f"the body did not arrive within {self.settings.body_timeout_s:g} s (COS_OTLP_BODY_TIMEOUT_S)",
+            ) from None
         return b"".join(chunks)
 
     def _fitting(self, mapped: Mapped) -> tuple[list[EventBase], list[tuple[str, bytes, dict[str, str]]]]:
@@ -323,6 +402,12 @@ class OtlpReceiver:
 
 
 def make_app(receiver: OtlpReceiver, **kwargs: Any) -> web.Application:
+    settings = receiver.settings
+
+    def refused() -> None:
+        receiver.metrics.refused.labels("host").inc()
+
+    kwargs.setdefault("middlewares", [host_check(allowed_hosts(settings.host, settings.hosts), refused)])
     app = web.Application(**kwargs)
     receiver.add_routes(app)
     return app
@@ -345,6 +430,7 @@ class OtlpServer:
             access_log=None,
             auto_decompress=False,
             shutdown_timeout=self.shutdown_timeout_s,
+            keepalive_timeout=self.receiver.settings.header_timeout_s,
         )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)

@@ -23,7 +23,14 @@ from commonos.otlp_gateway.auth import TokenIndex, tokens_bucket
 from commonos.otlp_gateway.mapping import CallOrdinals
 from commonos.otlp_gateway.metrics import GatewayMetrics
 from commonos.otlp_gateway.ordinals import KvOrdinals, state_bucket
-from commonos.otlp_gateway.server import MapLogs, MapTraces, OtlpReceiver, OtlpServer
+from commonos.otlp_gateway.server import (
+    MapLogs,
+    MapTraces,
+    OtlpReceiver,
+    OtlpServer,
+    allowed_hosts,
+    host_check,
+)
 from commonos.otlp_gateway.settings import DEFAULT_HTTP_PORT, GatewaySettings
 from commonos.runtime import nats as cos_nats
 from commonos.runtime.http import Health, HttpServer
@@ -106,7 +113,14 @@ async def serve(
         stop = asyncio.Event()
         install_stop_signals(stop)
     health = Health()
-    http = HttpServer(health, settings.http_host, settings.http_port, registry=registry)
+    http = HttpServer(
+        health,
+        settings.http_host,
+        settings.http_port,
+        registry=registry,
+        middlewares=[host_check(allowed_hosts(settings.http_host, gateway.hosts))],
+        keepalive_timeout_s=gateway.header_timeout_s,
+    )
     port = await http.start()
     log.info("%s: /metrics /healthz /readyz on %s:%d", NAME, settings.http_host, port)
     lost: list[str] = []

@@ -6,6 +6,11 @@
     COS_OTLP_TAG_ATTRIBUTES    bare resource attribute keys mapped to tags (default client,project,team)
     COS_OTLP_PUBLISH_TIMEOUT_S how long a request waits for JetStream's acknowledgements before 503 (default 5)
     COS_OTLP_RETRY_AFTER_S     the Retry-After of a 503 (default 5)
+    COS_OTLP_HOSTS             the names the Host header may give, comma-separated (`*`: any); unset: loopback
+                               names and the address when it listens on loopback, any name otherwise
+    COS_OTLP_HEADER_TIMEOUT_S  a connection's time to send a request's headers, from its opening or its last
+                               answer; an idle keep-alive connection is closed after it too (default 10)
+    COS_OTLP_BODY_TIMEOUT_S    a request's time to send its whole body once its headers are in: 408 (default 30)
 
 The service's `/metrics` `/healthz` `/readyz` port is COS_HTTP_PORT (default 9464), as for every service.
 """
@@ -49,11 +54,16 @@ class GatewaySettings:
     #: A request's events not all acknowledged by JetStream within this: 503 (the exporter retries).
     publish_timeout_s: float = 5.0
     retry_after_s: int = 5
+    #: The Host header names both ports answer (None: by their listen address, `server.allowed_hosts`).
+    hosts: tuple[str, ...] | None = None
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> GatewaySettings:
         env = os.environ if env is None else env
         raw_attributes = env.get("COS_OTLP_TAG_ATTRIBUTES")
+        raw_hosts = (env.get("COS_OTLP_HOSTS") or "").strip()
         return cls(
             host=env.get("COS_OTLP_HOST", "").strip() or "127.0.0.1",
             port=env_int(env, "COS_OTLP_PORT", DEFAULT_OTLP_PORT, 0, 65535),
@@ -61,4 +71,7 @@ class GatewaySettings:
             tag_attributes=(DEFAULT_TAG_ATTRIBUTES if raw_attributes is None else parse_tag_attributes(raw_attributes)),
             publish_timeout_s=env_float(env, "COS_OTLP_PUBLISH_TIMEOUT_S", 5.0, 0.1, 300.0),
             retry_after_s=env_int(env, "COS_OTLP_RETRY_AFTER_S", 5, 1, 3600),
+            hosts=tuple(h.strip() for h in raw_hosts.split(",") if h.strip()) or None,
+            header_timeout_s=env_float(env, "COS_OTLP_HEADER_TIMEOUT_S", 10.0, 0.1, 3600.0),
+            body_timeout_s=env_float(env, "COS_OTLP_BODY_TIMEOUT_S", 30.0, 0.1, 3600.0),
         )

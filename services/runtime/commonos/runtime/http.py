@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from importlib import metadata
+from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
 
@@ -75,13 +77,19 @@ class HttpServer:
         port: int = 0,
         registry: CollectorRegistry = REGISTRY,
         extra_routes: Callable[[web.Application], None] | None = None,
+        *,
+        middlewares: Sequence[Middleware] = (),
+        keepalive_timeout_s: float | None = None,
     ) -> None:
         self.health = health
         self.host = host
         self.port = port
         self.registry = registry
         self._runner: web.AppRunner | None = None
-        self._app = web.Application()
+        #: aiohttp closes a connection that has not sent a request's headers within this, from its opening or
+        #: its last answer (None: aiohttp's default, an hour).
+        self.keepalive_timeout_s = keepalive_timeout_s
+        self._app = web.Application(middlewares=middlewares)
         self._app.router.add_get("/metrics", self._metrics)
         self._app.router.add_get("/healthz", self._healthz)
         self._app.router.add_get("/readyz", self._readyz)
@@ -105,7 +113,10 @@ class HttpServer:
         return web.json_response({"status": "not ready", "reasons": self.health.reasons()}, status=503)
 
     async def start(self) -> int:
-        self._runner = web.AppRunner(self._app, access_log=None)
+        extra: dict[str, Any] = (
+            {} if self.keepalive_timeout_s is None else {"keepalive_timeout": self.keepalive_timeout_s}
+        )
+        self._runner = web.AppRunner(self._app, access_log=None, **extra)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()

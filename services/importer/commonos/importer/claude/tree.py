@@ -39,6 +39,7 @@ from commonos.proto.graph import (
     mint_id,
     with_subagent_detail,
 )
+from commonos.proto.graph.ids import vendor_session_id
 
 
 def _spawn_description(builder: GraphBuilder, tool_use_id: str) -> str | None:
@@ -134,7 +135,7 @@ def _read_tree(
             queue.append((child, child_id, InputOrigin.AGENT))
 
 
-def _read_claude_file(path: Path, warn: Warn) -> list[ImportedSession]:
+def _read_claude_file(path: Path, warn: Warn, profile: str) -> list[ImportedSession]:
     """Read one session transcript with its subagents; an agent file reads its owner session.
 
     Returns the session's graph first, then one graph per subagent transcript whose spawning call could
@@ -167,7 +168,7 @@ def _read_claude_file(path: Path, warn: Warn) -> list[ImportedSession]:
 
     if session_path is not None:
         builder = GraphBuilder(VENDOR)
-        session_id = mint_id("session", VENDOR, vendor_session)
+        session_id = vendor_session_id(VENDOR, profile, vendor_session)
         builder.sessions[session_id] = Session(
             id=session_id,
             parent_session_id=None,
@@ -299,11 +300,13 @@ def read_claude(root: Path) -> Iterator[ImportedSession]:
         yield from read_claude_file(path)
 
 
-def read_claude_file(path: Path, warn: Warn | None = None) -> list[ImportedSession]:
-    """Read one transcript (see `_read_claude_file`); content of an unexpected shape is a `TranscriptError`.
+def read_claude_file(path: Path, warn: Warn | None = None, profile: str | None = None) -> list[ImportedSession]:
+    """Read one transcript (see `_read_claude_file`) as `profile`'s (None: the vendor's default profile,
+    ``claude-code``); content of an unexpected shape is a `TranscriptError`.
 
     `warn` hears of what was skipped (a line over `MAX_LINE_BYTES`, a file that is not a regular
-    file); without it, such warnings are logged.
+    file); without it, such warnings are logged. The profile is part of the root session's id
+    (`vendor_session_id`), as the OTLP gateway mints it for the same session's telemetry.
     """
     with shape_errors_as_transcript_errors(path):
-        return _read_claude_file(path, warn or log_warning)
+        return _read_claude_file(path, warn or log_warning, profile or VENDOR)
