@@ -59,10 +59,10 @@ def is_served(name: str, names: frozenset[str]) -> bool:
     return True
 
 
-class BodyTooLarge(HTTPException):
-    def __init__(self, limit: int) -> None:
-        # The rest of the body is not read: the connection cannot carry another request.
-        super().__init__(413, f"the request body is larger than {limit} bytes", headers={"Connection": "close"})
+def body_too_large(limit: int) -> HTTPException:
+    """413 (an HTTPException, which FastAPI lets through from a body's `receive`). The rest of the body is not
+    read, so the connection cannot carry another request: it is closed."""
+    return HTTPException(413, f"the request body is larger than {limit} bytes", headers={"Connection": "close"})
 
 
 class Guard:
@@ -98,7 +98,7 @@ class Guard:
                 await self._refuse(scope, receive, send, 400, "Content-Length is not a number")
                 return
             if announced > limit:
-                await self._refuse(scope, receive, send, 413, BodyTooLarge(limit).detail, close=True)
+                await self._refuse(scope, receive, send, 413, body_too_large(limit).detail, close=True)
                 return
         await self.app(scope, _bounded(receive, limit), send)
 
@@ -124,7 +124,7 @@ def _bounded(receive: Receive, limit: int) -> Receive:
         if message["type"] == "http.request":
             seen += len(message.get("body", b""))
             if seen > limit:
-                raise BodyTooLarge(limit)
+                raise body_too_large(limit)
         return message
 
     return bounded
