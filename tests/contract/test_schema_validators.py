@@ -15,6 +15,7 @@ Payloads that a consumer must refuse (a string where a decimal belongs, no `even
 from __future__ import annotations
 
 import copy
+import fcntl
 import json
 import os
 import re
@@ -201,12 +202,20 @@ def _installed() -> bool:
 
 @cache
 def node_packages() -> Path:
-    """ajv, ajv-formats and the CloudEvents SDK at their pinned versions, installed outside the source tree."""
+    """ajv, ajv-formats and the CloudEvents SDK at their pinned versions, installed outside the source tree; test
+    processes running at once (`make test` runs two) take turns, holding a lock on a file beside the folder (two
+    `npm install` in one folder break each other: ENOTEMPTY)."""
     if shutil.which("node") is None or shutil.which("npm") is None:
         raise _npm_failed("node or npm", "not installed")
+    PACKAGES.mkdir(parents=True, exist_ok=True)
+    with (PACKAGES.parent / "schema-validators.lock").open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        return _install_node_packages()
+
+
+def _install_node_packages() -> Path:
     if _installed():
         return PACKAGES
-    PACKAGES.mkdir(parents=True, exist_ok=True)
     (PACKAGES / "package.json").write_text(
         json.dumps({"name": "cos-schema-validators", "private": True, "dependencies": NPM_PACKAGES}, indent=2) + "\n"
     )
