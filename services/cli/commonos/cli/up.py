@@ -238,38 +238,54 @@ class System:
             module = f"commonos.{service}"
             if importlib.util.find_spec(module) is None or importlib.util.find_spec(module + ".__main__") is None:
                 continue
-            port = _console_port() if service == "console" else free_port()
-            env = {
-                **os.environ,
-                "COS_NATS_URL": self.endpoints.nats_url,
-                "COS_DATABASE_URL": self.endpoints.database_url,
-                "COS_HTTP_PORT": str(port),
-            }
-            if service == "otlp_gateway":
-                otlp_port = _otlp_port()
-                env["COS_OTLP_PORT"] = str(otlp_port)
-                self.otlp_url = f"http://127.0.0.1:{otlp_port}"
-            if service == "console":
-                env |= self._console_env(port)
-            if self.nats is not None:  # its own NATS user, its password read from its file
-                user = SERVICE_NATS_USERS[service]
-                env = {k: v for k, v in env.items() if k not in NATS_IDENTITY}
-                env |= {
-                    "COS_NATS_URL": self.nats.url,
-                    "COS_NATS_USER": user,
-                    "COS_NATS_PASSWORD_FILE": str(secret_path(self.settings, f"nats-{user}")),
-                }
-            log = (logs / f"{service}.log").open("ab")
-            argv = [sys.executable, "-m", module, *(["serve"] if service == "loop" else [])]
-            proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-            log.close()
-            self.children[service] = started[service] = (proc, port)
+            self.children[service] = started[service] = self._spawn(service, logs, well_known=True)
         deadline = time.monotonic() + wait_ready_s
-        for service, (proc, port) in started.items():
+        for service, first in started.items():
+            proc, port = first
             state = _wait_ready(proc, port, deadline)
+            if state.startswith("exited") and _lost_its_port(logs / f"{service}.log"):
+                # The well-known port (4318, 8470) was free when it was chosen and taken before the service bound
+                # it (another `cos up` starting at the same moment, say): once more, on ports nobody has.
+                proc, port = self.children[service] = self._spawn(service, logs, well_known=False)
+                state = _wait_ready(proc, port, deadline)
             self.components.append(Component(service.replace("_", "-"), f"http://127.0.0.1:{port}", proc.pid, state))
             if state != "ready":
                 raise UpFailed(f"{service} is {state}; see {logs / (service + '.log')}")
+
+    def _spawn(self, service: str, logs: Path, *, well_known: bool) -> tuple[subprocess.Popen[bytes], int]:
+        """Start `service`, its log appended to in `logs`; the gateway and the console on their well-known ports
+        when `well_known` and free (unless configured), else on free ones."""
+        assert self.endpoints is not None
+        if service == "console":
+            port = _console_port() if well_known else _configured_port("COS_CONSOLE_PORT") or free_port()
+        else:
+            port = free_port()
+        env = {
+            **os.environ,
+            "COS_NATS_URL": self.endpoints.nats_url,
+            "COS_DATABASE_URL": self.endpoints.database_url,
+            "COS_HTTP_PORT": str(port),
+        }
+        if service == "otlp_gateway":
+            otlp_port = _otlp_port() if well_known else _configured_port("COS_OTLP_PORT") or free_port()
+            env["COS_OTLP_PORT"] = str(otlp_port)
+            self.otlp_url = f"http://127.0.0.1:{otlp_port}"
+        if service == "console":
+            env |= self._console_env(port)
+        if self.nats is not None:  # its own NATS user, its password read from its file
+            user = SERVICE_NATS_USERS[service]
+            env = {k: v for k, v in env.items() if k not in NATS_IDENTITY}
+            env |= {
+                "COS_NATS_URL": self.nats.url,
+                "COS_NATS_USER": user,
+                "COS_NATS_PASSWORD_FILE": str(secret_path(self.settings, f"nats-{user}")),
+            }
+        log = (logs / f"{service}.log").open("ab")
+        module = f"commonos.{service}"
+        argv = [sys.executable, "-m", module, *(["serve"] if service == "loop" else [])]
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        log.close()
+        return proc, port
 
     def _console_env(self, port: int) -> dict[str, str]:
         """The console's variables: its port, its people file (made with a first operator when missing), a
@@ -404,18 +420,28 @@ def _port_free(port: int) -> bool:
     return True
 
 
+def _configured_port(name: str) -> int | None:
+    raw = os.environ.get(name, "").strip()
+    return int(raw) if raw.isdigit() and 0 < int(raw) < 65536 else None
+
+
 def _otlp_port() -> int:
-    raw = os.environ.get("COS_OTLP_PORT", "").strip()
-    if raw.isdigit() and 0 < int(raw) < 65536:
-        return int(raw)
-    return OTLP_PORT if _port_free(OTLP_PORT) else free_port()
+    return _configured_port("COS_OTLP_PORT") or (OTLP_PORT if _port_free(OTLP_PORT) else free_port())
 
 
 def _console_port() -> int:
-    raw = os.environ.get("COS_CONSOLE_PORT", "").strip()
-    if raw.isdigit() and 0 < int(raw) < 65536:
-        return int(raw)
-    return CONSOLE_PORT if _port_free(CONSOLE_PORT) else free_port()
+    return _configured_port("COS_CONSOLE_PORT") or (CONSOLE_PORT if _port_free(CONSOLE_PORT) else free_port())
+
+
+def _lost_its_port(log: Path) -> bool:
+    """Whether a service that exited could not bind its port (its log's last lines say so)."""
+    try:
+        with log.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+            tail = f.read().decode("utf-8", "replace")
+    except OSError:
+        return False
+    return "address already in use" in tail.lower()
 
 
 def _is_loopback(host: str) -> bool:
