@@ -42,7 +42,6 @@ COS_UP_FILES: Final = frozenset(
         "tests/cli/test_up_security.py",
         "tests/cli/test_env.py",
         "tests/cli/test_up_servers.py",
-        "tests/cli/test_up_ports.py",
         "tests/deploy/test_subscribers_doc.py",
     }
 )

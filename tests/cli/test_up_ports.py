@@ -19,11 +19,13 @@ from commonos.runtime.system import Endpoints
 
 
 @pytest.fixture
-def otlp_port_taken() -> Iterator[int]:
-    """A listener on 127.0.0.1:4318 (this file runs with the other `cos up` files, one at a time)."""
+def otlp_port_taken(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
+    """A listener on the port `cos up` takes for OTLP/HTTP: a free one of the test's own in place of 4318, which
+    another `cos up` of the suite may hold."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
-        held.bind(("127.0.0.1", up.OTLP_PORT))
+        held.bind(("127.0.0.1", 0))
         held.listen()
+        monkeypatch.setattr(up, "OTLP_PORT", held.getsockname()[1])
         yield up.OTLP_PORT
 
 

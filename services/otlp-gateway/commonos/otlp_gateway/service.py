@@ -44,6 +44,8 @@ log = logging.getLogger("commonos.otlp_gateway")
 NAME = "otlp-gateway"
 #: The CloudEvents source of what the gateway publishes.
 EVENT_SOURCE = "urn:commonos:otlp-gateway"
+#: How long the gateway's own tasks (the token watch) are given to end once it stops.
+TASKS_END_S = 5.0
 
 
 @dataclass
@@ -206,13 +208,21 @@ async def serve(
                 await asyncio.wait_for(stop.wait(), 0.2)
         health.set_ready("stopping", False, "stopping")
     finally:
+        # The tasks' own loops end on `stop` too: Python 3.11's asyncio.wait_for drops a cancellation that
+        # arrives as its awaitable completes (the token watch's next update), and a task that kept running
+        # after it kept the gateway from exiting (its OTLP port taken, it hung instead of failing).
+        stop.set()
         if otlp is not None:
             await otlp.stop()  # requests in flight finish first (COS_DRAIN_TIMEOUT_S)
         for task in tasks:
             task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        if tasks:
+            ended, running = await asyncio.wait(tasks, timeout=TASKS_END_S)
+            for task in ended:
+                if not task.cancelled() and (failure := task.exception()) is not None:
+                    log.warning("%s ended with %s: %s", task.get_name(), type(failure).__name__, failure)
+            for task in running:
+                log.warning("%s did not end within %.0f s of the stop; left behind", task.get_name(), TASKS_END_S)
         if nc is not None:
             await nc.close()
         await http.stop()
