@@ -162,18 +162,18 @@ def test_load_profile_reads_the_hooks_in_order(tmp_path: Path, installed: None) 
     assert load_profile(profile.folder).hooks == ("no-shell", "log")
 
 
-def _readme_example() -> dict[str, object]:
-    """What the example of the README's "Hooks" section defines."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("### Hooks") :]
+def _docs_example() -> dict[str, object]:
+    """What the example of the "Hooks" section of docs/loop.md defines."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "loop.md").read_text(encoding="utf-8")
+    section = page[page.index("## Hooks") :]
     code = section[section.index("```python\n") + len("```python\n") :]
     namespace: dict[str, object] = {}
     exec(code[: code.index("```")], namespace)
     return namespace
 
 
-async def test_the_readmes_example_hook_refuses_rm(tmp_path: Path) -> None:
-    namespace = _readme_example()
+async def test_the_docs_example_hook_refuses_rm(tmp_path: Path) -> None:
+    namespace = _docs_example()
     script = SHELL_SCRIPT.replace("echo hi", "rm -rf x")
     profile = dataclasses.replace(_profile(tmp_path, "[]", script=script), hooks=("no-rm",))
     journal = MemoryJournal()

@@ -1,7 +1,7 @@
 """The built-in `compaction` hook: keeps a session's history within a budget by summarising its older messages.
 
 A profile that lists it (`hooks = ["compaction"]`) is compacted by it; a profile that does not list it never
-is, and one that wants another policy lists its own hook instead (see the README, "Compaction").
+is, and one that wants another policy lists its own hook instead (see docs/loop.md, "Compaction").
 
 At every `before_model_call` the hook estimates the request's size: the characters of the system prompt, of
 the tool specs and of every message as JSON, divided by 4 (`estimate_tokens`; no tokenizer, so it is an
