@@ -1,1 +1,1 @@
-"""The Memory plugin's schema and rows, shared by the loop and its projection (no I/O)."""
+"""The Memory plugin's table and its rows from `memory_changed` events, for the journal-writer's projection (no I/O)."""
