@@ -373,7 +373,7 @@ class System:
             lines.append(
                 f"OpenTelemetry (OTLP/HTTP): {self.otlp_url} — a token: cos otlp token create --profile default; then "
                 f"OTEL_EXPORTER_OTLP_ENDPOINT={self.otlp_url} "
-                'OTEL_EXPORTER_OTLP_HEADERS="Authorization=Bearer <token>" (README: Send OpenTelemetry)'
+                'OTEL_EXPORTER_OTLP_HEADERS="Authorization=Bearer <token>" (docs/otlp.md)'
             )
         if self.console_url is not None and self.console_users is not None:
             admin = secret_path(s, "console-admin")
@@ -384,7 +384,7 @@ class System:
             )
             lines.append(
                 f"Console: {self.console_url}/ — {first}add a person: cos console user add NAME --role "
-                f"operator|analyst|approver --users {self.console_users} (README: Console)"
+                f"operator|analyst|approver --users {self.console_users} (docs/console.md)"
             )
         lines.append('Next, in another shell: cos chat "hello" · cos import claude · cos report cost · cos status')
         return lines
