@@ -37,8 +37,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from bench.otlp_send import spans
 from bench.services import BenchError, ServiceRun
+from commonos.otlp_gateway.common import Source
 from commonos.otlp_gateway.genai import map_spans
-from commonos.otlp_gateway.mapping import Source
 from commonos.proto.events import EventBase
 from commonos.runtime.embedded import NatsServer, PostgresCluster, free_port
 from commonos.runtime.nats import connect as nats_connect

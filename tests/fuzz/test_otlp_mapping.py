@@ -50,8 +50,9 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 
 from commonos.billing.projection import check_model_call
 from commonos.journal_writer.projection import check_event
+from commonos.otlp_gateway.common import Mapped, MemoryOrdinals, Source
 from commonos.otlp_gateway.genai import map_spans
-from commonos.otlp_gateway.mapping import Mapped, MemoryOrdinals, Source, map_logs
+from commonos.otlp_gateway.mapping import map_logs
 from commonos.proto import events as ev
 from commonos.runtime.publisher import EventPublisher, EventTooLarge
 from tests.fuzz import strategies as fz

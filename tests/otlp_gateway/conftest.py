@@ -19,7 +19,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from prometheus_client import CollectorRegistry
 
 from commonos.otlp_gateway.auth import create_token, tokens_bucket
-from commonos.otlp_gateway.mapping import CallOrdinals, Mapped, Source
+from commonos.otlp_gateway.common import CallOrdinals, Mapped, Source
 from commonos.otlp_gateway.server import MapLogs, MapTraces
 from commonos.otlp_gateway.service import Running, serve
 from commonos.otlp_gateway.settings import GatewaySettings

@@ -11,7 +11,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
 from commonos.journal_writer.projection import check_event
-from commonos.otlp_gateway.mapping import Mapped
+from commonos.otlp_gateway.common import Mapped
 from commonos.proto import events as ev
 
 T0 = 1_764_000_000_000_000_000  # nanoseconds since the epoch

@@ -12,7 +12,8 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationSc
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeLogs
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
-from commonos.otlp_gateway.mapping import CallOrdinals, Mapped, MemoryOrdinals, Source, map_logs
+from commonos.otlp_gateway.common import CallOrdinals, Mapped, MemoryOrdinals, Source
+from commonos.otlp_gateway.mapping import map_logs
 
 T0 = datetime(2026, 12, 1, 20, 0, 0, tzinfo=UTC)
 CLAUDE_RESOURCE: dict[str, Any] = {"service.name": "claude-code", "service.version": "2.1.332"}

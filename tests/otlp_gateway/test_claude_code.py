@@ -9,7 +9,7 @@ from typing import Any
 
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
 
-from commonos.otlp_gateway.mapping import MemoryOrdinals, Source, gateway_id, tool_call_id_of
+from commonos.otlp_gateway.common import MemoryOrdinals, Source, gateway_id, tool_call_id_of
 from commonos.proto.events import (
     ApprovalDecided,
     ApprovalStatus,

@@ -7,7 +7,7 @@ from datetime import timedelta
 from typing import Any
 
 from commonos.otlp_gateway.codex import turn_key
-from commonos.otlp_gateway.mapping import MemoryOrdinals, gateway_id, tool_call_id_of
+from commonos.otlp_gateway.common import MemoryOrdinals, gateway_id, tool_call_id_of
 from commonos.proto.events import (
     ApprovalDecided,
     ApprovalStatus,

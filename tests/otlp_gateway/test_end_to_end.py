@@ -18,7 +18,8 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
     ExportLogsServiceResponse,
 )
 
-from commonos.otlp_gateway.mapping import MemoryOrdinals, Source, map_logs
+from commonos.otlp_gateway.common import MemoryOrdinals, Source
+from commonos.otlp_gateway.mapping import map_logs
 from commonos.proto.events import ModelCallCompleted, event_type
 from commonos.runtime.dlq import list_dead_letters
 from tests.billing.support import billing

@@ -13,10 +13,10 @@ import pytest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from commonos.billing.projection import check_model_call
-from commonos.otlp_gateway.attributes import MAX_NAME_CHARS
+from commonos.otlp_gateway.common import Source
 from commonos.otlp_gateway.genai import MAX_ERROR_CHARS, MAX_RESULT_CHARS, map_spans, provider_name
-from commonos.otlp_gateway.mapping import Source
 from commonos.proto import events as ev
+from commonos.proto.events import MAX_NAME_CHARS
 from commonos.proto.graph.ids import mint_id
 from commonos.proto.subjects import DLQ_STREAM
 from tests.otlp_gateway.genai_spans import T0, agent, chat, checked, of_type, request, span, tool

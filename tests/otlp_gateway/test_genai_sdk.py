@@ -15,8 +15,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from commonos.billing.projection import check_model_call
+from commonos.otlp_gateway.common import Mapped, Source
 from commonos.otlp_gateway.genai import map_spans
-from commonos.otlp_gateway.mapping import Mapped, Source
 from commonos.proto import events as ev
 from commonos.proto.graph.ids import mint_id
 from tests.otlp_gateway.genai_spans import checked, of_type

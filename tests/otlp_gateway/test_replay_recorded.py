@@ -28,7 +28,8 @@ import pytest
 from commonos.importer.events import events_for, profile_id_for
 from commonos.importer.reading import read_trees
 from commonos.importer.vendors import VENDORS
-from commonos.otlp_gateway.mapping import MemoryOrdinals, Source, map_logs
+from commonos.otlp_gateway.common import MemoryOrdinals, Source
+from commonos.otlp_gateway.mapping import map_logs
 from commonos.proto.events import ModelCallCompleted
 from commonos.proto.graph.ids import request_call_event_id, vendor_scope
 from commonos.runtime.dlq import list_dead_letters

@@ -423,7 +423,7 @@ async def test_the_opentelemetry_sdk_exporters_protobuf_and_json_gzip_or_not(
 async def test_kv_turns_agree_with_the_memory_ones_across_replicas(nats_url: str) -> None:
     from datetime import UTC, datetime, timedelta
 
-    from commonos.otlp_gateway.mapping import MemoryOrdinals
+    from commonos.otlp_gateway.common import MemoryOrdinals
 
     nc = await nats.connect(nats_url)
     try:

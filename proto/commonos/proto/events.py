@@ -35,8 +35,14 @@ NO_SESSION: Final = uuid.UUID(int=0)
 #: A valid tag, as `commonos.proto.tags` defines it.
 Tag = Annotated[str, msgspec.Meta(pattern=TAG_PATTERN, max_length=MAX_TAG_LENGTH)]
 ProfileId = Annotated[str, msgspec.Meta(pattern=PROFILE_ID_PATTERN)]
-Count = Annotated[int, msgspec.Meta(ge=0)]
-Seq = Annotated[int, msgspec.Meta(ge=1)]
+#: The largest count or sequence number an event holds: what a 64-bit signed column (PostgreSQL's bigint) stores.
+MAX_COUNT: Final = 2**63 - 1
+#: The longest provider or model name a model call names (billing stores at most this many characters).
+MAX_NAME_CHARS: Final = 256
+Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
+Seq = Annotated[int, msgspec.Meta(ge=1, le=MAX_COUNT)]
+#: A provider or model name.
+Name = Annotated[str, msgspec.Meta(max_length=MAX_NAME_CHARS)]
 AwareDatetime = Annotated[datetime, msgspec.Meta(tz=True)]
 
 
@@ -201,8 +207,8 @@ class ModelCallCompleted(EventBase, frozen=True, kw_only=True, tag="model_call_c
     """
 
     turn_id: uuid.UUID | None = None
-    provider: str
-    model: str
+    provider: Name
+    model: Name
     request_id: str | None = None
     input_tokens: Count = 0
     output_tokens: Count = 0
@@ -269,6 +275,17 @@ Event = (
 EVENT_TYPES: Final[tuple[type[EventBase], ...]] = Event.__args__
 EVENT_TYPE_NAMES: Final[frozenset[str]] = frozenset(str(t.__struct_config__.tag) for t in EVENT_TYPES)
 
+
+def is_profile_event(event_type: type[EventBase]) -> bool:
+    """Whether events of `event_type` belong to a profile and no session: their `session_id` defaults to
+    `NO_SESSION` (`profile_upserted`, `profile_deleted`)."""
+    field = next(f for f in msgspec.structs.fields(event_type) if f.name == "session_id")
+    return bool(field.default == NO_SESSION)
+
+
+#: The event types about a profile as a whole, not one of its sessions.
+PROFILE_EVENT_TYPES: Final[tuple[type[EventBase], ...]] = tuple(t for t in EVENT_TYPES if is_profile_event(t))
+
 _decoder: Final = msgspec.json.Decoder(Event)
 _encoder: Final = msgspec.json.Encoder(decimal_format="string")
 
@@ -277,12 +294,29 @@ class EventDecodeError(DataError):
     """A payload that is not a valid event; the message says why."""
 
 
+class EventInvalid(EventDecodeError):
+    """An event a producer made that breaks a bound of its type: every consumer would refuse its payload."""
+
+
 def event_type(event: EventBase) -> str:
     return str(event.__struct_config__.tag)
 
 
 def encode_event(event: EventBase) -> bytes:
     return _encoder.encode(event)
+
+
+def check_event(event: Event) -> None:
+    """Raise `EventInvalid` if `event` breaks a bound of its type (a count beyond `MAX_COUNT`, a name
+    longer than `MAX_NAME_CHARS`, ...), as its consumers' `decode_event` would.
+
+    msgspec checks the bounds (`msgspec.Meta`) when it decodes, not when a Struct is made or encoded: a
+    producer whose values come from outside (the importer, the OTLP gateway) checks its events with this.
+    """
+    try:
+        msgspec.json.decode(_encoder.encode(event), type=type(event))
+    except msgspec.ValidationError as exc:
+        raise EventInvalid(f"{event_type(event)} {event.event_id}: {exc}") from None
 
 
 def decode_event(payload: bytes | memoryview) -> Event:

@@ -49,7 +49,7 @@ from commonos.importer.parts import (
 )
 from commonos.importer.vendors import provider_of
 from commonos.proto.cloudevents import event_headers
-from commonos.proto.events import Event, ModelCallCompleted, TranscriptImported, encode_event
+from commonos.proto.events import Event, ModelCallCompleted, TranscriptImported, check_event, encode_event
 from commonos.proto.graph import (
     GRAPH_LISTS,
     Graph,
@@ -413,7 +413,8 @@ def tree_events(
     ``state`` (a watcher's memory of what it published) limits the graph parts to the rows that are
     new or changed, which may refer to rows published before, and the model calls to those not
     billed yet; ``settled_only`` leaves out the calls whose usage may still grow (see
-    :func:`settled_invocations`).
+    :func:`settled_invocations`). Raises `EventInvalid` for a model call outside the contract's bounds
+    (a model name longer than `MAX_NAME_CHARS`, ...): the tree is not imported, with that reason.
     """
     graph = imported.graph
     validate(graph)
@@ -426,6 +427,8 @@ def tree_events(
     parts, cut = part_events(imported, rows, max_payload=max_payload, selected=selected)
     only = settled_invocations(graph) if settled_only else None
     calls = model_call_events(imported, only=only, skip=state.billed if state is not None else ())
+    for call in calls:  # values read from the transcript: a call its consumers would refuse is not published
+        check_event(call)
     invocation_of = {event_id: invocation for invocation, event_id in call_event_ids(imported).items()}
     return TreeEvents(parts=parts, calls=calls, rows=rows, invocation_of=invocation_of, cut_rows=cut)
 

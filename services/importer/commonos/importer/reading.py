@@ -18,7 +18,7 @@ from commonos.importer.model import ImportedSession, TranscriptError
 from commonos.importer.parts import GraphTooLarge
 from commonos.importer.report import SessionSummary, describe_tree
 from commonos.importer.source import Source
-from commonos.proto.events import Event
+from commonos.proto.events import Event, EventInvalid
 from commonos.proto.graph import GraphInvalid, validate
 
 
@@ -115,7 +115,7 @@ def read_file(
         imported, billed_elsewhere = ledger.settle(tree.imported)
         try:
             events = tree_events(imported, max_payload=max_payload, settled_only=settled_only)
-        except (GraphTooLarge, GraphInvalid) as exc:
+        except (GraphTooLarge, GraphInvalid, EventInvalid) as exc:
             item.error = f"not published: {exc}"
             continue
         billed_here = [c for c in events.calls if events.invocation_of[c.event_id] not in billed_elsewhere]

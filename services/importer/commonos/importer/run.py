@@ -21,7 +21,7 @@ from commonos.importer.reading import TreeOut
 from commonos.importer.render import progress_bar
 from commonos.importer.report import SessionSummary, account, summarize_tree
 from commonos.importer.source import Source
-from commonos.proto.events import Event
+from commonos.proto.events import Event, EventInvalid
 from commonos.proto.graph import GraphInvalid
 from commonos.runtime.limits import DEFAULT_MAX_PAYLOAD
 
@@ -55,7 +55,7 @@ def _stops_publishing(exc: BaseException) -> bool:
     """Whether a failure to publish one tree means the next ones would fail too (it is not about the tree)."""
     from commonos.runtime.publisher import EventTooLarge
 
-    return not isinstance(exc, EventTooLarge | GraphTooLarge | GraphInvalid)
+    return not isinstance(exc, EventTooLarge | GraphTooLarge | GraphInvalid | EventInvalid)
 
 
 async def publish_tree(run: ImportRun, publish: PublishFn, tree: TreeOut) -> PublishCounts | None:
@@ -181,7 +181,7 @@ async def import_tree(
     imported, billed_elsewhere = ledger.settle(imported)
     try:
         events = tree_events(imported, max_payload=max_payload, settled_only=settled_only, state=state)
-    except (GraphTooLarge, GraphInvalid) as exc:
+    except (GraphTooLarge, GraphInvalid, EventInvalid) as exc:
         not_imported(run, summary, f"not published: {exc}")
         return None
     events.calls = [c for c in events.calls if events.invocation_of[c.event_id] not in billed_elsewhere]

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Final, cast
+from typing import Any, Final, assert_never, cast
 
 import msgspec
 
@@ -312,15 +312,18 @@ def columns(statement: str, rows: list[tuple[Any, ...]]) -> list[list[Any]]:
     return cols
 
 
-#: The core's events about one session: each must come from the profile that created the session.
-SESSION_EVENTS: Final = (
-    ev.SessionCreated,
-    ev.TurnStarted,
-    ev.MessageAppended,
-    ev.MessageDeactivated,
-    ev.ToolCallRecorded,
-    ev.ApprovalDecided,
-    ev.TurnFinished,
+#: Event types other projections store (billing, memory, the graph-writer): `plan_event` adds no row for them.
+PROJECTED_ELSEWHERE: Final[tuple[type[ev.EventBase], ...]] = (
+    ev.MemoryChanged,
+    ev.ModelCallCompleted,
+    ev.TranscriptImported,
+)
+#: The core's events about one session: each must come from the profile that created the session (the
+#: ownership screen), and none is stored for a deleted profile (the tombstone screen). Every event type this
+#: projection stores but the profile-level ones, so a new session-level type is screened without being listed.
+SESSION_EVENTS: Final = cast(
+    "tuple[type[ev.Event], ...]",
+    tuple(t for t in ev.EVENT_TYPES if t not in PROJECTED_ELSEWHERE and not ev.is_profile_event(t)),
 )
 
 
@@ -511,9 +514,13 @@ def plan_event(plan: Plan, event: ev.Event) -> None:
             )
         case ev.TurnFinished():
             plan.add("turn_finish", (event.turn_id, str(event.status), _text(event.error), event.occurred_at))
-        case _:
-            # Plugin events (model calls, memory) and imported transcripts have projections of their own.
+        case ev.MemoryChanged() | ev.ModelCallCompleted() | ev.TranscriptImported():
+            # `PROJECTED_ELSEWHERE`: plugin events (model calls, memory) and imported transcripts have
+            # projections of their own.
             pass
+        case _:
+            # mypy fails here when an event type of the union has no case above.
+            assert_never(event)
 
 
 _APPROVAL_NS: Final = uuid.UUID("6f1f8f53-54b0-4d3a-9a57-7d0a3f0c2b11")

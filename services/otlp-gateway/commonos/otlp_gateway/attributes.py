@@ -24,7 +24,7 @@ So ``OTEL_RESOURCE_ATTRIBUTES=client=acme,project=site,cos.tag.cost-center=cc42`
 (``true``, ``42``); tags are sorted, each once. Every tag is checked by `commonos.proto.tags.parse_tag`:
 an invalid one raises `InvalidTag` naming the attribute, and the mapping refuses that resource's
 records with that reason (OTLP partial success). What a token may give of them is
-`commonos.otlp_gateway.mapping.Source.tags_of`'s (its own tags, the keys its senders may set). The vendor
+`commonos.otlp_gateway.common.Source.tags_of`'s (its own tags, the keys its senders may set). The vendor
 modules add ``vendor:<vendor>``.
 """
 
@@ -56,10 +56,6 @@ MAX_ARGS_BYTES: Final = 64 * 1024
 _JSON: Final = msgspec.json.Encoder()
 _FIRST_INSTANT: Final = datetime.min.replace(tzinfo=UTC)
 _LAST_INSTANT: Final = datetime.max.replace(tzinfo=UTC)
-#: The largest count a 64-bit signed column (billing's) holds.
-MAX_COUNT: Final = 2**63 - 1
-#: The longest provider or model name billing stores (`commonos.billing.projection`).
-MAX_NAME_CHARS: Final = 256
 
 
 def any_value(value: AnyValue) -> Any:

@@ -68,7 +68,7 @@ Decisions:
   its transcript's ``requestId`` imported into the token's profile: a session received here and later
   imported (or the other way round) is billed once, whichever comes first. (*scope*, here and in the
   table, is ``vendor_scope("claude-code", profile)``: ``claude-code`` for the profile ``claude-code``,
-  ``claude-code@<profile>`` for any other; see :mod:`~commonos.otlp_gateway.mapping`.)
+  ``claude-code@<profile>`` for any other; see :mod:`~commonos.otlp_gateway.common`.)
   The first event stored wins (JetStream drops the second within
   its duplicate window, billing's ``ON CONFLICT (event_id)`` after it; both carry the request id, and
   billing also keeps one call per profile, provider and request id whatever its event id). Both carry the same
@@ -99,8 +99,6 @@ from decimal import Decimal
 from typing import Any, Final
 
 from commonos.otlp_gateway.attributes import (
-    MAX_COUNT,
-    MAX_NAME_CHARS,
     before,
     boolean,
     count,
@@ -110,8 +108,8 @@ from commonos.otlp_gateway.attributes import (
     number,
     text,
 )
-from commonos.otlp_gateway.mapping import CLAUDE_CODE, CallAt, Emitter, Record, gateway_id
-from commonos.proto.events import ApprovalDecided, ModelCallCompleted, ToolCallRecorded
+from commonos.otlp_gateway.common import CLAUDE_CODE, CallAt, Emitter, Record, gateway_id
+from commonos.proto.events import MAX_COUNT, MAX_NAME_CHARS, ApprovalDecided, ModelCallCompleted, ToolCallRecorded
 from commonos.proto.graph.ids import request_call_event_id
 
 #: The pricing provider of Claude Code's models.

@@ -55,7 +55,7 @@ Decisions:
   is kept by `CallOrdinals` keyed on the scope, the conversation and a fingerprint (the record's time and
   counts), so a retried request gets the same ids, and each profile counts its own calls. (*scope*, here
   and in the table, is ``vendor_scope("codex", profile)``: ``codex`` for the profile ``codex``,
-  ``codex@<profile>`` for any other; see :mod:`~commonos.otlp_gateway.mapping`.) Both
+  ``codex@<profile>`` for any other; see :mod:`~commonos.otlp_gateway.common`.) Both
   sources carry the same tokens (tested on the recorded sessions), and the first stored wins
   (JetStream's duplicate window, then billing's ``ON CONFLICT (event_id)``); the OTLP event has the
   turn, neither has a request id. It fails where the order differs: requests of one conversation
@@ -85,9 +85,9 @@ import uuid
 from datetime import datetime
 from typing import Any, Final, NamedTuple
 
-from commonos.otlp_gateway.attributes import MAX_COUNT, MAX_NAME_CHARS, before, boolean, count, json_object, text
-from commonos.otlp_gateway.mapping import CODEX, CallAt, CallOrdinals, Emitter, Record
-from commonos.proto.events import ApprovalDecided, ModelCallCompleted, ToolCallRecorded
+from commonos.otlp_gateway.attributes import before, boolean, count, json_object, text
+from commonos.otlp_gateway.common import CODEX, CallAt, CallOrdinals, Emitter, Record
+from commonos.proto.events import MAX_COUNT, MAX_NAME_CHARS, ApprovalDecided, ModelCallCompleted, ToolCallRecorded
 from commonos.proto.graph.ids import ordinal_call_event_id
 
 #: The pricing provider of Codex's models.

@@ -1,7 +1,7 @@
 """Spans following the OpenTelemetry GenAI semantic conventions -> our events (pure: no I/O).
 
 `map_spans` reads an OTLP ``ExportTraceServiceRequest`` and returns the events of its spans
-(`commonos.otlp_gateway.mapping.Mapped`). A span's kind is its ``gen_ai.operation.name``:
+(`commonos.otlp_gateway.common.Mapped`). A span's kind is its ``gen_ai.operation.name``:
 
 =======================================  ===============================================================
 span (``gen_ai.operation.name``)         events
@@ -113,14 +113,12 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from commonos.otlp_gateway.attributes import (
-    MAX_COUNT,
-    MAX_NAME_CHARS,
     attributes,
     from_nanos,
     integer,
     json_object,
 )
-from commonos.otlp_gateway.mapping import Mapped, Source
+from commonos.otlp_gateway.common import Mapped, Source
 from commonos.proto import events as ev
 from commonos.proto.errors import DataError
 from commonos.proto.graph.ids import mint_uuid
@@ -476,8 +474,8 @@ class _Mapper:
         model = _first_text(span.attrs, "gen_ai.response.model", "gen_ai.request.model")
         if model is None:
             raise _Refused(f"{_where(span)}: no gen_ai.response.model nor gen_ai.request.model")
-        if max(len(provider), len(model)) > MAX_NAME_CHARS:
-            raise _Refused(f"{_where(span)}: a provider or model name longer than {MAX_NAME_CHARS} characters")
+        if max(len(provider), len(model)) > ev.MAX_NAME_CHARS:
+            raise _Refused(f"{_where(span)}: a provider or model name longer than {ev.MAX_NAME_CHARS} characters")
         tokens = _buckets(span, usage or {})
         place = self._place(span)
         if place is None:
@@ -699,7 +697,7 @@ def _buckets(span: _Span, usage: dict[str, Any]) -> _Tokens:
             continue
         key, value = usage[bucket]
         number = integer(value)
-        if number is None or not 0 <= number <= MAX_COUNT:
+        if number is None or not 0 <= number <= ev.MAX_COUNT:
             raise _Refused(f"{_where(span)}: {key} is {str(value)[:32]!r}, not a count")
         counts[bucket] = number
     cached = counts["cache_read"] + counts["cache_creation"]

@@ -1,4 +1,4 @@
-"""`mapping.CallOrdinals` in the NATS KV bucket COS_OTLP_STATE, shared by every gateway replica.
+"""`common.CallOrdinals` in the NATS KV bucket COS_OTLP_STATE, shared by every gateway replica.
 
 One key per (vendor, session): `<vendor>.<SHA-256 of the session key, 32 hex>`; its value the fingerprints of
 the session's calls in the order they were first seen (each as 16 hex of its SHA-256, a JSON list). A new

@@ -61,6 +61,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from commonos.otlp_gateway.auth import REALM, TokenIndex, bearer_token
+from commonos.otlp_gateway.common import CallOrdinals, Mapped, Source
 from commonos.otlp_gateway.decode import (
     BadRequest,
     TooLarge,
@@ -71,7 +72,7 @@ from commonos.otlp_gateway.decode import (
     parse_request,
     status_body,
 )
-from commonos.otlp_gateway.mapping import CallOrdinals, Mapped, Source, map_logs, map_traces
+from commonos.otlp_gateway.mapping import map_logs, map_traces
 from commonos.otlp_gateway.metrics import GatewayMetrics
 from commonos.otlp_gateway.settings import GatewaySettings
 from commonos.proto.errors import DataError, OperationalError

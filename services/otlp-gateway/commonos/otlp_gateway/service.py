@@ -20,7 +20,7 @@ import nats.js.errors
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from commonos.otlp_gateway.auth import TokenIndex, tokens_bucket
-from commonos.otlp_gateway.mapping import CallOrdinals
+from commonos.otlp_gateway.common import CallOrdinals
 from commonos.otlp_gateway.metrics import GatewayMetrics
 from commonos.otlp_gateway.ordinals import KvOrdinals, state_bucket
 from commonos.otlp_gateway.server import (
