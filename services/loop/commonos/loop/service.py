@@ -3,7 +3,7 @@
 A chat request with `started` is answered twice on its reply subject: `started` (the session and turn ids)
 as soon as the turn has them, then the final reply, so that a requester starting a new session learns which
 session's deltas (`cos.deltas.<profile>.<session>`) and events to follow. It answers `cos.approvals.pending`
-with the approvals its turns wait for (`commonos.loop.approvals.list_pending`).
+with the approvals its turns wait for (`commonos.runtime.loop_requests.list_pending`).
 
 At start it publishes each profile's `profile_upserted`, but a deleted profile's (it warns instead: the
 profile stays deleted and its chats are refused), and warns of every profile it published before whose
