@@ -8,7 +8,6 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from commonos.console.loop_requests import decide, list_pending
 from commonos.console.pages.chat import run_turn
 from commonos.loop.approvals import NatsApprover
 from commonos.loop.deltas import DeltaPublisher
@@ -19,6 +18,7 @@ from commonos.loop.providers import build_provider
 from commonos.loop.service import LoopService
 from commonos.proto.events import ApprovalStatus
 from commonos.proto.requests import ChatRequest
+from commonos.runtime.loop_requests import list_pending, send_decision
 from commonos.runtime.nats import ensure_streams
 from tests.deploy.conftest import SecuredNats
 from tests.loop.helpers import write_profile
@@ -81,7 +81,7 @@ async def test_the_console_chats_and_decides_through_the_loop(secured_nats: Secu
                 break
             await asyncio.sleep(0.05)
         [approval] = waiting
-        ack = await decide(console, "acme", approval.approval_id, ApprovalStatus.APPROVED, "web:abel")
+        ack = await send_decision(console, "acme", approval.approval_id, ApprovalStatus.APPROVED, "web:abel")
         assert ack.ok, ack.error
         result = await asyncio.wait_for(turn, 30)
         assert (result.status, result.text) == ("completed", "approved and done")

@@ -16,10 +16,11 @@ import nats
 import pytest
 from nats.aio.client import Client
 
-from commonos.loop.approvals import NatsApprover, new_request, send_decision
+from commonos.loop.approvals import NatsApprover, new_request
 from commonos.proto.events import ApprovalStatus, Risk
 from commonos.proto.requests import ApprovalAck, ApprovalAnswer, ApprovalRequest
 from commonos.runtime.embedded import NatsServer
+from commonos.runtime.loop_requests import send_decision
 from commonos.runtime.nats import inbox_prefix
 
 

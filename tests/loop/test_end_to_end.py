@@ -8,10 +8,10 @@ import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from commonos.loop.approvals import send_decision
 from commonos.loop.loop import TurnRequest
 from commonos.proto.events import ApprovalStatus, TurnStatus
 from commonos.proto.requests import ApprovalRequest, approval_request_subject
+from commonos.runtime.loop_requests import send_decision
 from commonos.runtime.nats import ensure_streams
 from commonos.runtime.postgres import connect
 from tests.loop.helpers import write_profile

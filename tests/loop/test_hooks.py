@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from commonos.loop import hooks as hooks_module
+from commonos.loop import profiles as profiles_module
 from commonos.loop.approvals import FixedApprover
-from commonos.loop.hooks import ENTRY_POINT_GROUP, Hook, HookSetup, Refusal, hook_names
+from commonos.loop.hooks import Hook, HookSetup, Refusal
 from commonos.loop.locks import MemorySessionLocks
 from commonos.loop.loop import Loop, TurnRequest
 from commonos.loop.memory import MemoryJournal
-from commonos.loop.profiles import Profile, ProfileError, load_profile
+from commonos.loop.profiles import HOOKS_ENTRY_POINT_GROUP as ENTRY_POINT_GROUP
+from commonos.loop.profiles import Profile, ProfileError, hook_names, load_profile
 from commonos.loop.providers import build_provider
 from commonos.proto.events import ApprovalDecided, ApprovalStatus, ToolCallRecorded, TurnStatus
 from commonos.proto.identity import TurnInfo
@@ -63,7 +64,7 @@ def installed(monkeypatch: pytest.MonkeyPatch) -> None:
         "cannot-build": EntryPoint("cannot-build", f"{__name__}:CannotBuild", ENTRY_POINT_GROUP),
         "missing": EntryPoint("missing", "tests.loop.no_such_module:Hook", ENTRY_POINT_GROUP),
     }
-    monkeypatch.setattr(hooks_module, "_entry_points", lambda: points)
+    monkeypatch.setattr(profiles_module, "hook_entry_points", lambda: points)
 
 
 def test_no_hooks_by_default_and_the_builtin_ones_by_name(tmp_path: Path) -> None:

@@ -11,13 +11,7 @@ import pytest
 from commonos.loop.approvals import TIMED_OUT, FixedApprover
 from commonos.loop.journal import SessionNotFound
 from commonos.loop.locks import MemorySessionLocks, SessionBusy
-from commonos.loop.loop import (
-    INTERRUPTED_RESULT,
-    Loop,
-    TurnRequest,
-    UnknownProfile,
-    close_open_tool_calls,
-)
+from commonos.loop.loop import Loop, TurnRequest, UnknownProfile
 from commonos.loop.memory import MemoryJournal
 from commonos.loop.profiles import Profile
 from commonos.loop.providers import ModelRequest, ModelResponse, ProviderError, ScriptedProvider, build_provider
@@ -37,7 +31,15 @@ from commonos.proto.events import (
     TurnStatus,
 )
 from commonos.proto.identity import TurnInfo
-from commonos.proto.messages import AssistantMessage, Message, ToolCall, ToolResultMessage, UserMessage
+from commonos.proto.messages import (
+    INTERRUPTED_RESULT,
+    AssistantMessage,
+    Message,
+    ToolCall,
+    ToolResultMessage,
+    UserMessage,
+    close_open_tool_calls,
+)
 from commonos.proto.requests import ApprovalAnswer, ApprovalRequest
 from tests.loop.helpers import of_type, write_profile
 

@@ -16,7 +16,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from commonos.loop.approvals import NatsApprover, send_decision
+from commonos.loop.approvals import NatsApprover
 from commonos.loop.locks import NatsSessionLocks, SessionBusy
 from commonos.loop.loop import Loop, TurnRequest
 from commonos.loop.nats_journal import NatsJournal
@@ -39,6 +39,7 @@ from commonos.proto.events import (
 from commonos.proto.requests import ApprovalRequest, approval_request_subject
 from commonos.proto.subjects import EVENTS_ALL
 from commonos.runtime.embedded import NatsServer
+from commonos.runtime.loop_requests import send_decision
 from tests.harness import ExternalServer
 from tests.loop.helpers import of_type, write_profile
 

@@ -13,7 +13,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from commonos.loop.approvals import NatsApprover, list_pending, send_decision
+from commonos.loop.approvals import NatsApprover
 from commonos.loop.locks import NatsSessionLocks
 from commonos.loop.loop import Loop
 from commonos.loop.nats_journal import NatsJournal
@@ -21,6 +21,7 @@ from commonos.loop.providers import build_provider
 from commonos.loop.service import LoopService
 from commonos.proto.events import ApprovalStatus
 from commonos.proto.requests import ApprovalRequest, ChatReply, ChatRequest, chat_subject
+from commonos.runtime.loop_requests import list_pending, send_decision
 from commonos.runtime.nats import ensure_streams
 from tests.loop.helpers import write_profile
 

@@ -18,7 +18,7 @@ import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from commonos.loop.approvals import NatsApprover, new_request, send_decision
+from commonos.loop.approvals import NatsApprover, new_request
 from commonos.loop.locks import NatsSessionLocks
 from commonos.loop.loop import Loop
 from commonos.loop.nats_journal import NatsJournal
@@ -29,6 +29,7 @@ from commonos.proto import events as ev
 from commonos.proto.ids import new_id
 from commonos.proto.requests import ApprovalAnswer, ChatReply, chat_subject
 from commonos.proto.subjects import EVENTS_ALL
+from commonos.runtime.loop_requests import send_decision
 from commonos.runtime.nats import ensure_streams
 from tests.loop.helpers import of_type, write_profile
 

@@ -16,7 +16,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from commonos.loop.approvals import NatsApprover, new_request, send_decision
+from commonos.loop.approvals import NatsApprover, new_request
 from commonos.loop.locks import NatsSessionLocks
 from commonos.loop.loop import Loop
 from commonos.loop.nats_journal import NatsJournal
@@ -28,6 +28,7 @@ from commonos.proto.ids import new_id
 from commonos.proto.requests import ApprovalRequest, ChatReply, ChatRequest, approval_request_subject, chat_subject
 from commonos.proto.subjects import EVENTS_ALL
 from commonos.runtime.embedded import free_port
+from commonos.runtime.loop_requests import send_decision
 from commonos.runtime.nats import ensure_streams
 from tests.loop.helpers import of_type, write_profile
 

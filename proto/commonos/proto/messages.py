@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Any, Final
 
 import msgspec
@@ -48,3 +49,24 @@ def message_text(message: Message) -> str:
             return text or ""
         case ToolResultMessage(content=content):
             return content
+
+
+#: The result given to a tool call the conversation has no result for (`close_open_tool_calls`).
+INTERRUPTED_RESULT: Final = "no result: the turn ended before this call ran"
+
+
+def close_open_tool_calls(messages: Sequence[Message]) -> list[Message]:
+    """Give every tool call without a result (a turn that ended mid-way) an error result, so the
+    conversation stays valid for every vendor's API."""
+    out: list[Message] = []
+    open_calls: list[str] = []
+    for message in messages:
+        if isinstance(message, ToolResultMessage):
+            if message.call_id in open_calls:
+                open_calls.remove(message.call_id)
+        else:
+            out += [ToolResultMessage(call_id=c, content=INTERRUPTED_RESULT, is_error=True) for c in open_calls]
+            open_calls = [c.id for c in message.tool_calls] if isinstance(message, AssistantMessage) else []
+        out.append(message)
+    out += [ToolResultMessage(call_id=c, content=INTERRUPTED_RESULT, is_error=True) for c in open_calls]
+    return out

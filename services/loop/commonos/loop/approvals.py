@@ -1,18 +1,19 @@
 """Asking a person whether a risky tool call may run, and waiting (bounded) for the answer.
 
 `NatsApprover` publishes an `ApprovalRequest` on `cos.approvals.<profile>.request` and waits on
-`cos.approvals.decide.<profile>.<approval_id>.<approver>` for an `ApprovalAnswer` (sent by `cos approve ID`
-/ `cos deny ID`, or any service), replying with an `ApprovalAck`. Who decided is the subject's last token
-(NATS permissions decide who may answer as whom, for which profiles); `policy` and `timeout` are the
-loop's own and refused in an answer. No answer before the profile's timeout means denied
-(`timed_out`). An answer not taken (neither approved nor denied, a `decided_by` holding U+0000, or one
-after the decision) gets a not-ok ack saying why; until one is taken the approval keeps waiting. The
-approval id is the tool call's `tool_call_id`.
+`cos.approvals.decide.<profile>.<approval_id>.<approver>` for an `ApprovalAnswer` (sent by `cos approve ID` / `cos
+deny ID` or the console, through `commonos.runtime.loop_requests.send_decision`), replying with an `ApprovalAck`.
+Who decided is the subject's last token (NATS permissions decide who may answer as whom, for which profiles);
+`policy` and `timeout` are the loop's own and refused in an answer. No answer before the profile's timeout means
+denied (`timed_out`). An answer not taken (neither approved nor denied, a `decided_by` holding U+0000, or one after
+the decision) gets a not-ok ack saying why; until one is taken the approval keeps waiting. The approval id is the
+tool call's `tool_call_id`.
 
 Pending approvals live only in the waiting loops (`NatsApprover.pending`): a loop service answers
-`cos.approvals.pending` (`PendingQuery` → `PendingApprovals`) with those of its turns, and `list_pending`
-gathers every loop's answer (a console's Approvals page). `cos.approvals.<profile>.request` tells of each new
-one as it starts to wait. The messages and the subjects the loop shares are in `commonos.proto.requests`.
+`cos.approvals.pending` (`PendingQuery` → `PendingApprovals`) with those of its turns, and
+`commonos.runtime.loop_requests.list_pending` gathers every loop's answer (a console's Approvals page).
+`cos.approvals.<profile>.request` tells of each new one as it starts to wait. The messages and the subjects the
+loop shares are in `commonos.proto.requests`.
 """
 
 from __future__ import annotations
@@ -32,13 +33,10 @@ from nats.aio.msg import Msg
 from commonos.loop.subjects import RESERVED_DECIDERS, approval_answers_subject
 from commonos.proto.events import ApprovalStatus, Risk, utcnow
 from commonos.proto.requests import (
-    APPROVALS_PENDING,
     ApprovalAck,
     ApprovalAnswer,
     ApprovalRequest,
     PendingApprovals,
-    PendingQuery,
-    approval_decide_subject,
     approval_request_subject,
 )
 from commonos.proto.text import NUL
@@ -152,73 +150,3 @@ class FixedApprover:
     async def ask(self, request: ApprovalRequest, timeout_s: float) -> ApprovalAnswer:
         self.asked.append(request)
         return self.answer if self.answer is not None else TIMED_OUT
-
-
-async def send_decision(
-    nc: Client,
-    profile_id: str,
-    approval_id: uuid.UUID,
-    status: ApprovalStatus,
-    approver: str,
-    timeout_s: float = 5.0,
-) -> ApprovalAck:
-    """Send `approver`'s decision to the loop waiting on `approval_id` of `profile_id`; a not-ok ack says why
-    it was not taken (no answer at all when NATS does not let this connection answer as `approver`).
-
-    Raises ValueError, before sending anything, for an approver that is not one subject token.
-    """
-    subject = approval_decide_subject(profile_id, approval_id, approver)
-    answer = ApprovalAnswer(status=status, decided_by=approver)
-    try:
-        reply = await nc.request(subject, msgspec.json.encode(answer), timeout=timeout_s)
-    except nats.errors.NoRespondersError:
-        return ApprovalAck(ok=False, error=f"no approval {approval_id} is waiting (decided, timed out, or unknown)")
-    except nats.errors.TimeoutError:
-        return ApprovalAck(ok=False, error=f"no answer from the loop within {timeout_s:.0f}s")
-    return msgspec.json.decode(reply.data, type=ApprovalAck)
-
-
-async def list_pending(
-    nc: Client, profile_ids: tuple[str, ...] | None = None, timeout_s: float = 2.0, settle_s: float = 0.15
-) -> list[ApprovalRequest]:
-    """The approvals waiting in every loop service (of `profile_ids`, or all), oldest first.
-
-    Asks `cos.approvals.pending` once and gathers the answers: each loop answers with its own, so after the
-    first answer this waits `settle_s` more for the others (at most `timeout_s` in all). No loop service
-    (NATS says no one listens) or no answer in time is an empty list."""
-    inbox = nc.new_inbox()
-    answers: asyncio.Queue[Msg] = asyncio.Queue()
-
-    async def on_answer(msg: Msg) -> None:
-        answers.put_nowait(msg)
-
-    sub = await nc.subscribe(inbox, cb=on_answer)
-    found: dict[uuid.UUID, ApprovalRequest] = {}
-    try:
-        await nc.publish(APPROVALS_PENDING, msgspec.json.encode(PendingQuery(profile_ids=profile_ids)), reply=inbox)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        first = True
-        while True:
-            left = deadline - loop.time()
-            if not first:
-                left = min(left, settle_s)
-            if left <= 0:
-                break
-            try:
-                msg = await asyncio.wait_for(answers.get(), left)
-            except TimeoutError:
-                break
-            if msg.headers and msg.headers.get("Status") == "503":
-                break  # no responders: no loop service runs
-            first = False
-            try:
-                for request in msgspec.json.decode(msg.data, type=PendingApprovals).approvals:
-                    found[request.approval_id] = request
-            except msgspec.DecodeError as exc:
-                log.warning("not a pending approvals answer: %s", exc)
-    finally:
-        with contextlib.suppress(nats.errors.Error):
-            await sub.unsubscribe()
-    wanted = found.values() if profile_ids is None else (r for r in found.values() if r.profile_id in profile_ids)
-    return sorted(wanted, key=lambda r: (r.expires_at, str(r.approval_id)))

@@ -22,7 +22,6 @@ import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from commonos.loop.approvals import send_decision
 from commonos.proto.events import ApprovalStatus, EventDecodeError, ToolCallRecorded, decode_event
 from commonos.proto.requests import (
     ApprovalRequest,
@@ -38,6 +37,7 @@ from commonos.runtime import nats as cos_nats
 from commonos.runtime.args import CliError, Parser
 from commonos.runtime.cli_support import cli_connect, cli_settings
 from commonos.runtime.lifecycle import run
+from commonos.runtime.loop_requests import send_decision
 from commonos.runtime.settings import Settings
 
 

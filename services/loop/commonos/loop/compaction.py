@@ -38,7 +38,7 @@ from commonos.loop.hooks import Hook, record_model_call
 from commonos.loop.journal import HistoryEntry
 from commonos.loop.providers.base import COMPACTION_SYSTEM, ModelRequest
 from commonos.proto.identity import TurnInfo
-from commonos.proto.messages import AssistantMessage, Message, ToolResultMessage, UserMessage
+from commonos.proto.messages import AssistantMessage, Message, ToolResultMessage, UserMessage, close_open_tool_calls
 
 log = logging.getLogger(__name__)
 
@@ -121,8 +121,6 @@ class CompactionHook(Hook):
         return compacted or reordered
 
     async def compact(self, turn: TurnInfo, request: ModelRequest, budget: int) -> ModelRequest | None:
-        from commonos.loop.loop import close_open_tool_calls  # the loop imports the hooks
-
         journal = self.setup.journal
         entries = await journal.load_entries(turn.session_id, turn.profile_id)
         active = [e for e in entries if e.active]

@@ -1,8 +1,8 @@
 """Loop hooks: code a profile plugs into its turns, to observe them and shape them, without editing the loop.
 
 A profile names its hooks in `config.toml` (`hooks = ["log", "my-guard"]`): a built-in one by its name
-(`BUILTIN_HOOKS`), any other by the name of an entry point of the `commonos.hooks` group, whose object is a
-`Hook` subclass (or any callable taking a `HookSetup` and returning a `Hook`). An unknown name is a
+(`commonos.loop.profiles.BUILTIN_HOOKS`), any other by the name of an entry point of the `commonos.hooks` group,
+whose object is a `Hook` subclass (or any callable taking a `HookSetup` and returning a `Hook`). An unknown name is a
 `ProfileError` naming the file and the key (`hooks[1]: unknown hook 'x' (...)`).
 
 Each point receives the turn's `TurnInfo` (the seed's "every hook, tool and journal call receives a
@@ -45,12 +45,11 @@ import logging
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from importlib.metadata import EntryPoint, entry_points
 from typing import Any, Final
 
-from commonos.loop import metrics
+from commonos.loop import metrics, profiles
 from commonos.loop.journal import Journal, ModelCall, ToolCallRecord
-from commonos.loop.profiles import Profile
+from commonos.loop.profiles import Profile, hook_names
 from commonos.loop.providers.base import ModelRequest, ModelResponse, Provider
 from commonos.proto.errors import DataError
 from commonos.proto.events import TurnStatus
@@ -59,8 +58,6 @@ from commonos.proto.messages import Message, ToolCall
 
 log = logging.getLogger(__name__)
 
-#: The entry point group of third-party hooks: `name = "package.module:HookClass"`.
-ENTRY_POINT_GROUP: Final = "commonos.hooks"
 #: The points, in the order a turn meets them (a hook's failure names one).
 POINTS: Final = (
     "turn_started",
@@ -175,14 +172,9 @@ class LogHook(Hook):
         log.info("turn %s finished %s", turn.turn_id, status.value)
 
 
-def _compaction(setup: HookSetup) -> Hook:
-    from commonos.loop.compaction import CompactionHook  # it imports this module
-
-    return CompactionHook(setup)
-
-
-#: Hooks a profile names without installing anything (`compaction`: `commonos.loop.compaction`).
-BUILTIN_HOOKS: Final[Mapping[str, HookFactory]] = {"log": LogHook, "compaction": _compaction}
+#: The built-in hooks defined here (`compaction`, the other one, is `commonos.loop.compaction`'s, which builds on
+#: this module: it is found through its entry point, as an installed hook is).
+BUILTIN_FACTORIES: Final[Mapping[str, HookFactory]] = {"log": LogHook}
 
 
 class HookFailed(DataError):
@@ -198,21 +190,12 @@ class HookLoadError(DataError):
     """A hook named by a profile that cannot be loaded or built (the loop reports it as the profile's error)."""
 
 
-def _entry_points() -> dict[str, EntryPoint]:
-    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
-
-
-def hook_names() -> tuple[str, ...]:
-    """Every name a profile may use: the built-in hooks', then the installed entry points' (sorted)."""
-    return tuple(BUILTIN_HOOKS) + tuple(sorted(set(_entry_points()) - set(BUILTIN_HOOKS)))
-
-
 def hook_factory(name: str) -> HookFactory:
     """The factory of the hook called `name` (a built-in one wins); `HookLoadError` if there is none or
     its entry point cannot be loaded."""
-    if name in BUILTIN_HOOKS:
-        return BUILTIN_HOOKS[name]
-    entry = _entry_points().get(name)
+    if name in BUILTIN_FACTORIES:
+        return BUILTIN_FACTORIES[name]
+    entry = profiles.hook_entry_points().get(name)
     if entry is None:
         raise HookLoadError(f"unknown hook {name!r} (one of {', '.join(hook_names())})")
     try:

@@ -20,7 +20,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import msgspec
@@ -48,7 +48,13 @@ from commonos.proto.errors import DataError
 from commonos.proto.events import ApprovalStatus, ProfileDeleted, Risk, TurnStatus, utcnow
 from commonos.proto.identity import REQUEST_SOURCES, SUBAGENT_SOURCE, NewSession, TurnInfo, title_from_text
 from commonos.proto.ids import new_id
-from commonos.proto.messages import AssistantMessage, Message, ToolCall, ToolResultMessage, UserMessage
+from commonos.proto.messages import (
+    Message,
+    ToolCall,
+    ToolResultMessage,
+    UserMessage,
+    close_open_tool_calls,
+)
 from commonos.proto.profiles import ProfileStatus, deleted_when_by, describe_deletion
 from commonos.proto.tags import check_profile_id, parse_tags, resolve_tags
 from commonos.proto.text import NUL
@@ -56,7 +62,6 @@ from commonos.proto.text import NUL
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_TOKENS: Final = 4096
-INTERRUPTED_RESULT: Final = "no result: the turn ended before this call ran"
 
 
 class UnknownProfile(DataError, LookupError):
@@ -106,23 +111,6 @@ def system_prompt(snapshot: Mapping[str, Any]) -> str:
         if entries:
             parts.append(f"## {title}\n" + "\n".join(f"- {e}" for e in entries))
     return "\n\n".join(p for p in parts if p)
-
-
-def close_open_tool_calls(messages: Sequence[Message]) -> list[Message]:
-    """Give every tool call without a result (a turn that ended mid-way) an error result, so the
-    conversation stays valid for every vendor's API."""
-    out: list[Message] = []
-    open_calls: list[str] = []
-    for message in messages:
-        if isinstance(message, ToolResultMessage):
-            if message.call_id in open_calls:
-                open_calls.remove(message.call_id)
-        else:
-            out += [ToolResultMessage(call_id=c, content=INTERRUPTED_RESULT, is_error=True) for c in open_calls]
-            open_calls = [c.id for c in message.tool_calls] if isinstance(message, AssistantMessage) else []
-        out.append(message)
-    out += [ToolResultMessage(call_id=c, content=INTERRUPTED_RESULT, is_error=True) for c in open_calls]
-    return out
 
 
 class _TurnFailed(DataError):

@@ -41,6 +41,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from enum import StrEnum
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Any, Final
 
@@ -53,6 +54,21 @@ from commonos.proto.tags import InvalidProfileId, InvalidTag, check_profile_id, 
 CONFIG_FILE: Final = "config.toml"
 #: Every tool the loop has (commonos.loop.tools registers exactly these).
 BUILTIN_TOOLS: Final = ("read_file", "list_dir", "write_file", "shell", "session_search", "delegate", "memory")
+#: The hooks a profile names without installing anything (`commonos.loop.hooks`: `log`;
+#: `commonos.loop.compaction`: `compaction`, found through its entry point).
+BUILTIN_HOOKS: Final = ("log", "compaction")
+#: The entry point group of hooks: `name = "package.module:HookClass"` (the built-in `compaction` is one).
+HOOKS_ENTRY_POINT_GROUP: Final = "commonos.hooks"
+
+
+def hook_entry_points() -> dict[str, EntryPoint]:
+    """The installed hooks' entry points, by name."""
+    return {ep.name: ep for ep in entry_points(group=HOOKS_ENTRY_POINT_GROUP)}
+
+
+def hook_names() -> tuple[str, ...]:
+    """Every hook name a profile may use: the built-in hooks', then the installed entry points' (sorted)."""
+    return BUILTIN_HOOKS + tuple(sorted(set(hook_entry_points()) - set(BUILTIN_HOOKS)))
 
 
 class ProfileError(ConfigError):
@@ -259,8 +275,6 @@ def _check_hooks(path: Path, names: list[str]) -> None:
     """Every hook name known (built in, or an entry point of `commonos.hooks`), none twice."""
     if not names:
         return
-    from commonos.loop.hooks import hook_names  # hooks import this module
-
     known = hook_names()
     for i, name in enumerate(names):
         if name not in known:

@@ -3,7 +3,7 @@
 A chat request with `started` is answered twice on its reply subject: `started` (the session and turn ids)
 as soon as the turn has them, then the final reply, so that a requester starting a new session learns which
 session's deltas (`cos.deltas.<profile>.<session>`) and events to follow. It answers `cos.approvals.pending`
-with the approvals its turns wait for (`commonos.loop.approvals.list_pending`).
+with the approvals its turns wait for (`commonos.runtime.loop_requests.list_pending`).
 
 At start it publishes each profile's `profile_upserted`, but a deleted profile's (it warns instead: the
 profile stays deleted and its chats are refused), and warns of every profile it published before whose
@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import msgspec
@@ -62,10 +62,11 @@ from commonos.proto.requests import (
 from commonos.proto.tags import InvalidTag
 from commonos.runtime import nats as cos_nats
 from commonos.runtime import telemetry
-from commonos.runtime.http import Health, HttpServer
+from commonos.runtime.http import Health
 from commonos.runtime.lifecycle import install_stop_signals, setup_logging
 from commonos.runtime.publisher import EventPublisher, PublishError
 from commonos.runtime.retry import sleep_or_stop
+from commonos.runtime.service import service_context
 from commonos.runtime.settings import ConfigError, Settings
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,7 @@ class LoopService:
         publisher: EventPublisher | None = None,
         heartbeat_s: float = 5.0,
         profiles_dir: Path | None = None,
+        stop_event: asyncio.Event | None = None,
     ) -> None:
         self.nc = nc
         self.loop = loop
@@ -97,7 +99,7 @@ class LoopService:
         cos_nats.watch_connection(self.health, nc)
         self.grace_s = grace_s
         self.handle_signals = handle_signals
-        self.stop_event = asyncio.Event()
+        self.stop_event = stop_event if stop_event is not None else asyncio.Event()
         self._subs: list[Subscription] = []
         self._turns: set[asyncio.Task[None]] = set()
         self._stopping = False
@@ -340,16 +342,10 @@ async def serve(settings: Settings, *, handle_signals: bool = True) -> int:
         raise ConfigError(str(exc)) from None
     if not settings.nats_url:
         raise ConfigError("COS_NATS_URL is not set (or run everything with `cos up`)")
-    services: list[LoopService] = []
-
-    async def on_closed() -> None:
-        for service in services:
-            await service.connection_closed()
-
     # OpenTelemetry when OTEL_EXPORTER_OTLP_ENDPOINT asks for it (service.name commonos-loop), flushed at the end.
     tel = telemetry.setup("commonos-loop")
     try:
-        return await _serve(settings, profiles, providers, services, on_closed, handle_signals)
+        return await _serve(settings, profiles, providers, handle_signals)
     finally:
         if tel is not None:
             await tel.aclose()
@@ -359,57 +355,49 @@ async def _serve(
     settings: Settings,
     profiles: Mapping[str, Profile],
     providers: Mapping[str, Provider],
-    services: list[LoopService],
-    on_closed: Callable[[], Awaitable[None]],
     handle_signals: bool,
 ) -> int:
-    """`serve` once the profiles are loaded: connect, serve until stopped, release everything."""
-    nc = await cos_nats.connect(settings, "cos-loop", closed_cb=on_closed)
+    """`serve` once the profiles are loaded: the services' life (`commonos.runtime.service.service_context`:
+    /metrics /healthz /readyz, NATS, the streams waited for), the loop served in it until stopped."""
     search: MessageSearch = NoSearch()
+    stop = None if handle_signals else asyncio.Event()
     try:
-        js = nc.jetstream()
-        await cos_nats.ensure_streams(js, settings.stream_replicas)
-        if settings.database_url:
-            search = await PostgresMessageSearch.connect(settings.database_url)
-        registry = NatsTurnRegistry(
-            js, default_owner(), stale_after_s=settings.turn_stale_s, replicas=settings.stream_replicas
-        )
-        loop = Loop(
-            NatsJournal(js, EventPublisher(js, LOOP_SOURCE, nc=nc), max_message_bytes=settings.max_message_bytes),
-            profiles,
-            providers,
-            locks=NatsSessionLocks(js, replicas=settings.stream_replicas),
-            approver=NatsApprover(nc),
-            search=search,
-            registry=registry,
-            deltas=DeltaPublisher(nc).for_turn,
-        )
-        health = Health()
-        http = HttpServer(health, settings.http_host, settings.http_port)
-        port = await http.start()
-        log.info("loop: /metrics /healthz /readyz on http://%s:%d", settings.http_host, port)
-        try:
-            service = LoopService(
-                nc,
-                loop,
-                health=health,
-                grace_s=settings.drain_timeout_s / 2,
-                handle_signals=handle_signals,
+        async with service_context(settings, "cos-loop", stop) as ctx:
+            js = ctx.js
+            if settings.database_url:
+                search = await PostgresMessageSearch.connect(settings.database_url)
+            registry = NatsTurnRegistry(
+                js, default_owner(), stale_after_s=settings.turn_stale_s, replicas=settings.stream_replicas
+            )
+            loop = Loop(
+                NatsJournal(
+                    js, EventPublisher(js, LOOP_SOURCE, nc=ctx.nc), max_message_bytes=settings.max_message_bytes
+                ),
+                profiles,
+                providers,
+                locks=NatsSessionLocks(js, replicas=settings.stream_replicas),
+                approver=NatsApprover(ctx.nc),
+                search=search,
                 registry=registry,
-                publisher=EventPublisher(js, "urn:commonos:loop", nc=nc),
+                deltas=DeltaPublisher(ctx.nc).for_turn,
+            )
+            service = LoopService(
+                ctx.nc,
+                loop,
+                health=ctx.health,
+                grace_s=settings.drain_timeout_s / 2,
+                handle_signals=False,
+                registry=registry,
+                publisher=EventPublisher(js, "urn:commonos:loop", nc=ctx.nc),
                 heartbeat_s=settings.turn_heartbeat_s,
                 profiles_dir=settings.profiles_dir,
+                stop_event=ctx.stop,
             )
-            services.append(service)
-            code = await service.run()
-        finally:
-            await http.stop()
+            ctx.on_lost.append(service.connection_closed)
+            code = 0 if ctx.stop.is_set() else await service.run()
     finally:
         for provider in providers.values():
             await provider.close()
         if isinstance(search, PostgresMessageSearch):
             await search.close()
-        if not nc.is_closed:
-            with contextlib.suppress(nats.errors.Error, TimeoutError):
-                await nc.drain()
-    return code
+    return 1 if code or ctx.lost else 0

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import nats.errors
-import nats.js.errors
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from commonos.otlp_gateway.auth import TokenIndex, tokens_bucket
@@ -37,6 +36,7 @@ from commonos.runtime.http import Health, HttpServer
 from commonos.runtime.lifecycle import install_stop_signals, run, setup_logging
 from commonos.runtime.publisher import EventPublisher
 from commonos.runtime.retry import Backoff, sleep_or_stop
+from commonos.runtime.service import wait_for_streams
 from commonos.runtime.settings import Settings
 
 log = logging.getLogger("commonos.otlp_gateway")
@@ -143,27 +143,17 @@ async def serve(
         if nc is None:
             return 0
         js = nc.jetstream()
-        kv_tokens = kv_state = None
-        backoff = Backoff(0.5, 10.0)
-        while not stop.is_set():
-            try:
-                await cos_nats.ensure_streams(js, settings.stream_replicas)
-                kv_tokens = await tokens_bucket(js, settings.stream_replicas)
-                kv_state = await state_bucket(js, settings.stream_replicas)
-                health.set_ready("streams", True)
-                break
-            except (
-                cos_nats.StreamUnavailable,
-                nats.errors.TimeoutError,
-                nats.errors.NoRespondersError,
-                nats.js.errors.ServiceUnavailableError,
-            ) as exc:
-                health.set_ready("streams", False, f"streams or KV buckets unavailable: {type(exc).__name__}")
-                health.beat()
-                log.warning("streams or KV buckets unavailable (%s); waiting", type(exc).__name__)
-                await sleep_or_stop(stop, backoff.next())
-        if kv_tokens is None or kv_state is None:
+        buckets: list[Any] = []
+
+        async def kv_buckets() -> None:
+            buckets[:] = [
+                await tokens_bucket(js, settings.stream_replicas),
+                await state_bucket(js, settings.stream_replicas),
+            ]
+
+        if not await wait_for_streams(js, settings.stream_replicas, health, stop, also=kv_buckets):
             return 1 if lost else 0
+        kv_tokens, kv_state = buckets
         tokens = TokenIndex()
         health.set_ready("tokens", False, "the tokens are not loaded yet")
         tasks.append(asyncio.create_task(tokens.run(nc, kv_tokens, stop), name="otlp-tokens"))

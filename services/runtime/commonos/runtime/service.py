@@ -3,6 +3,9 @@ schemas, its consumers, draining.
 
 `serve` is the whole life of a consuming service (the journal-writer, billing); a service gives it its
 name, its schemas and its projections (or a function making them once NATS and PostgreSQL are there).
+`service_context` is the part every NATS service shares (the loop's too): the stop event, the health port,
+the connection (readiness follows it), the streams waited for; `wait_for_streams` is its one way to wait for
+them (and whatever else a service needs of JetStream first, as the OTLP gateway's KV buckets).
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import asyncpg
 import nats.errors
@@ -41,6 +44,9 @@ class ServiceContext:
     stop: asyncio.Event
     #: Why the NATS connection was lost for good (the service must exit non-zero), or None.
     lost: str | None = None
+    #: Called, in order, when the connection is lost for good, before `stop` is set (the loop's service
+    #: records the loss, so that it interrupts its turns at once).
+    on_lost: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
 
 #: Makes a service's projections once NATS, the streams, the schemas and the pool are there (billing
@@ -70,7 +76,9 @@ async def service_context(
         if stop.is_set() or not holder:
             return  # our own shutdown
         ctx = holder[0]
-        ctx.lost = f"NATS connection closed: {ctx.nc.last_error or 'by the server'}"
+        for callback in ctx.on_lost:
+            await callback()
+        ctx.lost = ctx.lost or f"NATS connection closed: {ctx.nc.last_error or 'by the server'}"
         log.error("%s: %s; stopping so that the service is restarted", name, ctx.lost)
         health.fail(ctx.lost)
         stop.set()
@@ -80,7 +88,7 @@ async def service_context(
         cos_nats.watch_connection(health, nc)
         try:
             js = nc.jetstream()
-            await _streams_when_there(js, settings.stream_replicas, streams, health, stop)
+            await wait_for_streams(js, settings.stream_replicas, health, stop, streams)
             holder.append(ServiceContext(nc, js, health, stop))
             yield holder[0]
         finally:
@@ -89,18 +97,27 @@ async def service_context(
         await http.stop()
 
 
-async def _streams_when_there(
-    js: JetStreamContext, replicas: int, extra: Sequence[StreamConfig], health: Health, stop: asyncio.Event
-) -> None:
-    """The streams, created if this user may; else waited for (an admin creates them: `cos streams ensure`)."""
+async def wait_for_streams(
+    js: JetStreamContext,
+    replicas: int,
+    health: Health,
+    stop: asyncio.Event,
+    extra: Sequence[StreamConfig] = (),
+    also: Callable[[], Awaitable[None]] | None = None,
+) -> bool:
+    """The streams (the events', the dead letters', `extra`), created if this user may, else waited for (an
+    admin creates them: `cos streams ensure`), then `also` (what else the service needs of JetStream, waited
+    for the same way); readiness check "streams" until then. False if stopped first."""
     backoff = Backoff(0.5, 10.0)
     while not stop.is_set():
         try:
             await cos_nats.ensure_streams(js, replicas)
             for config in extra:
                 await cos_nats.ensure_stream(js, config)
+            if also is not None:
+                await also()
             health.set_ready("streams", True)
-            return
+            return True
         except (
             cos_nats.StreamUnavailable,
             nats.errors.TimeoutError,
@@ -113,6 +130,7 @@ async def _streams_when_there(
             health.beat()  # waiting is not a hang
             log.warning("%s; waiting", reason)
             await sleep_or_stop(stop, backoff.next())
+    return False
 
 
 async def apply_schemas_when_reachable(

@@ -2,7 +2,7 @@
 
 Where "pending" lives: only in the loop services whose turns wait (PostgreSQL's `approvals` holds decisions, made
 or timed out, never a waiting one). The console asks every loop service (`cos.approvals.pending`: each answers
-with its own waiting approvals; commonos.console.loop_requests.list_pending) and follows
+with its own waiting approvals; commonos.runtime.loop_requests.list_pending) and follows
 `cos.approvals.<profile>.request` (a new one waits) and the `approval_decided` events (one is decided or timed
 out) to update the page live.
 
@@ -36,12 +36,12 @@ from pydantic import BaseModel
 from sse_starlette.sse import EventSourceResponse
 
 from commonos.console.auth import CsrfChecked, SignedIn
-from commonos.console.loop_requests import decide, list_pending
 from commonos.console.metrics import LIVE_WATCHERS
 from commonos.console.templating import render
 from commonos.console.users import Role, User
 from commonos.proto.events import ApprovalStatus
 from commonos.proto.requests import APPROVAL_REQUESTS_ALL, APPROVER, ApprovalRequest
+from commonos.runtime.loop_requests import list_pending, send_decision
 
 router = APIRouter(tags=["approvals"])
 
@@ -140,7 +140,7 @@ async def send(request: Request, user: User, approval_id: uuid.UUID, status: App
         raise HTTPException(404, f"no approval {approval_id} is waiting (decided, timed out, or unknown)")
     if not may_decide(user, found.profile_id):
         raise HTTPException(403, f"{user.name} does not decide for profile {found.profile_id!r}")
-    ack = await decide(nc, found.profile_id, approval_id, status, approver)
+    ack = await send_decision(nc, found.profile_id, approval_id, status, approver)
     if not ack.ok:
         raise HTTPException(409, ack.error or "the decision was not taken")
     return Decision(
