@@ -258,14 +258,14 @@ def test_impossible_calls_are_rejected(fields: dict[str, object], message: str) 
         check_model_call(event)
 
 
-def test_insert_arguments_are_columns_with_tags_as_one_string(pricer: Pricer) -> None:
+def test_insert_arguments_are_columns_with_tags_as_array_literals(pricer: Pricer) -> None:
     rows = [
         build_row(call(TokenUsage(input_tokens=1), "openai", "o3"), pricer),
         build_row(call(TokenUsage(input_tokens=2), "openai", "o3", tags=()), pricer),
     ]
     columns = insert_arguments(rows)
     assert len(columns) == len(ModelCallRow._fields) == 25
-    assert columns[ModelCallRow._fields.index("tags")] == ["client:acme team:core", ""]
+    assert columns[ModelCallRow._fields.index("tags")] == ["{client:acme,team:core}", "{}"]
     assert columns[ModelCallRow._fields.index("input_tokens")] == [1, 2]
 
 

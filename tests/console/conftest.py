@@ -32,8 +32,8 @@ from commonos.console.service import server as console_server
 from commonos.console.settings import ConsoleSettings
 from commonos.console.users import Role, User, hash_password, render_users
 from commonos.journal_writer.graph_schema import SCHEMA as GRAPH_SCHEMA
+from commonos.journal_writer.memory import SCHEMA as MEMORY_SCHEMA
 from commonos.journal_writer.schema import SCHEMA as CORE_SCHEMA
-from commonos.memory.schema import SCHEMA as MEMORY_SCHEMA
 from commonos.proto import events as ev
 from commonos.proto.messages import AssistantMessage, ToolCall, ToolResultMessage, UserMessage
 from commonos.runtime.embedded import free_port

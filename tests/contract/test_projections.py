@@ -48,6 +48,7 @@ from commonos.runtime.errors import DataError, EventRejected
 from commonos.runtime.http import Health
 from commonos.runtime.postgres import apply_schemas, connect, create_pool
 from commonos.runtime.settings import Settings
+from tests.contract import toy_projection
 from tests.factories import Clock, SessionBuilder, conversation, event_stream
 from tests.harness import PgServer
 from tests.importer.transcripts import long_claude_session
@@ -79,6 +80,10 @@ class Case:
     commit_order_columns: tuple[str, ...] = ()
 
 
+async def _ready(projection: Projection) -> Projection:
+    return projection
+
+
 async def _core(name: str, pool: asyncpg.Pool) -> Projection:
     return JournalProjection(name)
 
@@ -105,6 +110,7 @@ async def _billing(name: str, pool: asyncpg.Pool) -> Projection:
 
 
 CASES = [
+    Case("toy", lambda name, pool: _ready(toy_projection.ToyProjection(name)), (toy_projection.REGISTRATION.schema,)),
     Case("core", _core, tuple(writer_schemas())),
     Case("graph", _graph, tuple(writer_schemas())),
     Case("memory", _memory_projection, tuple(writer_schemas())),

@@ -17,10 +17,10 @@ from commonos.billing.schema import BILLING_TABLES
 from commonos.billing.schema import SCHEMA as BILLING_SCHEMA
 from commonos.console.sign_outs import SCHEMA as SIGN_OUTS_SCHEMA
 from commonos.journal_writer.graph_schema import SCHEMA as GRAPH_SCHEMA
+from commonos.journal_writer.memory import SCHEMA as MEMORY_SCHEMA
 from commonos.journal_writer.schema import CORE_TABLES
 from commonos.journal_writer.schema import SCHEMA as CORE_SCHEMA
 from commonos.journal_writer.store import JournalProjection
-from commonos.memory.schema import SCHEMA as MEMORY_SCHEMA
 from commonos.proto.events import ModelCallCompleted
 from commonos.runtime.postgres import apply_schemas, connect
 from commonos.runtime.settings import Settings

@@ -1,6 +1,7 @@
-"""The Memory plugin's table, and its projection from `memory_changed` events.
+"""The Memory plugin's projection from `memory_changed` events (its tables are declared by the journal-writer,
+`commonos.journal_writer.memory`, which stores them).
 
-`SCHEMA` is applied after the core schema (every statement `IF NOT EXISTS`). `memory_rows(event)` is
+`memory_rows(event)` is
 pure: it turns one event into the statements that apply it, for the journal-writer to run in its own
 transaction. They are idempotent — each is guarded by the event id recorded in
 `memory_changes_applied` — so a redelivered event changes nothing, and they keep positions exactly as
@@ -17,26 +18,6 @@ from typing import Any, Final, NamedTuple
 
 from commonos.proto.events import Event, MemoryChanged, MemoryOp
 from commonos.proto.text import escape_nul
-
-SCHEMA: Final = """
-CREATE TABLE IF NOT EXISTS memory_entries (
-    profile_id text NOT NULL,
-    target text NOT NULL CHECK (target IN ('memory', 'user')),
-    position integer NOT NULL CHECK (position >= 0),
-    content text NOT NULL,
-    updated_at timestamptz NOT NULL,
-    -- the last event that wrote this entry
-    event_id uuid NOT NULL,
-    -- deferred: shifting positions moves rows over each other inside one statement
-    CONSTRAINT memory_entries_pkey PRIMARY KEY (profile_id, target, position) DEFERRABLE INITIALLY DEFERRED
-);
-
-CREATE TABLE IF NOT EXISTS memory_changes_applied (
-    event_id uuid PRIMARY KEY,
-    profile_id text NOT NULL,
-    applied_at timestamptz NOT NULL DEFAULT now()
-);
-"""
 
 
 class Statement(NamedTuple):

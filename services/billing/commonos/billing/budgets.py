@@ -41,7 +41,7 @@ from commonos.proto.alerts import BudgetExceeded
 from commonos.proto.events import utcnow
 
 if TYPE_CHECKING:
-    from commonos.billing.projection import ModelCallRow
+    from commonos.billing.rows import ModelCallRow
     from commonos.runtime.postgres import Conn
 
 __all__ = [

@@ -31,7 +31,7 @@ from prometheus_client import Counter, Gauge
 from commonos.billing.config import MetricsConfig
 
 if TYPE_CHECKING:
-    from commonos.billing.projection import ModelCallRow
+    from commonos.billing.rows import ModelCallRow
 
 OTHER: Final = "other"
 _MAX_LABEL_CHARS: Final = 120

@@ -38,26 +38,27 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, Final, NamedTuple
+from typing import TYPE_CHECKING, Any, Final
 
 from commonos.accounting.pricing import Pricer
 from commonos.accounting.usage import TokenUsage
-from commonos.billing.schema import DELETIONS_TABLE
+from commonos.billing.budgets import BudgetStep, BudgetTracker
+from commonos.billing.metrics import BillingMetrics, MetricBatch
+from commonos.billing.rows import ModelCallRow
+from commonos.billing.schema import DELETIONS_TABLE, MODEL_CALLS, TABLES
 from commonos.proto.events import Event, ModelCallCompleted, SessionCreated
 from commonos.proto.subjects import (
     MODEL_CALLS_FILTER,
     PROFILES_FILTER,
     SESSIONS_CREATED_FILTER,
 )
-from commonos.proto.text import escape_nul
 from commonos.runtime.errors import BugError, DataError
 from commonos.runtime.owners import SessionOwners
 from commonos.runtime.projection import Projection
+from commonos.runtime.registry import Registration, rebuilt
 from commonos.runtime.tombstones import ProfileTombstones, check_profile_event
 
 if TYPE_CHECKING:
-    from commonos.billing.budgets import BudgetStep, BudgetTracker
-    from commonos.billing.metrics import BillingMetrics, MetricBatch
     from commonos.runtime.postgres import Conn
 
 __all__ = [
@@ -110,36 +111,6 @@ class BillingFault(BugError):
 
     Not a ValueError, so that nothing takes it for the call's fault and dead-letters every call the bug touches.
     """
-
-
-class ModelCallRow(NamedTuple):
-    """One ``model_calls`` row, in column order."""
-
-    event_id: uuid.UUID
-    profile_id: str
-    session_id: uuid.UUID
-    turn_id: uuid.UUID | None
-    request_id: str | None
-    provider: str
-    model: str
-    input_tokens: int
-    output_tokens: int
-    cache_read_tokens: int
-    cache_write_5m_tokens: int
-    cache_write_1h_tokens: int
-    reasoning_tokens: int
-    speed: str | None
-    latency_s: float | None
-    stop_reason: str | None
-    usage_estimated: bool
-    reported_cost_usd: Decimal | None
-    cost_usd: Decimal | None
-    cost_status: str
-    price_source: str
-    price_version: str
-    price_detail: str
-    tags: tuple[str, ...]
-    created_at: datetime
 
 
 def check_model_call(event: ModelCallCompleted) -> None:
@@ -235,40 +206,16 @@ def build_row(event: ModelCallCompleted, pricer: Pricer) -> ModelCallRow:
     )
 
 
-#: Tags travel as one space-separated string per row (a tag never contains a space), since PostgreSQL
-#: arrays cannot be ragged; ``string_to_array('', ' ')`` is the empty array.
-INSERT_MODEL_CALLS: Final = """
-INSERT INTO model_calls (
-    event_id, profile_id, session_id, turn_id, request_id, provider, model,
-    input_tokens, output_tokens, cache_read_tokens, cache_write_5m_tokens, cache_write_1h_tokens, reasoning_tokens,
-    speed, latency_s, stop_reason, usage_estimated, reported_cost_usd,
-    cost_usd, cost_status, price_source, price_version, price_detail, tags, created_at)
-SELECT e, p, s, t, r, pv, m, it, ot, crt, cw5, cw1, rt, sp, lat, sr, ue, rc, c, cs, ps, pver, pd,
-       string_to_array(tg, ' '), ca
-FROM unnest(
-    $1::uuid[], $2::text[], $3::uuid[], $4::uuid[], $5::text[], $6::text[], $7::text[],
-    $8::bigint[], $9::bigint[], $10::bigint[], $11::bigint[], $12::bigint[], $13::bigint[],
-    $14::text[], $15::float8[], $16::text[], $17::bool[], $18::numeric[],
-    $19::numeric[], $20::text[], $21::text[], $22::text[], $23::text[], $24::text[], $25::timestamptz[]
-) AS u(e, p, s, t, r, pv, m, it, ot, crt, cw5, cw1, rt, sp, lat, sr, ue, rc, c, cs, ps, pver, pd, tg, ca)
--- One vendor request of a profile is one call, whichever event id names it (see `same_request_once`).
-WHERE u.r IS NULL OR NOT EXISTS (
-    SELECT 1 FROM model_calls m
-    WHERE m.request_id = u.r AND m.provider = u.pv AND m.profile_id = u.p AND m.event_id <> u.e)
-ON CONFLICT (event_id) DO NOTHING
-RETURNING event_id
-"""
-
-_TAGS_COLUMN: Final = ModelCallRow._fields.index("tags")
+#: One round trip per batch: the columns as arrays (`unnest`), derived from the table's declaration
+#: (`billing.schema.MODEL_CALLS`); a call whose vendor request id is already stored under another event id is
+#: not inserted, and the event ids inserted are returned.
+INSERT_MODEL_CALLS: Final = MODEL_CALLS.insert_bulk()
 
 
 def insert_arguments(rows: Sequence[ModelCallRow]) -> list[list[Any]]:
-    """The 25 column arrays of :data:`INSERT_MODEL_CALLS`."""
-    columns: list[list[Any]] = [list(column) for column in zip(*rows, strict=True)]
-    columns[_TAGS_COLUMN] = [" ".join(tags) for tags in columns[_TAGS_COLUMN]]
-    # A vendor's text (model, request id, stop reason) may hold U+0000, which PostgreSQL text cannot:
-    # stored escaped, losslessly, as every projection does (`proto.text`).
-    return [[escape_nul(v) if isinstance(v, str) else v for v in column] for column in columns]
+    """The column arrays of :data:`INSERT_MODEL_CALLS` (a vendor's text, which may hold U+0000, escaped as every
+    projection stores it, `proto.text`; tags as array literals)."""
+    return MODEL_CALLS.bulk_args(rows)
 
 
 def same_request_once(rows: Sequence[ModelCallRow]) -> list[ModelCallRow]:
@@ -320,7 +267,7 @@ class BillingProjection(Projection):
         PROFILES_FILTER,
     )
     #: billing_reprices is written by ``cos billing reprice``, not by the projection.
-    tables = ("model_calls", "budget_spend", "budget_alerts", "billing_session_owners", DELETIONS_TABLE)
+    tables = rebuilt(TABLES)
 
     def __init__(
         self,
@@ -404,3 +351,8 @@ class BillingProjection(Projection):
         if self.budgets is not None:
             for step in staged.budgets:
                 self.budgets.committed(step)
+
+
+#: Billing as registered (`commonos.projections` in pyproject.toml); its service builds the projection from its
+#: prices and budgets (`commonos.billing.service`).
+REGISTRATION: Final = Registration("billing", "billing", TABLES)

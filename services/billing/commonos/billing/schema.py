@@ -9,110 +9,158 @@ time, which is `recorded_at`. `cost_usd` is exact (numeric, 1e-10 USD) and NULL 
 The core never reads these tables, and billing reads no core table.
 """
 
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from decimal import Decimal
 from typing import Final
 
-from commonos.runtime.owners import owners_schema
-from commonos.runtime.tombstones import tombstones_schema
+import msgspec
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS model_calls (
-    event_id              uuid PRIMARY KEY,
-    profile_id            text NOT NULL,
-    session_id            uuid NOT NULL,
-    turn_id               uuid,
-    request_id            text,
-    provider              text NOT NULL,
-    model                 text NOT NULL,
-    input_tokens          bigint NOT NULL CHECK (input_tokens >= 0),
-    output_tokens         bigint NOT NULL CHECK (output_tokens >= 0),
-    cache_read_tokens     bigint NOT NULL CHECK (cache_read_tokens >= 0),
-    cache_write_5m_tokens bigint NOT NULL CHECK (cache_write_5m_tokens >= 0),
-    cache_write_1h_tokens bigint NOT NULL CHECK (cache_write_1h_tokens >= 0),
-    reasoning_tokens      bigint NOT NULL CHECK (reasoning_tokens >= 0 AND reasoning_tokens <= output_tokens),
-    speed                 text,
-    latency_s             double precision,
-    stop_reason           text,
-    usage_estimated       boolean NOT NULL DEFAULT false,
-    reported_cost_usd     numeric,
-    cost_usd              numeric(24, 10),
-    cost_status           text NOT NULL
-        CHECK (cost_status IN ('priced', 'override', 'reported', 'unpriced', 'estimated')),
-    price_source          text NOT NULL,
-    price_version         text NOT NULL,
-    price_detail          text NOT NULL DEFAULT '',
-    tags                  text[] NOT NULL DEFAULT '{}',
-    created_at            timestamptz NOT NULL,
-    recorded_at           timestamptz NOT NULL DEFAULT now(),
-    repriced_at           timestamptz,
-    CHECK ((cost_usd IS NULL) = (cost_status = 'unpriced'))
-);
-CREATE INDEX IF NOT EXISTS model_calls_tags ON model_calls USING gin (tags);
-CREATE INDEX IF NOT EXISTS model_calls_created ON model_calls (created_at);
-CREATE INDEX IF NOT EXISTS model_calls_session ON model_calls (session_id);
--- A vendor request billed once whatever event id names it (projection.same_request_once).
-CREATE INDEX IF NOT EXISTS model_calls_request ON model_calls (request_id) WHERE request_id IS NOT NULL;
+from commonos.billing.rows import ModelCallRow
+from commonos.runtime.owners import owners_table
+from commonos.runtime.tables import ANALYST, BILLING, CONSOLE, Checked, Read, Table, by_profile, positions_table
+from commonos.runtime.tombstones import tombstones_table
 
--- Billing's own consumer positions, written in the same transaction as its rows.
-CREATE TABLE IF NOT EXISTS billing_positions (
-    consumer   text PRIMARY KEY,
-    stream_seq bigint NOT NULL,
-    updated_at timestamptz NOT NULL DEFAULT now()
-);
+_COUNTS: Final = (
+    "input_tokens",
+    "output_tokens",
+    "cache_read_tokens",
+    "cache_write_5m_tokens",
+    "cache_write_1h_tokens",
+    "reasoning_tokens",
+)
 
--- Running spend per budgeted tag and calendar period (UTC), kept in step with model_calls by the consumer
--- (same transaction) and recomputed by a reprice.
-CREATE TABLE IF NOT EXISTS budget_spend (
-    tag          text NOT NULL,
-    period       text NOT NULL CHECK (period IN ('day', 'month')),
-    period_start timestamptz NOT NULL,
-    period_end   timestamptz NOT NULL,
-    spent_usd    numeric NOT NULL DEFAULT 0,
-    calls        bigint NOT NULL DEFAULT 0,
-    updated_at   timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (tag, period, period_start)
-);
+MODEL_CALLS: Final = Table(
+    "model_calls",
+    ModelCallRow,
+    key=("event_id",),
+    owner=BILLING,
+    # One vendor request of a profile is one call, whichever event id names it (`projection.same_request_once`);
+    # the insert returns the event ids it added.
+    conflict=Checked(
+        where="u.request_id IS NULL OR NOT EXISTS (SELECT 1 FROM model_calls m WHERE m.request_id = u.request_id "
+        "AND m.provider = u.provider AND m.profile_id = u.profile_id AND m.event_id <> u.event_id)"
+    ),
+    types={**dict.fromkeys(_COUNTS, "bigint"), "cost_usd": "numeric(24, 10)"},
+    details={
+        **{c: f"CHECK ({c} >= 0)" for c in _COUNTS[:-1]},
+        "reasoning_tokens": "CHECK (reasoning_tokens >= 0 AND reasoning_tokens <= output_tokens)",
+        "usage_estimated": "DEFAULT false",
+        "cost_status": "\n        CHECK (cost_status IN ('priced', 'override', 'reported', 'unpriced', 'estimated'))",
+        "price_detail": "DEFAULT ''",
+        "tags": "DEFAULT '{}'",
+    },
+    extra=("recorded_at timestamptz NOT NULL DEFAULT now()", "repriced_at timestamptz"),
+    constraints=("CHECK ((cost_usd IS NULL) = (cost_status = 'unpriced'))",),
+    indexes={
+        "model_calls_tags": "USING gin (tags)",
+        "model_calls_created": "(created_at)",
+        "model_calls_session": "(session_id)",
+        # A vendor request billed once whatever event id names it (projection.same_request_once).
+        "model_calls_request": "(request_id) WHERE request_id IS NOT NULL",
+    },
+    readers=(Read(CONSOLE), Read(ANALYST, by_profile())),
+    partition_by="created_at",
+)
 
--- One row per budget and period whose limit was reached: the alert for that period was sent (or, for a
--- period long closed when it was found, recorded without publishing). Same transaction as the batch.
-CREATE TABLE IF NOT EXISTS budget_alerts (
-    budget              text NOT NULL,
-    period_start        timestamptz NOT NULL,
-    period_end          timestamptz NOT NULL,
-    period              text NOT NULL,
-    tag                 text NOT NULL,
-    limit_usd           numeric NOT NULL,
-    spent_usd           numeric NOT NULL,
-    alert_id            uuid NOT NULL,
-    crossed_by_event_id uuid,
-    published           boolean NOT NULL,
-    sent_at             timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (budget, period_start)
-);
+#: Billing's own consumer positions, written in the same transaction as its rows.
+POSITIONS: Final = positions_table("billing_positions", BILLING, (Read(CONSOLE),))
 
--- One row per `cos billing reprice` run that changed something.
-CREATE TABLE IF NOT EXISTS billing_reprices (
-    id             bigserial PRIMARY KEY,
-    ran_at         timestamptz NOT NULL DEFAULT now(),
-    since          timestamptz NOT NULL,
-    until          timestamptz,
-    genai_version  text NOT NULL,
-    price_file     text,
-    price_file_sha text,
-    rows_examined  bigint NOT NULL,
-    rows_changed   bigint NOT NULL,
-    usd_before     numeric NOT NULL,
-    usd_after      numeric NOT NULL
-);
-"""
 
-# Who owns each session billing has seen (its session_created, or the first model call naming it): a model
-# call of another profile is a profile_mismatch dead letter, never billed to the owner's session.
-SCHEMA += owners_schema("billing_session_owners")
+class SpendRow(msgspec.Struct, frozen=True):
+    """Running spend per budgeted tag and calendar period (UTC), kept in step with model_calls by the consumer
+    (same transaction) and recomputed by a reprice."""
 
+    tag: str
+    period: str
+    period_start: datetime
+    period_end: datetime
+    spent_usd: Decimal
+    calls: int
+    updated_at: datetime
+
+
+BUDGET_SPEND: Final = Table(
+    "budget_spend",
+    SpendRow,
+    key=("tag", "period", "period_start"),
+    owner=BILLING,
+    types={"calls": "bigint"},
+    details={
+        "period": "CHECK (period IN ('day', 'month'))",
+        "spent_usd": "DEFAULT 0",
+        "calls": "DEFAULT 0",
+        "updated_at": "DEFAULT now()",
+    },
+    readers=(Read(CONSOLE),),
+)
+
+
+class AlertRow(msgspec.Struct, frozen=True):
+    """One budget and period whose limit was reached: the alert for that period was sent (or, for a period long
+    closed when it was found, recorded without publishing). Same transaction as the batch."""
+
+    budget: str
+    period_start: datetime
+    period_end: datetime
+    period: str
+    tag: str
+    limit_usd: Decimal
+    spent_usd: Decimal
+    alert_id: uuid.UUID
+    crossed_by_event_id: uuid.UUID | None
+    published: bool
+    sent_at: datetime
+
+
+BUDGET_ALERTS: Final = Table(
+    "budget_alerts",
+    AlertRow,
+    key=("budget", "period_start"),
+    owner=BILLING,
+    details={"sent_at": "DEFAULT now()"},
+    readers=(Read(CONSOLE),),
+)
+
+
+class RepriceRow(msgspec.Struct, frozen=True):
+    """One `cos billing reprice` run that changed something."""
+
+    id: int
+    ran_at: datetime
+    since: datetime
+    until: datetime | None
+    genai_version: str
+    price_file: str | None
+    price_file_sha: str | None
+    rows_examined: int
+    rows_changed: int
+    usd_before: Decimal
+    usd_after: Decimal
+
+
+BILLING_REPRICES: Final = Table(
+    "billing_reprices",
+    RepriceRow,
+    key=("id",),
+    owner=BILLING,
+    types={"id": "bigserial", "rows_examined": "bigint", "rows_changed": "bigint"},
+    details={"ran_at": "DEFAULT now()"},
+    rebuilt=False,
+)
+
+#: Who owns each session billing has seen (its session_created, or the first model call naming it): a model
+#: call of another profile is a profile_mismatch dead letter, never billed to the owner's session.
+OWNERS: Final = owners_table("billing_session_owners", BILLING)
 #: The profiles deleted (`commonos.runtime.tombstones`): a deleted profile's model calls are refused, while
 #: what it was billed before stays in `model_calls`, an accounting record.
 DELETIONS_TABLE: Final = "billing_profile_deletions"
-SCHEMA += tombstones_schema(DELETIONS_TABLE)
+DELETIONS: Final = tombstones_table(DELETIONS_TABLE, BILLING)
+
+TABLES: Final = (MODEL_CALLS, POSITIONS, BUDGET_SPEND, BUDGET_ALERTS, BILLING_REPRICES, OWNERS, DELETIONS)
+SCHEMA: Final = "\n".join(t.ddl() for t in TABLES)
 
 #: Tables of this plugin, for tests and tools.
 BILLING_TABLES: Final = (

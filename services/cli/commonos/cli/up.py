@@ -33,7 +33,6 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +42,7 @@ from rich.table import Table
 
 from commonos.cli.streams import ensure_all
 from commonos.proto.errors import ConfigError, OperationalError
+from commonos.runtime import registry
 from commonos.runtime.args import CliError
 from commonos.runtime.cli_support import as_text
 from commonos.runtime.embedded import NatsServer, PostgresCluster, ServerStartError, free_port
@@ -391,10 +391,9 @@ class System:
 
 
 def all_schemas() -> list[str]:
-    """Core schema first, then each plugin's, as the specification orders them: the `commonos.schemas`
-    entry points (pyproject.toml), in the order of their names."""
-    found = sorted(entry_points(group="commonos.schemas"), key=lambda ep: ep.name)
-    return [str(ep.load()) for ep in found]
+    """Core schema first, then each plugin's, as the specification orders them: the schemas of the registered
+    projections (`commonos.runtime.registry`, the `commonos.projections` entry points), in their order."""
+    return registry.schemas()
 
 
 def _redact(url: str) -> str:

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
-from commonos.journal_writer.graph_schema import DELETIONS_TABLE, GRAPH_TABLES
+from commonos.journal_writer.graph_schema import DELETIONS_TABLE, PRELUDE, TABLES
 from commonos.proto.events import Event, ProfileDeleted, TranscriptImported
 from commonos.proto.graph import Graph, GraphInvalid, decode_graph, validate
 from commonos.proto.subjects import PROFILES_FILTER
@@ -47,6 +47,7 @@ from commonos.proto.text import escape_nul, escape_nul_in_json
 from commonos.runtime.errors import DataError
 from commonos.runtime.owners import mismatch
 from commonos.runtime.projection import Projection
+from commonos.runtime.registry import Registration, rebuilt
 from commonos.runtime.tombstones import ProfileTombstones, check_profile_event
 
 if TYPE_CHECKING:
@@ -382,7 +383,7 @@ class GraphProjection(Projection):
 
     position_table = "graph.positions"
     filter_subjects = ("cos.events.*.*.transcript_imported", PROFILES_FILTER)
-    tables = (*GRAPH_TABLES, DELETIONS_TABLE)
+    tables = rebuilt(TABLES)
 
     def __init__(self, name: str = "graph-writer") -> None:
         self.name = name
@@ -446,3 +447,9 @@ async def _check_owners(conn: Conn, plans: Sequence[tuple[TranscriptImported, Ro
             owner = owners.setdefault(session, event.profile_id)
             if owner != event.profile_id:
                 raise mismatch(event, owner)
+
+
+#: The session graph's projection as registered (`commonos.projections` in pyproject.toml).
+REGISTRATION: Final = Registration(
+    "graph", "journal-writer", TABLES, make=lambda suffix: GraphProjection("graph-writer" + suffix), prelude=PRELUDE
+)

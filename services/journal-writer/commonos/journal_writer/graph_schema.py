@@ -19,204 +19,380 @@ Deleting a profile (``profile_deleted``) deletes the sessions its imports create
 with them every row of theirs; rows stored before ``profile_id`` existed carry none and stay.
 """
 
-from typing import Final
+from __future__ import annotations
 
-from commonos.runtime.tombstones import tombstones_schema
+import uuid
+from datetime import datetime
+from typing import Any, Final
+
+import msgspec
+
+from commonos.runtime.tables import ANALYST, CONSOLE, JOURNAL_WRITER, Read, Table, by_profile, positions_table
+from commonos.runtime.tombstones import tombstones_table
 
 #: The session graph's record of deleted profiles (`commonos.runtime.tombstones`).
 DELETIONS_TABLE: Final = "graph.profile_deletions"
 
-SCHEMA: Final = """
-CREATE SCHEMA IF NOT EXISTS graph;
+_TO_SESSION: Final = "REFERENCES graph.sessions (id) ON DELETE CASCADE"
+_TO_INPUT: Final = "REFERENCES graph.user_inputs (id) ON DELETE CASCADE"
+_TO_INVOCATION: Final = "REFERENCES graph.model_invocations (id) ON DELETE CASCADE"
+_TO_TOOL_USE: Final = "REFERENCES graph.tool_uses (id) ON DELETE CASCADE"
+_BASIS: Final = "CHECK (token_basis IN ('tokens_reported', 'aggregate_reported', 'estimated', 'unknown'))"
+_SPEED: Final = "CHECK (speed IN ('standard', 'fast', 'ultrafast'))"
+#: graph.sessions is itself filtered for an analyst: a row of another table is visible when its session is.
+_READERS: Final = (
+    Read(CONSOLE),
+    Read(ANALYST, "session_id IN (SELECT id FROM graph.sessions)", policy="analyst_by_session"),
+)
 
-CREATE TABLE IF NOT EXISTS graph.sessions (
-    id                     uuid PRIMARY KEY,
-    parent_session_id      uuid REFERENCES graph.sessions (id) ON DELETE CASCADE,
-    spawned_by_tool_use_id uuid,
-    started_at             timestamptz,
-    ended_at               timestamptz,
-    title                  text,
-    working_dir            text,
-    git_branch             text,
-    outcome                text NOT NULL CHECK (outcome IN ('unknown', 'interrupted', 'committed', 'abandoned')),
-    repo_root              text,
-    worktree_root          text,
-    CHECK ((parent_session_id IS NULL) = (spawned_by_tool_use_id IS NULL))
-);
--- The profile whose import created the session (the transcript_imported event's profile): another profile's
--- part naming it is refused. Null on rows stored before the column existed.
-ALTER TABLE graph.sessions ADD COLUMN IF NOT EXISTS profile_id text;
-CREATE INDEX IF NOT EXISTS sessions_profile ON graph.sessions (profile_id);
-CREATE INDEX IF NOT EXISTS sessions_parent ON graph.sessions (parent_session_id) WHERE parent_session_id IS NOT NULL;
-CREATE INDEX IF NOT EXISTS sessions_started ON graph.sessions (started_at DESC);
 
-CREATE TABLE IF NOT EXISTS graph.session_attributes (
-    id         uuid PRIMARY KEY,
-    session_id uuid NOT NULL REFERENCES graph.sessions (id) ON DELETE CASCADE,
-    key        text NOT NULL CHECK (key <> ''),
-    value      jsonb NOT NULL,
-    valid_from timestamptz NOT NULL
-);
--- The value is hashed so that a long value cannot exceed a btree entry.
-CREATE UNIQUE INDEX IF NOT EXISTS session_attributes_identity
-    ON graph.session_attributes (session_id, key, valid_from, md5(value::text));
+def _counts(*names: str) -> dict[str, str]:
+    return {n: "bigint" for n in names}
 
-CREATE TABLE IF NOT EXISTS graph.user_inputs (
-    id           uuid PRIMARY KEY,
-    session_id   uuid NOT NULL REFERENCES graph.sessions (id) ON DELETE CASCADE,
-    ordinal      integer NOT NULL CHECK (ordinal >= 0),
-    text         text NOT NULL,
-    triggered_at timestamptz,
-    interrupted  boolean NOT NULL,
-    kind         text NOT NULL CHECK (kind IN ('prompt', 'slash_command', 'interrupt', 'other')),
-    origin       text NOT NULL CHECK (origin IN ('human', 'agent', 'system', 'unknown')),
-    metadata     jsonb NOT NULL,
-    UNIQUE (session_id, ordinal)
-);
 
-CREATE TABLE IF NOT EXISTS graph.model_invocations (
-    id                         uuid PRIMARY KEY,
-    session_id                 uuid NOT NULL REFERENCES graph.sessions (id) ON DELETE CASCADE,
-    user_input_id              uuid NOT NULL REFERENCES graph.user_inputs (id) ON DELETE CASCADE,
-    parent_model_invocation_id uuid REFERENCES graph.model_invocations (id) ON DELETE CASCADE,
-    model                      text,
-    input_tokens               bigint NOT NULL CHECK (input_tokens >= 0),
-    output_tokens              bigint NOT NULL CHECK (output_tokens >= 0),
-    cache_read_tokens          bigint NOT NULL CHECK (cache_read_tokens >= 0),
-    cache_write_tokens         bigint NOT NULL CHECK (cache_write_tokens >= 0),
-    cache_write_1h_tokens      bigint CHECK (cache_write_1h_tokens >= 0),
-    total_tokens               bigint NOT NULL CHECK (total_tokens >= 0),
-    token_basis                text CHECK (token_basis IN ('tokens_reported', 'aggregate_reported', 'estimated',
-                                                           'unknown')),
-    speed                      text CHECK (speed IN ('standard', 'fast', 'ultrafast')),
-    stop_reason                text,
-    started_at                 timestamptz,
-    CHECK (cache_write_1h_tokens <= cache_write_tokens)
-);
--- The part of output_tokens that was reasoning; null when not reported, and on rows stored before the column
--- existed (a database made before it gains the column here).
-ALTER TABLE graph.model_invocations ADD COLUMN IF NOT EXISTS reasoning_tokens bigint
-    CHECK (reasoning_tokens >= 0 AND reasoning_tokens <= output_tokens);
-CREATE INDEX IF NOT EXISTS model_invocations_session ON graph.model_invocations (session_id, started_at);
-CREATE INDEX IF NOT EXISTS model_invocations_input ON graph.model_invocations (user_input_id);
-CREATE INDEX IF NOT EXISTS model_invocations_parent ON graph.model_invocations (parent_model_invocation_id)
-    WHERE parent_model_invocation_id IS NOT NULL;
-CREATE INDEX IF NOT EXISTS model_invocations_model ON graph.model_invocations (model, started_at);
+def _non_negative(*names: str) -> dict[str, str]:
+    return {n: f"CHECK ({n} >= 0)" for n in names}
 
-CREATE TABLE IF NOT EXISTS graph.assistant_messages (
-    id                  uuid PRIMARY KEY,
-    session_id          uuid NOT NULL REFERENCES graph.sessions (id) ON DELETE CASCADE,
-    user_input_id       uuid NOT NULL REFERENCES graph.user_inputs (id) ON DELETE CASCADE,
-    model_invocation_id uuid NOT NULL REFERENCES graph.model_invocations (id) ON DELETE CASCADE,
-    text                text,
-    content             jsonb,
-    "timestamp"         timestamptz,
-    CHECK (text IS NOT NULL OR content IS NOT NULL)
-);
-CREATE INDEX IF NOT EXISTS assistant_messages_session ON graph.assistant_messages (session_id);
-CREATE INDEX IF NOT EXISTS assistant_messages_input ON graph.assistant_messages (user_input_id);
-CREATE INDEX IF NOT EXISTS assistant_messages_invocation ON graph.assistant_messages (model_invocation_id);
 
-CREATE TABLE IF NOT EXISTS graph.tool_uses (
-    id                  uuid PRIMARY KEY,
-    session_id          uuid NOT NULL REFERENCES graph.sessions (id) ON DELETE CASCADE,
-    user_input_id       uuid NOT NULL REFERENCES graph.user_inputs (id) ON DELETE CASCADE,
-    model_invocation_id uuid NOT NULL REFERENCES graph.model_invocations (id) ON DELETE CASCADE,
-    name                text NOT NULL,
-    verb                text NOT NULL CHECK (verb IN ('read', 'edit', 'search', 'execute', 'spawn_subagent', 'other')),
-    input               jsonb NOT NULL,
-    status              text NOT NULL CHECK (status IN ('no_result', 'unknown', 'ok', 'error', 'interrupted')),
-    metadata            jsonb NOT NULL,
-    "timestamp"         timestamptz
-);
-CREATE INDEX IF NOT EXISTS tool_uses_session ON graph.tool_uses (session_id);
-CREATE INDEX IF NOT EXISTS tool_uses_input ON graph.tool_uses (user_input_id);
-CREATE INDEX IF NOT EXISTS tool_uses_invocation ON graph.tool_uses (model_invocation_id);
-CREATE INDEX IF NOT EXISTS tool_uses_verb ON graph.tool_uses (verb, name);
+class GraphSession(msgspec.Struct, frozen=True):
+    id: uuid.UUID
+    parent_session_id: uuid.UUID | None
+    spawned_by_tool_use_id: uuid.UUID | None
+    started_at: datetime | None
+    ended_at: datetime | None
+    title: str | None
+    working_dir: str | None
+    git_branch: str | None
+    outcome: str
+    repo_root: str | None
+    worktree_root: str | None
+    #: The profile whose import created the session (the transcript_imported event's profile): another
+    #: profile's part naming it is refused. None on rows stored before the column existed.
+    profile_id: str | None
 
-CREATE TABLE IF NOT EXISTS graph.tool_results (
-    id            uuid PRIMARY KEY,
-    tool_use_id   uuid NOT NULL UNIQUE REFERENCES graph.tool_uses (id) ON DELETE CASCADE,
-    session_id    uuid NOT NULL REFERENCES graph.sessions (id) ON DELETE CASCADE,
-    user_input_id uuid NOT NULL REFERENCES graph.user_inputs (id) ON DELETE CASCADE,
-    status        text NOT NULL CHECK (status IN ('unknown', 'ok', 'error', 'interrupted')),
-    output_text   text,
-    output        jsonb,
-    error_text    text,
-    "timestamp"   timestamptz
-);
-CREATE INDEX IF NOT EXISTS tool_results_session ON graph.tool_results (session_id);
-CREATE INDEX IF NOT EXISTS tool_results_input ON graph.tool_results (user_input_id);
 
-CREATE TABLE IF NOT EXISTS graph.file_touches (
-    id            uuid PRIMARY KEY,
-    tool_use_id   uuid REFERENCES graph.tool_uses (id) ON DELETE CASCADE,
-    user_input_id uuid NOT NULL REFERENCES graph.user_inputs (id) ON DELETE CASCADE,
-    session_id    uuid NOT NULL REFERENCES graph.sessions (id) ON DELETE CASCADE,
-    path          text NOT NULL CHECK (path <> ''),
-    kind          text NOT NULL CHECK (kind IN ('read', 'edit')),
-    start_line    integer CHECK (start_line >= 0),
-    end_line      integer CHECK (end_line >= 0),
-    hunks         jsonb,
-    UNIQUE (tool_use_id, path, kind),
-    CHECK (end_line >= start_line)
-);
-CREATE INDEX IF NOT EXISTS file_touches_session ON graph.file_touches (session_id);
-CREATE INDEX IF NOT EXISTS file_touches_input ON graph.file_touches (user_input_id);
-CREATE INDEX IF NOT EXISTS file_touches_path ON graph.file_touches (path);
+class SessionAttribute(msgspec.Struct, frozen=True):
+    id: uuid.UUID
+    session_id: uuid.UUID
+    key: str
+    value: Any
+    valid_from: datetime
 
-CREATE TABLE IF NOT EXISTS graph.token_usage (
-    id                 uuid PRIMARY KEY,
-    session_id         uuid NOT NULL REFERENCES graph.sessions (id) ON DELETE CASCADE,
-    user_input_id      uuid REFERENCES graph.user_inputs (id) ON DELETE CASCADE,
-    scope              text NOT NULL CHECK (scope IN ('input', 'session')),
-    model              text,
-    input_tokens       bigint CHECK (input_tokens >= 0),
-    output_tokens      bigint CHECK (output_tokens >= 0),
-    cache_read_tokens  bigint CHECK (cache_read_tokens >= 0),
-    cache_write_tokens bigint CHECK (cache_write_tokens >= 0),
-    total_tokens       bigint CHECK (total_tokens >= 0),
-    api_call_count     bigint CHECK (api_call_count >= 0),
-    token_basis        text CHECK (token_basis IN ('tokens_reported', 'aggregate_reported', 'estimated', 'unknown')),
-    speed              text CHECK (speed IN ('standard', 'fast', 'ultrafast')),
-    CHECK (scope = 'session' OR user_input_id IS NOT NULL)
-);
-CREATE INDEX IF NOT EXISTS token_usage_session ON graph.token_usage (session_id);
-CREATE INDEX IF NOT EXISTS token_usage_input ON graph.token_usage (user_input_id) WHERE user_input_id IS NOT NULL;
 
-CREATE TABLE IF NOT EXISTS graph.vendor_ids (
-    our_type       text NOT NULL CHECK (our_type IN ('session', 'user_input', 'model_invocation', 'assistant_message',
-                                                     'tool_use', 'tool_result', 'file_touch', 'session_attribute',
-                                                     'token_usage')),
-    vendor         text NOT NULL,
-    vendor_id_kind text NOT NULL,
-    vendor_id      text NOT NULL,
-    our_id         uuid NOT NULL,
-    session_id     uuid NOT NULL REFERENCES graph.sessions (id) ON DELETE CASCADE,
-    source_ref     text,
-    PRIMARY KEY (our_type, vendor, vendor_id_kind, vendor_id)
-);
-CREATE INDEX IF NOT EXISTS vendor_ids_ours ON graph.vendor_ids (our_id);
-CREATE INDEX IF NOT EXISTS vendor_ids_session ON graph.vendor_ids (session_id);
+class UserInput(msgspec.Struct, frozen=True):
+    id: uuid.UUID
+    session_id: uuid.UUID
+    ordinal: int
+    text: str
+    triggered_at: datetime | None
+    interrupted: bool
+    kind: str
+    origin: str
+    metadata: Any
 
--- Where the graph writer got to in the stream, written in the same transaction as its rows.
-CREATE TABLE IF NOT EXISTS graph.positions (
-    consumer   text PRIMARY KEY,
-    stream_seq bigint NOT NULL,
-    updated_at timestamptz NOT NULL DEFAULT now()
-);
-""" + tombstones_schema(DELETIONS_TABLE)
+
+class ModelInvocation(msgspec.Struct, frozen=True):
+    id: uuid.UUID
+    session_id: uuid.UUID
+    user_input_id: uuid.UUID
+    parent_model_invocation_id: uuid.UUID | None
+    model: str | None
+    input_tokens: int
+    output_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+    cache_write_1h_tokens: int | None
+    total_tokens: int
+    token_basis: str | None
+    speed: str | None
+    stop_reason: str | None
+    started_at: datetime | None
+    #: The part of output_tokens that was reasoning; None when not reported (and on older rows).
+    reasoning_tokens: int | None
+
+
+class AssistantMessage(msgspec.Struct, frozen=True):
+    id: uuid.UUID
+    session_id: uuid.UUID
+    user_input_id: uuid.UUID
+    model_invocation_id: uuid.UUID
+    text: str | None
+    content: Any | None
+    timestamp: datetime | None
+
+
+class ToolUse(msgspec.Struct, frozen=True):
+    id: uuid.UUID
+    session_id: uuid.UUID
+    user_input_id: uuid.UUID
+    model_invocation_id: uuid.UUID
+    name: str
+    verb: str
+    input: Any
+    status: str
+    metadata: Any
+    timestamp: datetime | None
+
+
+class ToolResult(msgspec.Struct, frozen=True):
+    id: uuid.UUID
+    tool_use_id: uuid.UUID
+    session_id: uuid.UUID
+    user_input_id: uuid.UUID
+    status: str
+    output_text: str | None
+    output: Any | None
+    error_text: str | None
+    timestamp: datetime | None
+
+
+class FileTouch(msgspec.Struct, frozen=True):
+    id: uuid.UUID
+    tool_use_id: uuid.UUID | None
+    user_input_id: uuid.UUID
+    session_id: uuid.UUID
+    path: str
+    kind: str
+    start_line: int | None
+    end_line: int | None
+    hunks: Any | None
+
+
+class TokenUsageRow(msgspec.Struct, frozen=True):
+    id: uuid.UUID
+    session_id: uuid.UUID
+    user_input_id: uuid.UUID | None
+    scope: str
+    model: str | None
+    input_tokens: int | None
+    output_tokens: int | None
+    cache_read_tokens: int | None
+    cache_write_tokens: int | None
+    total_tokens: int | None
+    api_call_count: int | None
+    token_basis: str | None
+    speed: str | None
+
+
+class VendorId(msgspec.Struct, frozen=True):
+    our_type: str
+    vendor: str
+    vendor_id_kind: str
+    vendor_id: str
+    our_id: uuid.UUID
+    session_id: uuid.UUID
+    source_ref: str | None
+
+
+SESSIONS: Final = Table(
+    "graph.sessions",
+    GraphSession,
+    key=("id",),
+    owner=JOURNAL_WRITER,
+    details={
+        "parent_session_id": _TO_SESSION,
+        "outcome": "CHECK (outcome IN ('unknown', 'interrupted', 'committed', 'abandoned'))",
+    },
+    constraints=("CHECK ((parent_session_id IS NULL) = (spawned_by_tool_use_id IS NULL))",),
+    added=("profile_id",),
+    indexes={
+        "sessions_profile": "(profile_id)",
+        "sessions_parent": "(parent_session_id) WHERE parent_session_id IS NOT NULL",
+        "sessions_started": "(started_at DESC)",
+    },
+    readers=(Read(CONSOLE), Read(ANALYST, by_profile())),
+)
+SESSION_ATTRIBUTES: Final = Table(
+    "graph.session_attributes",
+    SessionAttribute,
+    key=("id",),
+    owner=JOURNAL_WRITER,
+    details={"session_id": _TO_SESSION, "key": "CHECK (key <> '')"},
+    # The value is hashed so that a long value cannot exceed a btree entry.
+    indexes={"session_attributes_identity": "UNIQUE (session_id, key, valid_from, md5(value::text))"},
+    readers=_READERS,
+)
+USER_INPUTS: Final = Table(
+    "graph.user_inputs",
+    UserInput,
+    key=("id",),
+    owner=JOURNAL_WRITER,
+    details={
+        "session_id": _TO_SESSION,
+        "ordinal": "CHECK (ordinal >= 0)",
+        "kind": "CHECK (kind IN ('prompt', 'slash_command', 'interrupt', 'other'))",
+        "origin": "CHECK (origin IN ('human', 'agent', 'system', 'unknown'))",
+    },
+    constraints=("UNIQUE (session_id, ordinal)",),
+    readers=_READERS,
+)
+MODEL_INVOCATIONS: Final = Table(
+    "graph.model_invocations",
+    ModelInvocation,
+    key=("id",),
+    owner=JOURNAL_WRITER,
+    types=_counts(
+        "input_tokens",
+        "output_tokens",
+        "cache_read_tokens",
+        "cache_write_tokens",
+        "cache_write_1h_tokens",
+        "total_tokens",
+        "reasoning_tokens",
+    ),
+    details={
+        "session_id": _TO_SESSION,
+        "user_input_id": _TO_INPUT,
+        "parent_model_invocation_id": _TO_INVOCATION,
+        **_non_negative(
+            "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "cache_write_1h_tokens"
+        ),
+        "total_tokens": "CHECK (total_tokens >= 0)",
+        "token_basis": _BASIS,
+        "speed": _SPEED,
+        "reasoning_tokens": "CHECK (reasoning_tokens >= 0 AND reasoning_tokens <= output_tokens)",
+    },
+    constraints=("CHECK (cache_write_1h_tokens <= cache_write_tokens)",),
+    added=("reasoning_tokens",),
+    indexes={
+        "model_invocations_session": "(session_id, started_at)",
+        "model_invocations_input": "(user_input_id)",
+        "model_invocations_parent": "(parent_model_invocation_id) WHERE parent_model_invocation_id IS NOT NULL",
+        "model_invocations_model": "(model, started_at)",
+    },
+    readers=_READERS,
+)
+ASSISTANT_MESSAGES: Final = Table(
+    "graph.assistant_messages",
+    AssistantMessage,
+    key=("id",),
+    owner=JOURNAL_WRITER,
+    details={"session_id": _TO_SESSION, "user_input_id": _TO_INPUT, "model_invocation_id": _TO_INVOCATION},
+    constraints=("CHECK (text IS NOT NULL OR content IS NOT NULL)",),
+    indexes={
+        "assistant_messages_session": "(session_id)",
+        "assistant_messages_input": "(user_input_id)",
+        "assistant_messages_invocation": "(model_invocation_id)",
+    },
+    readers=_READERS,
+)
+TOOL_USES: Final = Table(
+    "graph.tool_uses",
+    ToolUse,
+    key=("id",),
+    owner=JOURNAL_WRITER,
+    details={
+        "session_id": _TO_SESSION,
+        "user_input_id": _TO_INPUT,
+        "model_invocation_id": _TO_INVOCATION,
+        "verb": "CHECK (verb IN ('read', 'edit', 'search', 'execute', 'spawn_subagent', 'other'))",
+        "status": "CHECK (status IN ('no_result', 'unknown', 'ok', 'error', 'interrupted'))",
+    },
+    indexes={
+        "tool_uses_session": "(session_id)",
+        "tool_uses_input": "(user_input_id)",
+        "tool_uses_invocation": "(model_invocation_id)",
+        "tool_uses_verb": "(verb, name)",
+    },
+    readers=_READERS,
+)
+TOOL_RESULTS: Final = Table(
+    "graph.tool_results",
+    ToolResult,
+    key=("id",),
+    owner=JOURNAL_WRITER,
+    details={
+        "tool_use_id": f"UNIQUE {_TO_TOOL_USE}",
+        "session_id": _TO_SESSION,
+        "user_input_id": _TO_INPUT,
+        "status": "CHECK (status IN ('unknown', 'ok', 'error', 'interrupted'))",
+    },
+    indexes={"tool_results_session": "(session_id)", "tool_results_input": "(user_input_id)"},
+    readers=_READERS,
+)
+FILE_TOUCHES: Final = Table(
+    "graph.file_touches",
+    FileTouch,
+    key=("id",),
+    owner=JOURNAL_WRITER,
+    details={
+        "tool_use_id": _TO_TOOL_USE,
+        "user_input_id": _TO_INPUT,
+        "session_id": _TO_SESSION,
+        "path": "CHECK (path <> '')",
+        "kind": "CHECK (kind IN ('read', 'edit'))",
+        **_non_negative("start_line", "end_line"),
+    },
+    constraints=("UNIQUE (tool_use_id, path, kind)", "CHECK (end_line >= start_line)"),
+    indexes={
+        "file_touches_session": "(session_id)",
+        "file_touches_input": "(user_input_id)",
+        "file_touches_path": "(path)",
+    },
+    readers=_READERS,
+)
+TOKEN_USAGE: Final = Table(
+    "graph.token_usage",
+    TokenUsageRow,
+    key=("id",),
+    owner=JOURNAL_WRITER,
+    types=_counts(
+        "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "total_tokens", "api_call_count"
+    ),
+    details={
+        "session_id": _TO_SESSION,
+        "user_input_id": _TO_INPUT,
+        "scope": "CHECK (scope IN ('input', 'session'))",
+        **_non_negative(
+            "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "total_tokens", "api_call_count"
+        ),
+        "token_basis": _BASIS,
+        "speed": _SPEED,
+    },
+    constraints=("CHECK (scope = 'session' OR user_input_id IS NOT NULL)",),
+    indexes={
+        "token_usage_session": "(session_id)",
+        "token_usage_input": "(user_input_id) WHERE user_input_id IS NOT NULL",
+    },
+    readers=_READERS,
+)
+VENDOR_IDS: Final = Table(
+    "graph.vendor_ids",
+    VendorId,
+    key=("our_type", "vendor", "vendor_id_kind", "vendor_id"),
+    owner=JOURNAL_WRITER,
+    details={
+        "our_type": "CHECK (our_type IN ('session', 'user_input', 'model_invocation', 'assistant_message', "
+        "'tool_use', 'tool_result', 'file_touch', 'session_attribute', 'token_usage'))",
+        "session_id": _TO_SESSION,
+    },
+    indexes={"vendor_ids_ours": "(our_id)", "vendor_ids_session": "(session_id)"},
+    readers=_READERS,
+)
+#: Where the graph writer got to in the stream, written in the same transaction as its rows.
+POSITIONS: Final = positions_table("graph.positions", JOURNAL_WRITER, (Read(CONSOLE),))
+DELETIONS: Final = Table(
+    DELETIONS_TABLE,
+    tombstones_table(DELETIONS_TABLE, JOURNAL_WRITER).row,
+    key=("profile_id",),
+    owner=JOURNAL_WRITER,
+    readers=(Read(CONSOLE),),
+)
 
 #: Graph tables, parents first (the order rows are inserted in, and the order for checksums).
-GRAPH_TABLES: Final = (
-    "graph.sessions",
-    "graph.session_attributes",
-    "graph.user_inputs",
-    "graph.model_invocations",
-    "graph.assistant_messages",
-    "graph.tool_uses",
-    "graph.tool_results",
-    "graph.file_touches",
-    "graph.token_usage",
-    "graph.vendor_ids",
+ROW_TABLES: Final = (
+    SESSIONS,
+    SESSION_ATTRIBUTES,
+    USER_INPUTS,
+    MODEL_INVOCATIONS,
+    ASSISTANT_MESSAGES,
+    TOOL_USES,
+    TOOL_RESULTS,
+    FILE_TOUCHES,
+    TOKEN_USAGE,
+    VENDOR_IDS,
 )
+TABLES: Final = (*ROW_TABLES, POSITIONS, DELETIONS)
+PRELUDE: Final = "CREATE SCHEMA IF NOT EXISTS graph;\n\n"
+SCHEMA: Final = PRELUDE + "\n".join(t.ddl() for t in TABLES)
+GRAPH_TABLES: Final = tuple(t.name for t in ROW_TABLES)

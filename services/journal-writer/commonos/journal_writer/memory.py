@@ -11,23 +11,69 @@ A profile's deletion deletes its entries at its place in the stream and is remem
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Final
+
+import msgspec
 
 from commonos.memory.schema import memory_rows, profile_deleted_rows
 from commonos.proto.events import Event, MemoryChanged, MemoryOp, ProfileDeleted, SessionCreated
 from commonos.proto.subjects import PROFILES_FILTER, SESSIONS_CREATED_FILTER
 from commonos.runtime.errors import EventRejected
-from commonos.runtime.owners import SessionOwners, owners_schema
+from commonos.runtime.owners import SessionOwners, owners_table
 from commonos.runtime.postgres import Conn
 from commonos.runtime.projection import Projection
-from commonos.runtime.tombstones import ProfileTombstones, check_profile_event, tombstones_schema
+from commonos.runtime.registry import Registration, rebuilt
+from commonos.runtime.tables import ANALYST, JOURNAL_WRITER, Read, Table, by_profile
+from commonos.runtime.tombstones import ProfileTombstones, check_profile_event, tombstones_table
 
 DELETIONS_TABLE: Final = "memory_profile_deletions"
-MEMORY_TABLES: Final = ("memory_entries", "memory_changes_applied", "memory_session_owners", DELETIONS_TABLE)
+
+
+class MemoryEntry(msgspec.Struct, frozen=True):
+    profile_id: str
+    target: str
+    position: int
+    content: str
+    updated_at: datetime
+    #: The last event that wrote this entry.
+    event_id: uuid.UUID
+
+
+class ChangeApplied(msgspec.Struct, frozen=True):
+    event_id: uuid.UUID
+    profile_id: str
+    applied_at: datetime
+
+
+ENTRIES: Final = Table(
+    "memory_entries",
+    MemoryEntry,
+    key=("profile_id", "target", "position"),
+    owner=JOURNAL_WRITER,
+    details={"target": "CHECK (target IN ('memory', 'user'))", "position": "CHECK (position >= 0)"},
+    # Deferred: shifting positions moves rows over each other inside one statement.
+    primary_key=(
+        "CONSTRAINT memory_entries_pkey PRIMARY KEY (profile_id, target, position) DEFERRABLE INITIALLY DEFERRED"
+    ),
+    readers=(Read(ANALYST, by_profile()),),
+)
+APPLIED: Final = Table(
+    "memory_changes_applied",
+    ChangeApplied,
+    key=("event_id",),
+    owner=JOURNAL_WRITER,
+    details={"applied_at": "DEFAULT now()"},
+)
 #: Who owns each session memory changes name: a change from another profile is a profile_mismatch dead letter;
 #: and which profiles are deleted.
-OWNERS_SCHEMA: Final = owners_schema("memory_session_owners") + tombstones_schema(DELETIONS_TABLE)
+OWNERS: Final = owners_table("memory_session_owners", JOURNAL_WRITER)
+DELETIONS: Final = tombstones_table(DELETIONS_TABLE, JOURNAL_WRITER)
+TABLES: Final = (ENTRIES, APPLIED, OWNERS, DELETIONS)
+SCHEMA: Final = "\n".join(t.ddl() for t in TABLES)
+MEMORY_TABLES: Final = tuple(t.name for t in TABLES)
 _APPLIED: Final = "SELECT true FROM memory_changes_applied WHERE event_id = $1"
 
 
@@ -39,7 +85,7 @@ class MemoryProjection(Projection):
         PROFILES_FILTER,
     )
     partitioned = False
-    tables = MEMORY_TABLES
+    tables = rebuilt(TABLES)
 
     def __init__(self, name: str = "memory-writer") -> None:
         self.name = name
@@ -75,3 +121,7 @@ class MemoryProjection(Projection):
                     f"memory_changed {event.op.value}: no memory entry at position {event.position} "
                     f"of {event.profile_id}'s {event.target.value}"
                 )
+
+
+#: The Memory plugin's projection as registered (`commonos.projections` in pyproject.toml): one instance only.
+REGISTRATION: Final = Registration("memory", "journal-writer", TABLES, make=lambda _: MemoryProjection(), single=True)

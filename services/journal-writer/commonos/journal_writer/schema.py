@@ -8,107 +8,188 @@ approval may be projected before its tool call. Parent links (`parent_session_id
 session may be projected by another writer before its parent; the profile cascade still removes both.
 """
 
-from typing import Final
+from __future__ import annotations
 
-from commonos.runtime.tombstones import tombstones_schema
+import uuid
+from datetime import datetime
+from typing import Any, Final
+
+import msgspec
+
+from commonos.runtime.tables import ANALYST, CONSOLE, JOURNAL_WRITER, LOOP, Read, Table, by_profile, positions_table
+from commonos.runtime.tombstones import tombstones_table
 
 #: The core's record of deleted profiles (`commonos.runtime.tombstones`).
 DELETIONS_TABLE: Final = "profile_deletions"
 
-SCHEMA: Final = """
-CREATE TABLE IF NOT EXISTS profiles (
-    id          text PRIMARY KEY,
-    tags        text[] NOT NULL DEFAULT '{}',
-    created_at  timestamptz NOT NULL,
-    -- Time of the latest profile_upserted; NULL for a profile only known from its sessions.
-    updated_at  timestamptz
-);
+_CASCADE: Final = "ON DELETE CASCADE"
+_TO_PROFILE: Final = f"REFERENCES profiles (id) {_CASCADE}"
+_TO_SESSION: Final = f"REFERENCES sessions (id) {_CASCADE}"
+_TO_TURN: Final = f"REFERENCES turns (id) {_CASCADE}"
+#: Every core table: the console reads all rows, an analyst those of the profiles granted to it.
+_READERS: Final = (Read(CONSOLE), Read(ANALYST, by_profile()))
 
-CREATE TABLE IF NOT EXISTS sessions (
-    id                uuid PRIMARY KEY,
-    profile_id        text NOT NULL REFERENCES profiles (id) ON DELETE CASCADE,
-    source            text NOT NULL,
-    title             text,
-    tags              text[] NOT NULL DEFAULT '{}',
-    parent_session_id uuid,
-    context_snapshot  jsonb,
-    created_at        timestamptz NOT NULL,
-    updated_at        timestamptz NOT NULL
-);
-CREATE INDEX IF NOT EXISTS sessions_profile ON sessions (profile_id, created_at);
--- The console's session list: newest first, by keyset on (created_at, id).
-CREATE INDEX IF NOT EXISTS sessions_created ON sessions (created_at, id);
-CREATE INDEX IF NOT EXISTS sessions_parent ON sessions (parent_session_id)
-    WHERE parent_session_id IS NOT NULL;
 
-CREATE TABLE IF NOT EXISTS turns (
-    id             uuid PRIMARY KEY,
-    session_id     uuid NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
-    profile_id     text NOT NULL REFERENCES profiles (id) ON DELETE CASCADE,
-    parent_turn_id uuid,
-    tags           text[] NOT NULL DEFAULT '{}',
-    depth          integer NOT NULL DEFAULT 0 CHECK (depth >= 0),
-    status         text NOT NULL DEFAULT 'running',
-    error          text,
-    started_at     timestamptz NOT NULL,
-    finished_at    timestamptz
-);
-CREATE INDEX IF NOT EXISTS turns_session ON turns (session_id, started_at);
-CREATE INDEX IF NOT EXISTS turns_started ON turns (started_at DESC);
+class ProfileRow(msgspec.Struct, frozen=True):
+    id: str
+    tags: tuple[str, ...]
+    created_at: datetime
+    #: Time of the latest profile_upserted; None for a profile only known from its sessions.
+    updated_at: datetime | None
 
-CREATE TABLE IF NOT EXISTS messages (
-    id         uuid PRIMARY KEY,
-    session_id uuid NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
-    turn_id    uuid REFERENCES turns (id) ON DELETE CASCADE,
-    profile_id text NOT NULL REFERENCES profiles (id) ON DELETE CASCADE,
-    seq        integer NOT NULL CHECK (seq >= 1),
-    role       text NOT NULL,
-    content    jsonb NOT NULL,
-    active     boolean NOT NULL DEFAULT true,
-    created_at timestamptz NOT NULL,
-    search     tsvector GENERATED ALWAYS AS (
-        to_tsvector('english', coalesce(content ->> 'text', '') || ' ' || coalesce(content ->> 'content', ''))
-    ) STORED,
-    UNIQUE (session_id, seq)
-);
-CREATE INDEX IF NOT EXISTS messages_search ON messages USING gin (search);
-CREATE INDEX IF NOT EXISTS messages_profile ON messages (profile_id);
 
-CREATE TABLE IF NOT EXISTS tool_calls (
-    id          uuid PRIMARY KEY,
-    turn_id     uuid NOT NULL REFERENCES turns (id) ON DELETE CASCADE,
-    session_id  uuid NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
-    profile_id  text NOT NULL REFERENCES profiles (id) ON DELETE CASCADE,
-    call_id     text NOT NULL,
-    name        text NOT NULL,
-    args        jsonb NOT NULL DEFAULT '{}',
-    result      text,
-    is_error    boolean NOT NULL DEFAULT false,
-    risk        text NOT NULL,
-    approval    text,
-    started_at  timestamptz NOT NULL,
-    finished_at timestamptz NOT NULL
-);
-CREATE INDEX IF NOT EXISTS tool_calls_turn ON tool_calls (turn_id);
+class SessionRow(msgspec.Struct, frozen=True):
+    id: uuid.UUID
+    profile_id: str
+    source: str
+    title: str | None
+    tags: tuple[str, ...]
+    parent_session_id: uuid.UUID | None
+    context_snapshot: dict[str, Any] | None
+    created_at: datetime
+    updated_at: datetime
 
-CREATE TABLE IF NOT EXISTS approvals (
-    id           uuid PRIMARY KEY,
-    tool_call_id uuid NOT NULL UNIQUE,
-    turn_id      uuid NOT NULL REFERENCES turns (id) ON DELETE CASCADE,
-    profile_id   text NOT NULL REFERENCES profiles (id) ON DELETE CASCADE,
-    status       text NOT NULL,
-    decided_by   text NOT NULL,
-    decided_at   timestamptz NOT NULL
-);
-CREATE INDEX IF NOT EXISTS approvals_decided ON approvals (decided_at DESC);
 
--- Where each consumer of the stream got to, written in the same transaction as its rows.
-CREATE TABLE IF NOT EXISTS projection_positions (
-    consumer   text PRIMARY KEY,
-    stream_seq bigint NOT NULL,
-    updated_at timestamptz NOT NULL DEFAULT now()
-);
-""" + tombstones_schema(DELETIONS_TABLE)
+class TurnRow(msgspec.Struct, frozen=True):
+    id: uuid.UUID
+    session_id: uuid.UUID
+    profile_id: str
+    parent_turn_id: uuid.UUID | None
+    tags: tuple[str, ...]
+    depth: int
+    status: str
+    error: str | None
+    started_at: datetime
+    finished_at: datetime | None
+
+
+class MessageRow(msgspec.Struct, frozen=True):
+    id: uuid.UUID
+    session_id: uuid.UUID
+    turn_id: uuid.UUID | None
+    profile_id: str
+    seq: int
+    role: str
+    content: dict[str, Any]
+    active: bool
+    created_at: datetime
+
+
+class ToolCallRow(msgspec.Struct, frozen=True):
+    id: uuid.UUID
+    turn_id: uuid.UUID
+    session_id: uuid.UUID
+    profile_id: str
+    call_id: str
+    name: str
+    args: dict[str, Any]
+    result: str | None
+    is_error: bool
+    risk: str
+    approval: str | None
+    started_at: datetime
+    finished_at: datetime
+
+
+class ApprovalRow(msgspec.Struct, frozen=True):
+    id: uuid.UUID
+    tool_call_id: uuid.UUID
+    turn_id: uuid.UUID
+    profile_id: str
+    status: str
+    decided_by: str
+    decided_at: datetime
+
+
+PROFILES: Final = Table(
+    "profiles",
+    ProfileRow,
+    key=("id",),
+    owner=JOURNAL_WRITER,
+    details={"tags": "DEFAULT '{}'"},
+    readers=(Read(CONSOLE), Read(ANALYST, by_profile("id"))),
+)
+SESSIONS: Final = Table(
+    "sessions",
+    SessionRow,
+    key=("id",),
+    owner=JOURNAL_WRITER,
+    details={"profile_id": _TO_PROFILE, "tags": "DEFAULT '{}'"},
+    indexes={
+        "sessions_profile": "(profile_id, created_at)",
+        # The console's session list: newest first, by keyset on (created_at, id).
+        "sessions_created": "(created_at, id)",
+        "sessions_parent": "(parent_session_id) WHERE parent_session_id IS NOT NULL",
+    },
+    readers=_READERS,
+)
+TURNS: Final = Table(
+    "turns",
+    TurnRow,
+    key=("id",),
+    owner=JOURNAL_WRITER,
+    details={
+        "session_id": _TO_SESSION,
+        "profile_id": _TO_PROFILE,
+        "tags": "DEFAULT '{}'",
+        "depth": "DEFAULT 0 CHECK (depth >= 0)",
+        "status": "DEFAULT 'running'",
+    },
+    indexes={"turns_session": "(session_id, started_at)", "turns_started": "(started_at DESC)"},
+    readers=_READERS,
+)
+MESSAGES: Final = Table(
+    "messages",
+    MessageRow,
+    key=("id",),
+    owner=JOURNAL_WRITER,
+    details={
+        "session_id": _TO_SESSION,
+        "turn_id": _TO_TURN,
+        "profile_id": _TO_PROFILE,
+        "seq": "CHECK (seq >= 1)",
+        "active": "DEFAULT true",
+    },
+    extra=(
+        "search tsvector GENERATED ALWAYS AS (\n"
+        "        to_tsvector('english', coalesce(content ->> 'text', '') || ' ' || coalesce(content ->> 'content', ''))"
+        "\n    ) STORED",
+    ),
+    constraints=("UNIQUE (session_id, seq)",),
+    indexes={"messages_search": "USING gin (search)", "messages_profile": "(profile_id)"},
+    # The loop searches every profile's messages (session_search).
+    readers=(*_READERS, Read(LOOP, "true", policy="loop_reads_all")),
+)
+TOOL_CALLS: Final = Table(
+    "tool_calls",
+    ToolCallRow,
+    key=("id",),
+    owner=JOURNAL_WRITER,
+    details={
+        "turn_id": _TO_TURN,
+        "session_id": _TO_SESSION,
+        "profile_id": _TO_PROFILE,
+        "args": "DEFAULT '{}'",
+        "is_error": "DEFAULT false",
+    },
+    indexes={"tool_calls_turn": "(turn_id)"},
+    readers=_READERS,
+)
+APPROVALS: Final = Table(
+    "approvals",
+    ApprovalRow,
+    key=("id",),
+    owner=JOURNAL_WRITER,
+    details={"tool_call_id": "UNIQUE", "turn_id": _TO_TURN, "profile_id": _TO_PROFILE},
+    indexes={"approvals_decided": "(decided_at DESC)"},
+    readers=_READERS,
+)
+POSITIONS: Final = positions_table("projection_positions", JOURNAL_WRITER, (Read(CONSOLE),))
+DELETIONS: Final = tombstones_table(DELETIONS_TABLE, JOURNAL_WRITER)
+
+#: The core's tables, parents first (for creation, truncation and checksums).
+TABLES: Final = (PROFILES, SESSIONS, TURNS, MESSAGES, TOOL_CALLS, APPROVALS, POSITIONS, DELETIONS)
+SCHEMA: Final = "\n".join(t.ddl() for t in TABLES)
 
 #: Core tables, parents first (for truncation and checksums).
 CORE_TABLES: Final = ("profiles", "sessions", "turns", "messages", "tool_calls", "approvals")

@@ -6,9 +6,7 @@ import asyncio
 import logging
 from collections.abc import Sequence
 
-from commonos.journal_writer.schema import SCHEMA
-from commonos.journal_writer.store import JournalProjection
-from commonos.runtime import service
+from commonos.runtime import registry, service
 from commonos.runtime.consumer import Projection, partition_suffix
 from commonos.runtime.lifecycle import run, setup_logging
 from commonos.runtime.service import consumer_options
@@ -21,27 +19,19 @@ DEFAULT_HTTP_PORT = 9462
 __all__ = ["DEFAULT_HTTP_PORT", "consumer_options", "main", "serve", "writer_projections", "writer_schemas"]
 
 
-def writer_schemas() -> list[str]:
-    """The core schema, then the plugin schemas whose projections run in this process."""
-    from commonos.journal_writer.graph_schema import SCHEMA as GRAPH_SCHEMA
-    from commonos.journal_writer.memory import OWNERS_SCHEMA as MEMORY_OWNERS_SCHEMA
-    from commonos.memory.schema import SCHEMA as MEMORY_SCHEMA
+#: The service whose registered projections (`commonos.runtime.registry`) this process runs.
+SERVICE = "journal-writer"
 
-    return [SCHEMA, MEMORY_SCHEMA, MEMORY_OWNERS_SCHEMA, GRAPH_SCHEMA]
+
+def writer_schemas() -> list[str]:
+    """The schemas of the projections registered for the journal-writer, in their registered order."""
+    return registry.schemas(SERVICE)
 
 
 def writer_projections(suffix: str = "", unpartitioned: bool = True) -> list[Projection]:
-    """The core projection, the session graph's and, on one instance only, the Memory plugin's."""
-    from commonos.journal_writer.graph_projection import GraphProjection
-    from commonos.journal_writer.memory import MemoryProjection
-
-    projections: list[Projection] = [
-        JournalProjection("journal-writer" + suffix),
-        GraphProjection("graph-writer" + suffix),
-    ]
-    if unpartitioned:
-        projections.append(MemoryProjection())
-    return projections
+    """The projections registered for the journal-writer (the core, the session graph and, on one instance
+    only, the Memory plugin), named for the partition `suffix` names."""
+    return registry.projections(SERVICE, suffix, unpartitioned)
 
 
 async def serve(

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Final
 
+from commonos.journal_writer import schema
 from commonos.journal_writer.projection import (
     BULK,
     BULK_MIN_ROWS,
@@ -21,11 +22,11 @@ from commonos.journal_writer.projection import (
     plan_segments,
     profiles_mentioned,
 )
-from commonos.journal_writer.schema import CORE_TABLES, DELETIONS_TABLE
 from commonos.proto.events import Event, ProfileDeleted, SessionCreated, event_type
 from commonos.runtime.errors import EventRejected
 from commonos.runtime.postgres import Conn
 from commonos.runtime.projection import Projection
+from commonos.runtime.registry import Registration, rebuilt
 from commonos.runtime.tombstones import ProfileTombstones
 
 #: Session owners remembered between batches (the rest are looked up in `sessions`).
@@ -41,7 +42,7 @@ class JournalProjection(Projection):
     """
 
     position_table = "projection_positions"
-    tables = (*CORE_TABLES, DELETIONS_TABLE)
+    tables = rebuilt(schema.TABLES)
 
     def __init__(self, name: str = "journal-writer") -> None:
         self.name = name
@@ -50,7 +51,7 @@ class JournalProjection(Projection):
         #: Who owns a session (the profile that created it): committed, and staged by the batch in flight.
         self._owners: OrderedDict[uuid.UUID, str] = OrderedDict()
         self._staged: dict[uuid.UUID, str] = {}
-        self.deletions = ProfileTombstones(DELETIONS_TABLE)
+        self.deletions = ProfileTombstones(schema.DELETIONS_TABLE)
         #: Profiles the batch in flight deleted: their sessions leave the owners cache once it commits.
         self._deleted: set[str] = set()
 
@@ -146,3 +147,9 @@ async def _checked(conn: Conn, statement: str, rows: list[tuple[Any, ...]]) -> N
                 f"message_deactivated: session {session_id} does not hold message "
                 f"{', '.join(str(r[0]) for r in missing[:3])}"
             )
+
+
+#: The core projection as registered (`commonos.projections` in pyproject.toml).
+REGISTRATION: Final = Registration(
+    "core", "journal-writer", schema.TABLES, make=lambda suffix: JournalProjection("journal-writer" + suffix)
+)

@@ -14,8 +14,11 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
+import msgspec
+
 from commonos.proto.events import Event, event_type
 from commonos.runtime.errors import EventRejected
+from commonos.runtime.tables import Table
 
 if TYPE_CHECKING:
     from commonos.runtime.postgres import Conn
@@ -23,13 +26,18 @@ if TYPE_CHECKING:
 PROFILE_MISMATCH: Final = "profile_mismatch"
 
 
+class OwnerRow(msgspec.Struct, frozen=True):
+    session_id: uuid.UUID
+    profile_id: str
+
+
+def owners_table(table: str, owner: str) -> Table:
+    """The declaration of an owners table named `table`, owned by the database role `owner`."""
+    return Table(table, OwnerRow, key=("session_id",), owner=owner)
+
+
 def owners_schema(table: str) -> str:
-    return f"""
-CREATE TABLE IF NOT EXISTS {table} (
-    session_id uuid PRIMARY KEY,
-    profile_id text NOT NULL
-);
-"""
+    return owners_table(table, "").ddl()
 
 
 def mismatch(event: Event, owner: str) -> EventRejected:

@@ -29,9 +29,12 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Final
 
+import msgspec
+
 from commonos.proto.events import NO_SESSION, Event, ProfileDeleted, ProfileUpserted, event_type
 from commonos.proto.text import escape_nul
 from commonos.runtime.errors import DataError, EventRejected
+from commonos.runtime.tables import Table
 
 if TYPE_CHECKING:
     from commonos.runtime.postgres import Conn
@@ -40,17 +43,22 @@ if TYPE_CHECKING:
 PROFILE_DELETED: Final = "profile_deleted"
 
 
+class DeletionRow(msgspec.Struct, frozen=True):
+    profile_id: str
+    deleted_at: datetime
+    deleted_by: str
+    event_id: uuid.UUID
+    #: When a profile_upserted re-created the profile after the deletion; None while the deletion holds.
+    recreated_at: datetime | None
+
+
+def tombstones_table(table: str, owner: str) -> Table:
+    """The declaration of a deletions table named `table`, owned by the database role `owner`."""
+    return Table(table, DeletionRow, key=("profile_id",), owner=owner)
+
+
 def tombstones_schema(table: str) -> str:
-    return f"""
-CREATE TABLE IF NOT EXISTS {table} (
-    profile_id   text PRIMARY KEY,
-    deleted_at   timestamptz NOT NULL,
-    deleted_by   text NOT NULL,
-    event_id     uuid NOT NULL,
-    -- when a profile_upserted re-created the profile after the deletion; NULL while the deletion holds
-    recreated_at timestamptz
-);
-"""
+    return tombstones_table(table, "").ddl()
 
 
 class ProfileEventInvalid(DataError):
