@@ -51,6 +51,7 @@ from commonos.proto.requests import ChatReply, ChatRequest, chat_subject
 from commonos.proto.subjects import EVENTS_ALL
 from commonos.runtime.embedded import NatsServer
 from commonos.runtime.nats import ensure_streams
+from commonos.runtime.publisher import Prepared
 from tests.fuzz.conftest import PROFILE_ENV
 from tests.loop.helpers import write_profile
 
@@ -192,8 +193,8 @@ class CountingJournal(NatsJournal):
         super().__init__(*args, **kw)
         self.acked: list[uuid.UUID] = []
 
-    async def _store(self, event: ev.Event) -> None:
-        await super()._store(event)
+    async def _store(self, event: ev.Event, prepared: Prepared | None = None) -> None:
+        await super()._store(event, prepared)
         self.acked.append(event.event_id)
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from decimal import ROUND_HALF_EVEN, Context, Decimal
 
 from commonos.accounting.usage import TokenUsage
+from commonos.proto.vendors import MODEL_MAKERS
 
 __all__ = ["MAX_PRICE_MTOK", "PROVIDER_IDS", "RateCard", "Rates", "is_anthropic", "quantize_usd", "rates_from_mtok"]
 
@@ -38,9 +39,8 @@ _ZERO = Decimal(0)
 # A name not listed is passed to genai-prices as is ("google", "mistral", ...).
 PROVIDER_IDS: Mapping[str, str | None] = {
     "anthropic": "anthropic",
-    "claude-code": "anthropic",
+    **MODEL_MAKERS,
     "openai": "openai",
-    "codex": "openai",
     "scripted": None,
 }
 

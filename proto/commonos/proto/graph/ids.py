@@ -7,9 +7,9 @@ import uuid
 
 import msgspec
 
-# A fixed namespace for our ids; changing it would change every id ever minted.
-_ID_NAMESPACE = uuid.UUID("6f1c3b52-2d1e-5a8e-9c57-0c0a7e5e3d10")
-_ID_NAMESPACE_BYTES = _ID_NAMESPACE.bytes
+from commonos.proto.ids import GRAPH_NAMESPACE, IMPORT_NAMESPACE, name_id
+
+_ID_NAMESPACE_BYTES = GRAPH_NAMESPACE.bytes
 
 
 def mint_id(kind: str, *parts: str) -> str:
@@ -66,14 +66,12 @@ def vendor_session_id(vendor: str, profile_id: str, session_key: str) -> str:
 
 
 # --- event ids of model calls ---------------------------------------------------------------------
-# Shared by the importer and the OTLP gateway, so that a call reaching us both ways is one event.
-# Changing this namespace would change every model call's event id, and a call imported (or received)
-# again would be billed again.
-_CALL_EVENT_NAMESPACE = uuid.UUID("2b7c4e0a-5d3f-5c61-9f2e-8a1d7b6c9e40")
+# Shared by the importer and the OTLP gateway, so that a call reaching us both ways is one event (under
+# `IMPORT_NAMESPACE`: a call imported or received again is not billed again).
 
 
 def _call_event_id(*parts: str) -> uuid.UUID:
-    return uuid.uuid5(_CALL_EVENT_NAMESPACE, msgspec.json.encode(list(parts)).decode())
+    return name_id(IMPORT_NAMESPACE, *parts)
 
 
 def model_call_event_id(invocation_id: str) -> uuid.UUID:

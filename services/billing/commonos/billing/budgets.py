@@ -39,6 +39,7 @@ from commonos.billing.config import Budget, Period
 from commonos.billing.metrics import BUDGET_ALERTS, BUDGET_EXCEEDED, BUDGET_LIMIT, BUDGET_SPENT
 from commonos.proto.alerts import BudgetExceeded
 from commonos.proto.events import utcnow
+from commonos.proto.ids import ALERT_NAMESPACE
 
 if TYPE_CHECKING:
     from commonos.billing.rows import ModelCallRow
@@ -61,7 +62,6 @@ __all__ = [
 
 #: Advisory lock (transaction scope) serialising spend updates of the consumer and of a reprice ("cosbudg").
 BUDGET_LOCK_KEY: Final = 0x636F7362756467
-_ALERT_NAMESPACE: Final = uuid.UUID("5b0f3c1e-8f0e-4d3a-9b7a-63e0c0b1d9a2")
 ALERT_TYPE: Final = "budget_exceeded"
 
 
@@ -144,7 +144,7 @@ def alert_key(budget: Budget, period_start: datetime) -> str:
 def alert_id(budget: Budget, period_start: datetime) -> uuid.UUID:
     """``event_id`` (= ``ce-id`` = ``Nats-Msg-Id``) of the one alert of a budget and period: JetStream drops a
     republish of it."""
-    return uuid.uuid5(_ALERT_NAMESPACE, alert_key(budget, period_start))
+    return uuid.uuid5(ALERT_NAMESPACE, alert_key(budget, period_start))
 
 
 def alert_for(

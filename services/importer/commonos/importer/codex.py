@@ -73,9 +73,10 @@ from commonos.proto.graph import (
     mint_id,
 )
 from commonos.proto.graph.ids import vendor_session_id
+from commonos.proto.vendors import CODEX, MODEL_MAKERS
 
 #: The vendor's name in graphs, events and tags.
-VENDOR: Final = "codex"
+VENDOR: Final = CODEX
 
 TOOL_VERBS: dict[str, ToolVerb] = {
     "shell": ToolVerb.EXECUTE,
@@ -571,7 +572,7 @@ SOURCE: Final = Source(
     vendor=VENDOR,
     label="Codex",
     default_root="~/.codex",
-    provider="openai",
+    provider=MODEL_MAKERS[CODEX],
     top_files=lambda root: list(codex_rollout_files(root)),
     candidates=codex_candidates,
     read=read_codex_trees,

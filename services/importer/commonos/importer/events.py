@@ -60,18 +60,15 @@ from commonos.proto.graph import (
     validate,
 )
 from commonos.proto.graph.ids import model_call_event_id, ordinal_call_event_id, request_call_event_id, vendor_scope
+from commonos.proto.ids import IMPORT_NAMESPACE, name_id
 from commonos.proto.subjects import EVENTS_STREAM
+from commonos.proto.vendors import CLAUDE_CODE, CODEX
 from commonos.runtime.limits import DEFAULT_MAX_PAYLOAD, message_bytes, with_stream_header
 
 #: CloudEvents ``source`` of everything the importer publishes.
 EVENT_SOURCE: Final = "urn:commonos:importer"
 #: Parts are sized as if numbered up to this: the digits of `part` and `parts` are counted too.
 _MAX_PARTS: Final = 999_999_999
-#: Vendors whose model calls' event ids the OTLP gateway mints too (`call_event_ids`).
-CLAUDE_CODE: Final = "claude-code"
-CODEX: Final = "codex"
-# Changing this namespace would change every imported event id, and re-importing would bill again.
-_EVENT_NAMESPACE: Final = uuid.UUID("2b7c4e0a-5d3f-5c61-9f2e-8a1d7b6c9e40")
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _TAG_VALUE_BAD: Final = re.compile(r"[^A-Za-z0-9_.-]+")
 _PROFILE_BAD: Final = re.compile(r"[^a-z0-9_-]+")
@@ -119,7 +116,7 @@ def import_tags(imported: ImportedSession) -> tuple[str, ...]:
 
 
 def _event_id(*parts: str) -> uuid.UUID:
-    return uuid.uuid5(_EVENT_NAMESPACE, msgspec.json.encode(list(parts)).decode())
+    return name_id(IMPORT_NAMESPACE, *parts)
 
 
 def vendor_session_key(graph: Graph) -> str | None:

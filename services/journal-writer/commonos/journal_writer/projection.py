@@ -20,6 +20,7 @@ import msgspec
 
 from commonos.proto import events as ev
 from commonos.proto.identity import stored_title, title_from_text
+from commonos.proto.ids import APPROVAL_NAMESPACE
 from commonos.proto.messages import UserMessage
 from commonos.proto.text import escape_nul, escape_nul_in_json
 from commonos.runtime.errors import DataError
@@ -523,9 +524,6 @@ def plan_event(plan: Plan, event: ev.Event) -> None:
             assert_never(event)
 
 
-_APPROVAL_NS: Final = uuid.UUID("6f1f8f53-54b0-4d3a-9a57-7d0a3f0c2b11")
-
-
 def _approval_id(tool_call_id: uuid.UUID) -> uuid.UUID:
     """One approval per tool call, so its id derives from the tool call's (replays agree)."""
-    return uuid.uuid5(_APPROVAL_NS, str(tool_call_id))
+    return uuid.uuid5(APPROVAL_NAMESPACE, str(tool_call_id))

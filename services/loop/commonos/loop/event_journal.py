@@ -81,8 +81,10 @@ class EventJournal(ABC):
         self.max_message_bytes = max_message_bytes
 
     @abstractmethod
-    async def _store(self, event: Event) -> None:
-        """Store one event durably; return only once it is stored. Raise `JournalError` otherwise."""
+    async def _store(self, event: Event, prepared: Any = None) -> None:
+        """Store one event durably; return only once it is stored. Raise `JournalError` otherwise.
+        `prepared` is what `_sized` returned with the event's size (its encoded form), so that an event sized
+        before it is stored is encoded once."""
 
     @abstractmethod
     async def _read_session(self, session_id: uuid.UUID, profile_id: str | None) -> list[Event]:
@@ -116,9 +118,14 @@ class EventJournal(ABC):
         """Where `message_limit` comes from, for the error that quotes it."""
         return "COS_MAX_MESSAGE_BYTES"
 
+    def _sized(self, event: Event) -> tuple[int, Any]:
+        """An event's size as NATS counts it (its body and the headers it is published with), and what
+        `_store` may reuse to store it without encoding it again (None here: nothing to reuse)."""
+        size = message_bytes(encode_event(event), with_stream_header(event_headers(event, LOOP_SOURCE), EVENTS_STREAM))
+        return size, None
+
     def _event_bytes(self, event: Event) -> int:
-        """An event's size as NATS counts it: its body and the headers it is published with."""
-        return message_bytes(encode_event(event), with_stream_header(event_headers(event, LOOP_SOURCE), EVENTS_STREAM))
+        return self._sized(event)[0]
 
     def _appended(self, turn: TurnInfo, seq: int, message: Message, **kw: Any) -> MessageAppended:
         return MessageAppended(
@@ -171,9 +178,9 @@ class EventJournal(ABC):
             return state
         return await self._refresh(session_id, profile_id)
 
-    async def _emit(self, event: Event, state: SessionState | None = None) -> None:
+    async def _emit(self, event: Event, state: SessionState | None = None, prepared: Any = None) -> None:
         try:
-            await self._store(event)
+            await self._store(event, prepared)
         except BaseException:
             # We do not know whether it was stored: read the session back before the next append.
             self._states.pop(event.session_id, None)
@@ -251,8 +258,9 @@ class EventJournal(ABC):
             state = await self._state(turn.session_id, turn.profile_id)
             seq = state.next_seq
             event = self._appended(turn, seq, message)
-            self._check(f"the {event.role.replace('_', ' ')} message", self._event_bytes(event))
-            await self._emit(event, state)
+            size, prepared = self._sized(event)
+            self._check(f"the {event.role.replace('_', ' ')} message", size)
+            await self._emit(event, state, prepared)
             return seq
 
     async def deactivate_messages(self, turn: TurnInfo, seqs: Sequence[int]) -> None:

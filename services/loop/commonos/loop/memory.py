@@ -17,7 +17,7 @@ class MemoryJournal(EventJournal):
         super().__init__(max_message_bytes=max_message_bytes)
         self.events: list[Event] = []
 
-    async def _store(self, event: Event) -> None:
+    async def _store(self, event: Event, prepared: object = None) -> None:
         self.events.append(event)
 
     async def _read_session(self, session_id: uuid.UUID, profile_id: str | None) -> list[Event]:

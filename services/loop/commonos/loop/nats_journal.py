@@ -23,7 +23,7 @@ from commonos.proto.subjects import EVENTS_PREFIX, EVENTS_STREAM, profile_events
 from commonos.proto.tags import check_profile_id
 from commonos.runtime import reading
 from commonos.runtime.limits import message_bytes, with_stream_header
-from commonos.runtime.publisher import EventPublisher, EventTooLarge, PublishError
+from commonos.runtime.publisher import EventPublisher, EventTooLarge, Prepared, PublishError
 from commonos.runtime.settings import DEFAULT_MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
@@ -87,20 +87,20 @@ class NatsJournal(EventJournal):
             f"{self.publisher.max_payload}, less {HEADROOM_BYTES} bytes of headroom"
         )
 
-    def _event_bytes(self, event: Event) -> int:
-        """The publisher's own sizing: the body and headers it would send."""
+    def _sized(self, event: Event) -> tuple[int, Prepared | None]:
+        """The publisher's own sizing (the body and headers it would send), and those to send."""
         try:
-            _, payload, headers = self.publisher.prepare(event)
+            prepared = self.publisher.prepare(event)
         except EventTooLarge as exc:
-            return exc.size
-        return message_bytes(payload, with_stream_header(headers, EVENTS_STREAM))
+            return exc.size, None
+        return message_bytes(prepared[1], with_stream_header(prepared[2], EVENTS_STREAM)), prepared
 
-    async def _store(self, event: Event) -> None:
+    async def _store(self, event: Event, prepared: Prepared | None = None) -> None:
         if self.publisher.closed:
             # nats-py never reopens a closed connection: waiting out the publisher's deadline is pointless.
             raise JournalError(f"event {event.event_id} not published: the NATS connection is closed")
         try:
-            await self.publisher.publish(event)
+            await self.publisher.publish(event, prepared)
         except (PublishError, EventTooLarge) as exc:
             raise JournalError(str(exc)) from exc
 

@@ -25,12 +25,12 @@ from nats.js.kv import KeyValue
 
 from commonos.proto.events import TurnFinished, TurnStatus
 from commonos.proto.identity import TurnInfo
+from commonos.proto.ids import INTERRUPTED_NAMESPACE
 from commonos.runtime.publisher import EventPublisher
 
 log = logging.getLogger(__name__)
 
 RUNNING_BUCKET: Final = "cos_running_turns"
-_INTERRUPTED_NS: Final = uuid.UUID("3b0f6a2e-8f2d-4a8e-9d51-2c4a8d1e7f60")
 
 
 class RunningTurn(msgspec.Struct, frozen=True, kw_only=True):
@@ -60,7 +60,7 @@ class NoRegistry:
 
 
 def interrupted_event_id(turn_id: uuid.UUID) -> uuid.UUID:
-    return uuid.uuid5(_INTERRUPTED_NS, str(turn_id))
+    return uuid.uuid5(INTERRUPTED_NAMESPACE, str(turn_id))
 
 
 class NatsTurnRegistry:

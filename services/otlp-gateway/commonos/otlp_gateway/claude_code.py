@@ -108,9 +108,10 @@ from commonos.otlp_gateway.attributes import (
     number,
     text,
 )
-from commonos.otlp_gateway.common import CLAUDE_CODE, CallAt, Emitter, Record, gateway_id
+from commonos.otlp_gateway.common import CallAt, Emitter, Record, gateway_id
 from commonos.proto.events import MAX_COUNT, MAX_NAME_CHARS, ApprovalDecided, ModelCallCompleted, ToolCallRecorded
 from commonos.proto.graph.ids import request_call_event_id
+from commonos.proto.vendors import CLAUDE_CODE
 
 #: The pricing provider of Claude Code's models.
 PROVIDER: Final = "anthropic"

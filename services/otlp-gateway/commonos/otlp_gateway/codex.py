@@ -86,9 +86,10 @@ from datetime import datetime
 from typing import Any, Final, NamedTuple
 
 from commonos.otlp_gateway.attributes import before, boolean, count, json_object, text
-from commonos.otlp_gateway.common import CODEX, CallAt, CallOrdinals, Emitter, Record
+from commonos.otlp_gateway.common import CallAt, CallOrdinals, Emitter, Record
 from commonos.proto.events import MAX_COUNT, MAX_NAME_CHARS, ApprovalDecided, ModelCallCompleted, ToolCallRecorded
 from commonos.proto.graph.ids import ordinal_call_event_id
+from commonos.proto.vendors import CODEX
 
 #: The pricing provider of Codex's models.
 PROVIDER: Final = "openai"

@@ -40,9 +40,8 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Final, Protocol
+from typing import Any, Protocol
 
-import msgspec
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
 
 from commonos.otlp_gateway.attributes import attributes, from_nanos, resource_tags, text, timestamp
@@ -55,14 +54,8 @@ from commonos.proto.events import (
     TurnStarted,
 )
 from commonos.proto.graph.ids import vendor_scope, vendor_session_id
+from commonos.proto.ids import GATEWAY_NAMESPACE, name_id
 from commonos.proto.tags import tag_key
-
-#: Vendors of the log sources, as the importer names them (sessions, tags, sources).
-CLAUDE_CODE: Final = "claude-code"
-CODEX: Final = "codex"
-# Changing this namespace would change the ids of every session, turn and tool call event the gateway
-# ever published: a client's retry after the change would publish them again under new ids.
-_GATEWAY_NAMESPACE: Final = uuid.UUID("9d5c0f3e-7b1a-5e24-8c6d-2f4a1b3e5c70")
 
 
 @dataclass(frozen=True)
@@ -185,7 +178,7 @@ class MemoryOrdinals:
 
 def gateway_id(*parts: str) -> uuid.UUID:
     """A deterministic event or row id: UUIDv5 of the JSON array of `parts` under the gateway's namespace."""
-    return uuid.uuid5(_GATEWAY_NAMESPACE, msgspec.json.encode(list(parts)).decode())
+    return name_id(GATEWAY_NAMESPACE, *parts)
 
 
 def session_id_of(vendor: str, profile_id: str, session_key: str) -> uuid.UUID:

@@ -29,8 +29,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from commonos.otlp_gateway import claude_code, codex, genai
 from commonos.otlp_gateway.attributes import attributes, text
-from commonos.otlp_gateway.common import CLAUDE_CODE, CODEX, CallOrdinals, Emitter, Mapped, Record, Source
+from commonos.otlp_gateway.common import CallOrdinals, Emitter, Mapped, Record, Source
 from commonos.proto.tags import InvalidTag
+from commonos.proto.vendors import CLAUDE_CODE, CODEX
 
 # --- dispatch -------------------------------------------------------------------------------------
 

@@ -28,6 +28,9 @@ from commonos.runtime.retry import Backoff
 
 log = logging.getLogger(__name__)
 
+#: An event ready to send: its subject, body and headers (`EventPublisher.prepare`).
+Prepared = tuple[str, bytes, dict[str, str]]
+
 _RETRYABLE = (
     nats.errors.TimeoutError,
     nats.js.errors.NoStreamResponseError,
@@ -105,7 +108,7 @@ class EventPublisher:
         """The connected server's limit for one message, headers included."""
         return server_max_payload(self.nc)
 
-    def prepare(self, event: EventBase) -> tuple[str, bytes, dict[str, str]]:
+    def prepare(self, event: EventBase) -> Prepared:
         """Subject, body and headers of `event` (with the current span's `traceparent`, if any); raises
         EventTooLarge if they cannot fit one message."""
         subject = subject_for(event)
@@ -120,12 +123,13 @@ class EventPublisher:
             raise EventTooLarge(str(MessageTooLarge(what, size, limit, self.too_large_hint)), size, limit)
         return subject, payload, headers
 
-    async def publish(self, event: EventBase) -> PubAck:
+    async def publish(self, event: EventBase, prepared: Prepared | None = None) -> PubAck:
         """Publish one event and wait for its PubAck, retrying with the same id until the deadline.
 
-        Raises EventTooLarge, before sending anything, for an event over the server's max_payload.
+        Raises EventTooLarge, before sending anything, for an event over the server's max_payload. A caller
+        that has already `prepare`d the event (to size it) passes what it got: the event is encoded once.
         """
-        subject, payload, headers = self.prepare(event)
+        subject, payload, headers = prepared if prepared is not None else self.prepare(event)
         deadline = time.monotonic() + self.deadline_s
         backoff = Backoff(0.05, _MAX_RETRY_DELAY_S)
         timeout = self.ack_timeout_s
@@ -164,7 +168,7 @@ class EventPublisher:
         self,
         events: Sequence[EventBase],
         window: int = 1000,
-        prepared: Sequence[tuple[str, bytes, dict[str, str]]] | None = None,
+        prepared: Sequence[Prepared] | None = None,
     ) -> list[PubAck]:
         """Pipelined publishing: up to `window` un-acked at once; any without a PubAck is retried alone.
 

@@ -38,6 +38,7 @@ from commonos.accounting.csv_cells import cost_csv
 from commonos.console.auth import SignedIn
 from commonos.console.db import Database, get_db
 from commonos.console.templating import render
+from commonos.proto.vendors import CLAUDE_CODE, CODEX
 from commonos.runtime.postgres import Conn
 
 router = APIRouter(tags=["costs"])
@@ -447,7 +448,7 @@ async def api_costs_csv(
 CHART_WIDTH: Final = 640
 BAR_HEIGHT: Final = 22
 LABEL_WIDTH: Final = 200
-COLOURS: Final = {"loop": "#1f5fbf", "claude-code": "#c2571a", "codex": "#1d7a43"}
+COLOURS: Final = {"loop": "#1f5fbf", CLAUDE_CODE: "#c2571a", CODEX: "#1d7a43"}
 
 
 def _money(value: Decimal | None) -> str:

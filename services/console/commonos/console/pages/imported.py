@@ -37,6 +37,7 @@ from commonos.console.pages.sessions import (
     parse_time,
 )
 from commonos.console.templating import render
+from commonos.proto.vendors import VENDORS
 from commonos.runtime.postgres import Conn
 
 router = APIRouter(tags=["imported"])
@@ -48,7 +49,6 @@ PAGE_SIZE: Final = 50
 MAX_ROWS: Final = 5000
 #: The most characters of one tool result's output shown (the API too): outputs can be whole files.
 MAX_OUTPUT_CHARS: Final = 20_000
-VENDORS: Final = ("claude-code", "codex")
 OUTCOMES: Final = ("unknown", "interrupted", "committed", "abandoned")
 
 

@@ -6,9 +6,10 @@ import re
 from typing import Final
 
 from commonos.proto.graph import ToolVerb
+from commonos.proto.vendors import CLAUDE_CODE
 
 #: The vendor's name in graphs, events and tags.
-VENDOR: Final = "claude-code"
+VENDOR: Final = CLAUDE_CODE
 
 TOOL_VERBS: dict[str, ToolVerb] = {
     "Read": ToolVerb.READ,
