@@ -173,7 +173,8 @@ def usage_of(event: ModelCallCompleted) -> TokenUsage:
 
 def build_row(event: ModelCallCompleted, pricer: Pricer) -> ModelCallRow:
     """Price one call at its own time and shape its row (call :func:`check_model_call` first)."""
-    result = pricer.price(event.provider, event.model, usage_of(event), event.occurred_at, event.reported_cost_usd)
+    usage = usage_of(event)
+    result = pricer.price(event.provider, event.model, usage, event.occurred_at, event.reported_cost_usd)
     tags = event.tags
     if len(tags) > 1 and len(set(tags)) != len(tags):
         tags = tuple(sorted(set(tags)))  # a call counts once per tag, even if the event repeats one
@@ -185,16 +186,9 @@ def build_row(event: ModelCallCompleted, pricer: Pricer) -> ModelCallRow:
         event.request_id,
         event.provider,
         event.model,
-        event.input_tokens,
-        event.output_tokens,
-        event.cache_read_tokens,
-        event.cache_write_5m_tokens,
-        event.cache_write_1h_tokens,
-        event.reasoning_tokens,
-        event.speed,
+        usage,
         event.latency_s,
         event.stop_reason,
-        event.usage_estimated,
         event.reported_cost_usd,
         result.cost_usd,
         result.status.value,
