@@ -46,7 +46,7 @@ from commonos.billing.budgets import BudgetStep, BudgetTracker
 from commonos.billing.metrics import BillingMetrics, MetricBatch
 from commonos.billing.rows import ModelCallRow
 from commonos.billing.schema import DELETIONS_TABLE, MODEL_CALLS, TABLES
-from commonos.proto.events import Event, ModelCallCompleted, SessionCreated
+from commonos.proto.events import MAX_COUNT, MAX_NAME_CHARS, Event, ModelCallCompleted, SessionCreated
 from commonos.proto.subjects import (
     MODEL_CALLS_FILTER,
     PROFILES_FILTER,
@@ -77,8 +77,6 @@ __all__ = [
     "usage_of",
 ]
 
-_MAX_BIGINT: Final = 2**63 - 1
-_MAX_NAME_CHARS: Final = 256
 #: ``model_calls.cost_usd`` is ``numeric(24, 10)``: a cost must stay below 10^14 USD.
 MAX_COST_USD: Final = Decimal(10) ** 14 - Decimal("1e-10")
 
@@ -117,8 +115,8 @@ def check_model_call(event: ModelCallCompleted) -> None:
     """Raise :class:`InvalidModelCall` for a call that cannot be true or cannot be stored."""
     if not event.provider.strip() or not event.model.strip():
         raise InvalidModelCall("a model call names its provider and its model")
-    if len(event.provider) > _MAX_NAME_CHARS or len(event.model) > _MAX_NAME_CHARS:
-        raise InvalidModelCall(f"provider and model names are at most {_MAX_NAME_CHARS} characters")
+    if len(event.provider) > MAX_NAME_CHARS or len(event.model) > MAX_NAME_CHARS:
+        raise InvalidModelCall(f"provider and model names are at most {MAX_NAME_CHARS} characters")
     if event.reasoning_tokens > event.output_tokens:
         raise InvalidModelCall(
             f"reasoning_tokens ({event.reasoning_tokens}) cannot exceed output_tokens ({event.output_tokens}) "
@@ -131,7 +129,7 @@ def check_model_call(event: ModelCallCompleted) -> None:
         event.cache_write_5m_tokens,
         event.cache_write_1h_tokens,
     )
-    if max(counts) > _MAX_BIGINT:
+    if max(counts) > MAX_COUNT:
         raise InvalidModelCall("a token count does not fit in 64 bits")
     reported = event.reported_cost_usd
     if reported is not None and (not reported.is_finite() or reported < 0 or reported.adjusted() > 12):
