@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import REGISTRY
 
+from commonos.accounting.cost_queries import TOTAL_LABEL, UNTAGGED_LABEL, CostRow
 from commonos.accounting.pricing import Pricer, PriceResult, load_price_file, parse_price_file
 from commonos.accounting.usage import TokenUsage, from_anthropic_usage, from_codex_usage, from_openai_usage
 from commonos.billing.budgets import (
@@ -49,7 +50,6 @@ from commonos.billing.report import (
     CostReport,
     GroupBy,
     ReportError,
-    ReportRow,
     parse_group_by,
     parse_when,
     render_report,
@@ -436,8 +436,9 @@ def test_group_by_and_time_arguments() -> None:
         parse_when("yesterday")
 
 
-def _row(group: str | None, usd: str | None, calls: int) -> ReportRow:
-    return ReportRow(group, Decimal(usd) if usd else None, calls, 0 if usd else calls, 10, 5, 0, 0, 1)
+def _row(group: str | None, usd: str | None, calls: int, label: str | None = None) -> CostRow:
+    price = Decimal(usd) if usd else None
+    return CostRow(group, label or group or "", price, calls, 0 if usd else calls, 10, 5, 0, 0, 1)
 
 
 def test_report_renders_groups_untagged_total_and_the_counting_rule() -> None:
@@ -446,8 +447,8 @@ def test_report_renders_groups_untagged_total_and_the_counting_rule() -> None:
         since=datetime(2026, 11, 1, tzinfo=UTC),
         until=None,
         groups=[_row("client:acme", "1.5000000000", 2), _row("client:globex", "0.5000000000", 1)],
-        total=_row(None, "1.7500000000", 3),
-        untagged=_row(None, None, 1),
+        total=_row(None, "1.7500000000", 3, TOTAL_LABEL),
+        untagged=_row(None, None, 1, UNTAGGED_LABEL),
         notes=["Each call is counted once in every client: group it carries ..."],
     )
     table = render_report(report, "table")
