@@ -68,7 +68,8 @@ from uuid_utils import uuid7
 
 from bench.services import BenchError, ServiceRun, cpu_seconds
 from commonos.accounting.pricing import Pricer
-from commonos.billing.projection import ModelCallRow, build_row
+from commonos.billing.projection import build_row
+from commonos.billing.schema import MODEL_CALLS
 from commonos.billing.schema import SCHEMA as BILLING_SCHEMA
 from commonos.console.pages.sessions import SessionFilters, encode_cursor, list_sessions, load_session
 from commonos.console.users import Role, User, hash_password, render_users
@@ -215,7 +216,7 @@ COLUMNS: Final[dict[str, tuple[str, ...]]] = {
         "finished_at",
     ),
     "approvals": ("id", "tool_call_id", "turn_id", "profile_id", "status", "decided_by", "decided_at"),
-    "model_calls": ModelCallRow._fields,
+    "model_calls": tuple(c.name for c in MODEL_CALLS.columns),
 }
 
 
@@ -245,7 +246,8 @@ class Generator:
         self.step = (self.end - self.start) / sessions
         self.snapshot = _json({"system_prompt": "Be brief.", "memory": []})
         self.pricer = Pricer()
-        self.priced: dict[tuple[int, int, int], ModelCallRow] = {}
+        #: A priced call's own columns (request_id to price_detail), by its model and sizes.
+        self.priced: dict[tuple[int, int, int], tuple[Any, ...]] = {}
         self.recent_roots: list[tuple[Id, str, Id, tuple[str, ...]]] = []
         self.profile_names = [p for p, _ in PROFILES]
         self.profile_cum = list(itertools.accumulate([w for _, w in PROFILES]))
@@ -259,8 +261,8 @@ class Generator:
     def _model_call(self, chunk: Chunk, profile: str, sid: Id, tid: Id, tags: Any, at: datetime) -> None:
         rand = self.rng.random
         key = (int(rand() * len(MODELS)), int(rand() * 40), int(rand() * 20))
-        row = self.priced.get(key)
-        if row is None:
+        priced = self.priced.get(key)
+        if priced is None:
             provider, model = MODELS[key[0]]
             event = ev.ModelCallCompleted(
                 profile_id=profile,
@@ -273,9 +275,10 @@ class Generator:
                 latency_s=0.4 + key[2] / 10,
                 occurred_at=at,
             )
-            row = self.priced[key] = build_row(event, self.pricer)
-        # The priced row with this call's ids, tags and time (fields 4 to 22 are the call's own).
-        chunk.rows["model_calls"].append((uuid7(), profile, sid, tid, *row[4:23], tags, at))
+            # Columns 4 to 22 are the call's own.
+            priced = self.priced[key] = tuple(MODEL_CALLS.row_args(build_row(event, self.pricer))[4:23])
+        # The priced row with this call's ids, tags and time.
+        chunk.rows["model_calls"].append((uuid7(), profile, sid, tid, *priced, tags, at))
 
     def chunk(self, count: int) -> Chunk:
         chunk = Chunk()

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import REGISTRY
 
+from commonos.accounting.cost_queries import TOTAL_LABEL, UNTAGGED_LABEL, CostRow
 from commonos.accounting.pricing import Pricer, PriceResult, load_price_file, parse_price_file
 from commonos.accounting.usage import TokenUsage, from_anthropic_usage, from_codex_usage, from_openai_usage
 from commonos.billing.budgets import (
@@ -39,7 +40,6 @@ from commonos.billing.projection import (
     BillingFault,
     BillingProjection,
     InvalidModelCall,
-    ModelCallRow,
     UnbillableModelCall,
     build_row,
     check_model_call,
@@ -50,11 +50,11 @@ from commonos.billing.report import (
     CostReport,
     GroupBy,
     ReportError,
-    ReportRow,
     parse_group_by,
     parse_when,
     render_report,
 )
+from commonos.billing.schema import MODEL_CALLS
 from commonos.proto.errors import DataError
 from commonos.proto.events import ModelCallCompleted
 from commonos.proto.ids import new_id
@@ -123,11 +123,11 @@ def test_anthropic_row_with_cache_read_and_both_cache_writes(pricer: Pricer) -> 
     )
     assert row.price_version == pricer.genai_version
     assert (
-        row.input_tokens,
-        row.cache_read_tokens,
-        row.cache_write_5m_tokens,
-        row.cache_write_1h_tokens,
-        row.output_tokens,
+        row.usage.input_tokens,
+        row.usage.cache_read_tokens,
+        row.usage.cache_write_5m_tokens,
+        row.usage.cache_write_1h_tokens,
+        row.usage.output_tokens,
     ) == (1200, 50_000, 3000, 4000, 900)
     assert (row.event_id, row.session_id, row.turn_id, row.request_id) == (
         event.event_id,
@@ -150,7 +150,12 @@ def test_openai_row_with_cached_input_and_reasoning(pricer: Pricer) -> None:
     )
     row = build_row(call(usage, "openai", "o4-mini"), pricer)
     # o4-mini: $1.10 input, $0.275 cached input, $4.40 output; the 2000 reasoning tokens are inside the 3000.
-    assert (row.input_tokens, row.cache_read_tokens, row.output_tokens, row.reasoning_tokens) == (
+    assert (
+        row.usage.input_tokens,
+        row.usage.cache_read_tokens,
+        row.usage.output_tokens,
+        row.usage.reasoning_tokens,
+    ) == (
         4000,
         8000,
         3000,
@@ -189,7 +194,7 @@ def test_reported_and_estimated_costs(pricer: Pricer) -> None:
         pricer,
     )
     # Claude Haiku 4.5: $1 input, $5 output.
-    assert (estimated.cost_status, estimated.cost_usd, estimated.usage_estimated) == (
+    assert (estimated.cost_status, estimated.cost_usd, estimated.usage.usage_estimated) == (
         "estimated",
         usd((1000, "1"), (1000, "5")),
         True,
@@ -264,9 +269,10 @@ def test_insert_arguments_are_columns_with_tags_as_array_literals(pricer: Pricer
         build_row(call(TokenUsage(input_tokens=2), "openai", "o3", tags=()), pricer),
     ]
     columns = insert_arguments(rows)
-    assert len(columns) == len(ModelCallRow._fields) == 25
-    assert columns[ModelCallRow._fields.index("tags")] == ["{client:acme,team:core}", "{}"]
-    assert columns[ModelCallRow._fields.index("input_tokens")] == [1, 2]
+    names = [c.name for c in MODEL_CALLS.columns]
+    assert len(columns) == len(names) == 25
+    assert columns[names.index("tags")] == ["{client:acme,team:core}", "{}"]
+    assert columns[names.index("input_tokens")] == [1, 2]
 
 
 def test_new_rows_keeps_each_inserted_event_once(pricer: Pricer) -> None:
@@ -430,8 +436,9 @@ def test_group_by_and_time_arguments() -> None:
         parse_when("yesterday")
 
 
-def _row(group: str | None, usd: str | None, calls: int) -> ReportRow:
-    return ReportRow(group, Decimal(usd) if usd else None, calls, 0 if usd else calls, 10, 5, 0, 0, 1)
+def _row(group: str | None, usd: str | None, calls: int, label: str | None = None) -> CostRow:
+    price = Decimal(usd) if usd else None
+    return CostRow(group, label or group or "", price, calls, 0 if usd else calls, 10, 5, 0, 0, 1)
 
 
 def test_report_renders_groups_untagged_total_and_the_counting_rule() -> None:
@@ -440,8 +447,8 @@ def test_report_renders_groups_untagged_total_and_the_counting_rule() -> None:
         since=datetime(2026, 11, 1, tzinfo=UTC),
         until=None,
         groups=[_row("client:acme", "1.5000000000", 2), _row("client:globex", "0.5000000000", 1)],
-        total=_row(None, "1.7500000000", 3),
-        untagged=_row(None, None, 1),
+        total=_row(None, "1.7500000000", 3, TOTAL_LABEL),
+        untagged=_row(None, None, 1, UNTAGGED_LABEL),
         notes=["Each call is counted once in every client: group it carries ..."],
     )
     table = render_report(report, "table")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import dataclasses
 import io
 import json
 import uuid
@@ -312,7 +313,7 @@ def test_safe_cells_and_chart_escaping() -> None:
     assert [safe_cell(v) for v in texts] == ["'=1+1", "'+1", "'-1", "'@x", "'\tx", "'\rx", "ok", "1-1"]
     # Numbers stay numbers, a negative one too: only text is quoted.
     assert [safe_cell(v) for v in (3, -3, Decimal("-1.5"), None)] == [3, -3, Decimal("-1.5"), ""]
-    from commonos.console.pages.costs import CostRow
+    from commonos.accounting.cost_queries import CostRow
 
     row = CostRow(
         group="<script>x</script>",
@@ -326,7 +327,7 @@ def test_safe_cells_and_chart_escaping() -> None:
         cache_write_tokens=0,
         reasoning_tokens=0,
     )
-    credit = row.model_copy(update={"usd": Decimal("-1.5"), "label": "-credit\r=1"})
+    credit = dataclasses.replace(row, usd=Decimal("-1.5"), label="-credit\r=1")
     lines = list(csv.reader(io.StringIO(cost_csv("model", [(r.label, r) for r in (row, credit)]), newline="")))
     assert lines[0] == [
         "model",

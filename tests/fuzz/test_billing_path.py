@@ -38,8 +38,6 @@ from commonos.proto.cloudevents import percent_encode
 from commonos.proto.errors import DataError
 from tests.fuzz import strategies as fz
 
-_MAX_BIGINT: Final = 2**63 - 1
-
 PRICE_FILE: Final = f"""
 [[price]]
 model = "dear-*"
@@ -114,7 +112,7 @@ def sometimes(strategy: st.SearchStrategy[Any], otherwise: st.SearchStrategy[Any
 
 #: Counts valid by the schema: a JSON integer from 0 to `MAX_COUNT` (a bigint). A larger one is refused by the
 #: contract itself, before billing sees it (test_a_count_beyond_a_bigint_or_a_long_name_is_refused_by_the_contract).
-EDGE_COUNTS: Final = (0, 1, 199_999, 200_000, 200_001, 2**31, 2**53 + 1, 2**62, _MAX_BIGINT)
+EDGE_COUNTS: Final = (0, 1, 199_999, 200_000, 200_001, 2**31, 2**53 + 1, 2**62, ev.MAX_COUNT)
 counts = st.sampled_from(EDGE_COUNTS) | st.integers(0, 10**7) | st.integers(0, ev.MAX_COUNT)
 
 
@@ -230,10 +228,11 @@ def check_row(call: ev.ModelCallCompleted, row: Any) -> None:
     assert row.event_id == call.event_id and row.created_at == call.occurred_at
     # What PostgreSQL's driver does with it; it would store the first and last instants as -infinity, infinity.
     assert datetime.min.replace(tzinfo=UTC) < row.created_at.astimezone(UTC) < datetime.max.replace(tzinfo=UTC)
-    for count in (row.input_tokens, row.output_tokens, row.cache_read_tokens, row.reasoning_tokens):
-        assert 0 <= count <= _MAX_BIGINT
-    assert 0 <= row.cache_write_5m_tokens <= _MAX_BIGINT and 0 <= row.cache_write_1h_tokens <= _MAX_BIGINT
-    assert row.reasoning_tokens <= row.output_tokens
+    usage = row.usage
+    for count in (usage.input_tokens, usage.output_tokens, usage.cache_read_tokens, usage.reasoning_tokens):
+        assert 0 <= count <= ev.MAX_COUNT
+    assert 0 <= usage.cache_write_5m_tokens <= ev.MAX_COUNT and 0 <= usage.cache_write_1h_tokens <= ev.MAX_COUNT
+    assert usage.reasoning_tokens <= usage.output_tokens
     assert (row.cost_usd is None) == (row.cost_status == CostStatus.UNPRICED)
     if row.cost_usd is not None:
         assert row.cost_usd.is_finite() and 0 <= row.cost_usd <= MAX_COST_USD
@@ -262,6 +261,6 @@ def check_budget_step(budgets: BudgetTracker, row: Any) -> None:
 def check_metrics(row: Any) -> None:
     batch = METRICS.stage([row])
     [totals] = batch.models.values()
-    assert totals.tokens == [getattr(row, name) for _, name in TOKEN_TYPES]
+    assert totals.tokens == [getattr(row.usage, name) for _, name in TOKEN_TYPES]
     assert totals.cost == (row.cost_usd or 0)
     METRICS.record(batch)

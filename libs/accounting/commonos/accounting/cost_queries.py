@@ -1,5 +1,6 @@
-"""The SQL of cost by group over `model_calls`, and the times of its range: `cos report cost` and the
-console's Costs page run the same queries on the same range, so that their tables agree call for call (no I/O).
+"""The SQL of cost by group over `model_calls`, the times of its range and the row it gives (`CostRow`): `cos
+report cost` and the console's Costs page run the same queries on the same range, so that their tables agree
+call for call (no I/O).
 
 Every query takes ``$1`` since, ``$2`` until (NULL: open) and, where it groups or filters by a tag key,
 ``$3`` the tag prefix (``client:``).
@@ -9,8 +10,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
-from typing import Final
+from decimal import Decimal
+from typing import Any, Final
 
 from commonos.proto.errors import DataError
 
@@ -72,6 +75,49 @@ AGGREGATES: Final = """
     coalesce(sum(cache_read_tokens), 0) AS cache_read_tokens,
     coalesce(sum(cache_write_5m_tokens), 0) + coalesce(sum(cache_write_1h_tokens), 0) AS cache_write_tokens,
     coalesce(sum(reasoning_tokens), 0) AS reasoning_tokens"""
+
+
+#: The labels of the two rows that are no group's: the calls without a tag of the key, and the total.
+UNTAGGED_LABEL: Final = "(none)"
+TOTAL_LABEL: Final = "(total: each call once)"
+
+
+# One row of a cost table (the columns of `AGGREGATES`): `cos report cost`'s and the console's (/api/costs). No
+# docstring: it would become the row's description in the console's OpenAPI document.
+@dataclass(frozen=True, slots=True)
+class CostRow:
+    #: The group's value; null for the calls without a tag of the key, and for the total.
+    group: str | None
+    #: What a table shows: the value, `UNTAGGED_LABEL` or `TOTAL_LABEL`.
+    label: str
+    #: Exact USD of the priced calls; null when none of the group's calls has a price.
+    usd: Decimal | None
+    calls: int
+    #: Calls without a price (cost_status unpriced): counted in `calls`, not in `usd`.
+    unpriced_calls: int
+    input_tokens: int
+    output_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+    reasoning_tokens: int
+
+    @classmethod
+    def from_record(cls, record: Any, group: str | None, label: str) -> CostRow:
+        """The row of a record of these queries (an asyncpg Record, or any mapping with its keys)."""
+        return cls(
+            group=group,
+            label=label,
+            usd=record["usd"],
+            calls=record["calls"],
+            unpriced_calls=record["unpriced_calls"],
+            # numeric sums of whole numbers: exact ints, however large
+            input_tokens=int(record["input_tokens"]),
+            output_tokens=int(record["output_tokens"]),
+            cache_read_tokens=int(record["cache_read_tokens"]),
+            cache_write_tokens=int(record["cache_write_tokens"]),
+            reasoning_tokens=int(record["reasoning_tokens"]),
+        )
+
 
 RANGE: Final = "created_at >= $1 AND ($2::timestamptz IS NULL OR created_at < $2)"
 

@@ -12,9 +12,11 @@ import csv
 import io
 from collections.abc import Iterable, Sequence
 from decimal import Decimal
-from typing import Final, Protocol
+from typing import Final
 
-__all__ = ["COST_COLUMNS", "FORMULA_STARTS", "CostSums", "cost_csv", "csv_table", "safe_cell"]
+from commonos.accounting.cost_queries import CostRow
+
+__all__ = ["COST_COLUMNS", "FORMULA_STARTS", "cost_csv", "csv_table", "safe_cell"]
 
 #: A spreadsheet reads a text cell beginning with one of these as a formula.
 FORMULA_STARTS: Final = ("=", "+", "-", "@", "\t", "\r")
@@ -45,28 +47,7 @@ def csv_table(header: Sequence[str], rows: Iterable[Sequence[Cell]]) -> str:
 COST_COLUMNS: Final = ("usd", "calls", "unpriced", "input", "output", "reasoning", "cache_read", "cache_write")
 
 
-class CostSums(Protocol):
-    """A row of a cost table: billing's `ReportRow`, the console's `CostRow`."""
-
-    @property
-    def usd(self) -> Decimal | None: ...
-    @property
-    def calls(self) -> int: ...
-    @property
-    def unpriced_calls(self) -> int: ...
-    @property
-    def input_tokens(self) -> int: ...
-    @property
-    def output_tokens(self) -> int: ...
-    @property
-    def reasoning_tokens(self) -> int: ...
-    @property
-    def cache_read_tokens(self) -> int: ...
-    @property
-    def cache_write_tokens(self) -> int: ...
-
-
-def cost_csv(group_by: str, rows: Iterable[tuple[str, CostSums]]) -> str:
+def cost_csv(group_by: str, rows: Iterable[tuple[str, CostRow]]) -> str:
     """A cost table as CSV: a header (`group_by`, then `COST_COLUMNS`) and a line per (label, sums)."""
     return csv_table(
         (group_by, *COST_COLUMNS),

@@ -77,7 +77,7 @@ BUDGET_ALERTS = Counter(
     "cos_billing_budget_alerts_total", "Budget alerts published (at most one per budget and period)", ["budget"]
 )
 
-#: token_type label -> ModelCallRow field.
+#: token_type label -> field of ModelCallRow.usage.
 TOKEN_TYPES: Final = (
     ("input", "input_tokens"),
     ("cache_read", "cache_read_tokens"),
@@ -142,13 +142,13 @@ class BillingMetrics:
             totals = models.get(key)
             if totals is None:
                 totals = models[key] = _ModelTotals()
-            tokens = totals.tokens
-            tokens[0] += row.input_tokens
-            tokens[1] += row.cache_read_tokens
-            tokens[2] += row.cache_write_5m_tokens
-            tokens[3] += row.cache_write_1h_tokens
-            tokens[4] += row.output_tokens
-            totals.reasoning += row.reasoning_tokens
+            tokens, usage = totals.tokens, row.usage
+            tokens[0] += usage.input_tokens
+            tokens[1] += usage.cache_read_tokens
+            tokens[2] += usage.cache_write_5m_tokens
+            tokens[3] += usage.cache_write_1h_tokens
+            tokens[4] += usage.output_tokens
+            totals.reasoning += usage.reasoning_tokens
             totals.by_status[row.cost_status] = totals.by_status.get(row.cost_status, 0) + 1
             cost = row.cost_usd
             if cost is None:

@@ -46,7 +46,7 @@ from commonos.billing.budgets import BudgetStep, BudgetTracker
 from commonos.billing.metrics import BillingMetrics, MetricBatch
 from commonos.billing.rows import ModelCallRow
 from commonos.billing.schema import DELETIONS_TABLE, MODEL_CALLS, TABLES
-from commonos.proto.events import Event, ModelCallCompleted, SessionCreated
+from commonos.proto.events import MAX_COUNT, MAX_NAME_CHARS, Event, ModelCallCompleted, SessionCreated
 from commonos.proto.subjects import (
     MODEL_CALLS_FILTER,
     PROFILES_FILTER,
@@ -77,8 +77,6 @@ __all__ = [
     "usage_of",
 ]
 
-_MAX_BIGINT: Final = 2**63 - 1
-_MAX_NAME_CHARS: Final = 256
 #: ``model_calls.cost_usd`` is ``numeric(24, 10)``: a cost must stay below 10^14 USD.
 MAX_COST_USD: Final = Decimal(10) ** 14 - Decimal("1e-10")
 
@@ -117,8 +115,8 @@ def check_model_call(event: ModelCallCompleted) -> None:
     """Raise :class:`InvalidModelCall` for a call that cannot be true or cannot be stored."""
     if not event.provider.strip() or not event.model.strip():
         raise InvalidModelCall("a model call names its provider and its model")
-    if len(event.provider) > _MAX_NAME_CHARS or len(event.model) > _MAX_NAME_CHARS:
-        raise InvalidModelCall(f"provider and model names are at most {_MAX_NAME_CHARS} characters")
+    if len(event.provider) > MAX_NAME_CHARS or len(event.model) > MAX_NAME_CHARS:
+        raise InvalidModelCall(f"provider and model names are at most {MAX_NAME_CHARS} characters")
     if event.reasoning_tokens > event.output_tokens:
         raise InvalidModelCall(
             f"reasoning_tokens ({event.reasoning_tokens}) cannot exceed output_tokens ({event.output_tokens}) "
@@ -131,7 +129,7 @@ def check_model_call(event: ModelCallCompleted) -> None:
         event.cache_write_5m_tokens,
         event.cache_write_1h_tokens,
     )
-    if max(counts) > _MAX_BIGINT:
+    if max(counts) > MAX_COUNT:
         raise InvalidModelCall("a token count does not fit in 64 bits")
     reported = event.reported_cost_usd
     if reported is not None and (not reported.is_finite() or reported < 0 or reported.adjusted() > 12):
@@ -173,7 +171,8 @@ def usage_of(event: ModelCallCompleted) -> TokenUsage:
 
 def build_row(event: ModelCallCompleted, pricer: Pricer) -> ModelCallRow:
     """Price one call at its own time and shape its row (call :func:`check_model_call` first)."""
-    result = pricer.price(event.provider, event.model, usage_of(event), event.occurred_at, event.reported_cost_usd)
+    usage = usage_of(event)
+    result = pricer.price(event.provider, event.model, usage, event.occurred_at, event.reported_cost_usd)
     tags = event.tags
     if len(tags) > 1 and len(set(tags)) != len(tags):
         tags = tuple(sorted(set(tags)))  # a call counts once per tag, even if the event repeats one
@@ -185,16 +184,9 @@ def build_row(event: ModelCallCompleted, pricer: Pricer) -> ModelCallRow:
         event.request_id,
         event.provider,
         event.model,
-        event.input_tokens,
-        event.output_tokens,
-        event.cache_read_tokens,
-        event.cache_write_5m_tokens,
-        event.cache_write_1h_tokens,
-        event.reasoning_tokens,
-        event.speed,
+        usage,
         event.latency_s,
         event.stop_reason,
-        event.usage_estimated,
         event.reported_cost_usd,
         result.cost_usd,
         result.status.value,

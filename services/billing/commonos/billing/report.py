@@ -23,8 +23,11 @@ from typing import Any, Final
 from commonos.accounting.cost_queries import (
     GROUP_EXPRESSIONS,
     RANGE,
+    TOTAL_LABEL,
     TOTAL_SQL,
+    UNTAGGED_LABEL,
     UNTAGGED_SQL,
+    CostRow,
     ReportError,
     grouped_sql,
     parse_when,
@@ -37,9 +40,9 @@ __all__ = [
     "FORMATS",
     "GROUP_BY_HELP",
     "CostReport",
+    "CostRow",
     "GroupBy",
     "ReportError",
-    "ReportRow",
     "columns",
     "cost_report",
     "parse_group_by",
@@ -74,45 +77,19 @@ def parse_group_by(text: str) -> GroupBy:
     raise ReportError(f"{text!r} is not a grouping: use {GROUP_BY_HELP}")
 
 
-@dataclass(frozen=True, slots=True)
-class ReportRow:
-    group: str | None  # None: the calls without a tag of the key (tag grouping), or the total
-    usd: Decimal | None  # None when no call of the group has a price
-    calls: int
-    unpriced_calls: int
-    input_tokens: int
-    output_tokens: int
-    cache_read_tokens: int
-    cache_write_tokens: int
-    reasoning_tokens: int
-
-    @classmethod
-    def from_record(cls, record: Any, group: str | None) -> ReportRow:
-        return cls(
-            group=group,
-            usd=record["usd"],
-            calls=record["calls"],
-            unpriced_calls=record["unpriced_calls"],
-            # numeric sums of whole numbers: exact ints, however large
-            input_tokens=int(record["input_tokens"]),
-            output_tokens=int(record["output_tokens"]),
-            cache_read_tokens=int(record["cache_read_tokens"]),
-            cache_write_tokens=int(record["cache_write_tokens"]),
-            reasoning_tokens=int(record["reasoning_tokens"]),
-        )
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "group": self.group,
-            "usd": str(self.usd) if self.usd is not None else None,
-            "calls": self.calls,
-            "unpriced_calls": self.unpriced_calls,
-            "input_tokens": self.input_tokens,
-            "output_tokens": self.output_tokens,
-            "cache_read_tokens": self.cache_read_tokens,
-            "cache_write_tokens": self.cache_write_tokens,
-            "reasoning_tokens": self.reasoning_tokens,
-        }
+def row_json(row: CostRow) -> dict[str, Any]:
+    """A row as `--format json` writes it (its label is the table's, not the JSON's)."""
+    return {
+        "group": row.group,
+        "usd": str(row.usd) if row.usd is not None else None,
+        "calls": row.calls,
+        "unpriced_calls": row.unpriced_calls,
+        "input_tokens": row.input_tokens,
+        "output_tokens": row.output_tokens,
+        "cache_read_tokens": row.cache_read_tokens,
+        "cache_write_tokens": row.cache_write_tokens,
+        "reasoning_tokens": row.reasoning_tokens,
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,9 +97,9 @@ class CostReport:
     group_by: GroupBy
     since: datetime
     until: datetime | None
-    groups: list[ReportRow]
-    total: ReportRow
-    untagged: ReportRow | None = None  # tag grouping only
+    groups: list[CostRow]
+    total: CostRow
+    untagged: CostRow | None = None  # tag grouping only
     notes: list[str] = field(default_factory=list)
 
 
@@ -149,9 +126,11 @@ async def cost_report(
         untagged = await conn.fetchrow(UNTAGGED_SQL, *args) if group_by.kind == "tag" else None
         outside = await conn.fetchrow(_OUTSIDE_SQL, resolved, until)
     assert total is not None and outside is not None
-    groups = [ReportRow.from_record(r, r["grp"]) for r in records]
-    total_row = ReportRow.from_record(total, None)
-    untagged_row = ReportRow.from_record(untagged, None) if untagged is not None and untagged["calls"] else None
+    groups = [CostRow.from_record(r, r["grp"], r["grp"] or "") for r in records]
+    total_row = CostRow.from_record(total, None, TOTAL_LABEL)
+    untagged_row = (
+        CostRow.from_record(untagged, None, UNTAGGED_LABEL) if untagged is not None and untagged["calls"] else None
+    )
     notes: list[str] = []
     if group_by.kind == "tag":
         notes.append(
@@ -192,12 +171,9 @@ def columns(header: tuple[str, ...], rows: Sequence[tuple[str, ...]], right_from
     return "\n".join([line(header), *(line(r) for r in rows)])
 
 
-def _labelled(report: CostReport) -> list[tuple[str, ReportRow]]:
-    rows = [(row.group or "", row) for row in report.groups]
-    if report.untagged is not None:
-        rows.append(("(none)", report.untagged))
-    rows.append(("(total: each call once)", report.total))
-    return rows
+def _labelled(report: CostReport) -> list[tuple[str, CostRow]]:
+    rows = [*report.groups, *([report.untagged] if report.untagged is not None else []), report.total]
+    return [(row.label, row) for row in rows]
 
 
 def render_report(report: CostReport, fmt: str = "table") -> str:
@@ -207,9 +183,9 @@ def render_report(report: CostReport, fmt: str = "table") -> str:
                 "group_by": str(report.group_by),
                 "since": report.since.isoformat(),
                 "until": report.until.isoformat() if report.until else None,
-                "groups": [row.as_dict() for row in report.groups],
-                "untagged": report.untagged.as_dict() if report.untagged else None,
-                "total": report.total.as_dict(),
+                "groups": [row_json(row) for row in report.groups],
+                "untagged": row_json(report.untagged) if report.untagged else None,
+                "total": row_json(report.total),
                 "notes": report.notes,
             },
             indent=2,

@@ -5,13 +5,17 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 from decimal import Decimal
-from typing import NamedTuple
+
+import msgspec
+
+from commonos.accounting.usage import TokenUsage
 
 __all__ = ["ModelCallRow"]
 
 
-class ModelCallRow(NamedTuple):
-    """One ``model_calls`` row, in column order."""
+class ModelCallRow(msgspec.Struct, frozen=True):
+    """One ``model_calls`` row: its token columns are the call's `TokenUsage` (`billing.schema.MODEL_CALLS`
+    places them among the others and leaves out `service_tier`, which no column holds)."""
 
     event_id: uuid.UUID
     profile_id: str
@@ -20,16 +24,10 @@ class ModelCallRow(NamedTuple):
     request_id: str | None
     provider: str
     model: str
-    input_tokens: int
-    output_tokens: int
-    cache_read_tokens: int
-    cache_write_5m_tokens: int
-    cache_write_1h_tokens: int
-    reasoning_tokens: int
-    speed: str | None
+    #: The counts, `usage_estimated` and `speed` (`commonos.accounting.usage`).
+    usage: TokenUsage
     latency_s: float | None
     stop_reason: str | None
-    usage_estimated: bool
     reported_cost_usd: Decimal | None
     cost_usd: Decimal | None
     cost_status: str

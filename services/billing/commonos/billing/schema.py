@@ -43,6 +43,15 @@ MODEL_CALLS: Final = Table(
         where="u.request_id IS NULL OR NOT EXISTS (SELECT 1 FROM model_calls m WHERE m.request_id = u.request_id "
         "AND m.provider = u.provider AND m.profile_id = u.profile_id AND m.event_id <> u.event_id)"
     ),
+    # The call's `TokenUsage` gives the token columns, placed as the table has always had them; no column
+    # holds its service tier.
+    omit=frozenset({"service_tier"}),
+    order=(
+        *("event_id", "profile_id", "session_id", "turn_id", "request_id", "provider", "model"),
+        *_COUNTS,
+        *("speed", "latency_s", "stop_reason", "usage_estimated", "reported_cost_usd", "cost_usd", "cost_status"),
+        *("price_source", "price_version", "price_detail", "tags", "created_at"),
+    ),
     types={**dict.fromkeys(_COUNTS, "bigint"), "cost_usd": "numeric(24, 10)"},
     details={
         **{c: f"CHECK ({c} >= 0)" for c in _COUNTS[:-1]},

@@ -1,9 +1,9 @@
 """Tables declared once: a projection's table is a `Table`, and everything about it follows from that.
 
 A `Table` names its row type, a msgspec Struct whose fields are the table's columns in order (a field holding
-a Struct, such as `commonos.accounting.usage.TokenUsage`, contributes that Struct's fields), its key, what an
-insert does on a conflict (`DoNothing`, `Upsert`, `Checked`), its indexes, the role that owns it and the
-roles that may read it. From it follow:
+a Struct, such as `commonos.accounting.usage.TokenUsage`, contributes that Struct's fields; `order` can place
+them among the others), its key, what an insert does on a conflict (`DoNothing`, `Upsert`, `Checked`), its
+indexes, the role that owns it and the roles that may read it. From it follow:
 
 * `ddl()`: its `CREATE TABLE IF NOT EXISTS` (columns typed from the fields: `uuid.UUID` is uuid, `str`
   text, `int` integer unless `types` says bigint, `X | None` nullable, `tuple[str, ...]` text[]), then the
@@ -234,6 +234,9 @@ class Table:
     extra: tuple[str, ...] = ()
     #: Fields of the row (or of a Struct in it) that are not columns.
     omit: frozenset[str] = frozenset()
+    #: The columns in this order, when it is not the fields' (a Struct's columns placed among the row's own):
+    #: every column, once.
+    order: tuple[str, ...] = ()
     #: Table constraints (`UNIQUE (session_id, seq)`, `CHECK (...)`); the key is the primary key unless
     #: `primary_key` is given (`CONSTRAINT ... PRIMARY KEY ... DEFERRABLE`).
     constraints: tuple[str, ...] = ()
@@ -254,6 +257,11 @@ class Table:
     @cached_property
     def columns(self) -> tuple[Column, ...]:
         cols = struct_columns(self.row, self.types, self.details, self.omit)
+        if self.order:
+            by_name = {c.name: c for c in cols}
+            if sorted(self.order) != sorted(by_name):
+                raise TypeError(f"{self.name}: the order names {sorted(self.order)}, the columns are {sorted(by_name)}")
+            cols = tuple(by_name[name] for name in self.order)
         names = [c.name for c in cols]
         for name in (*self.key, *self.added, *self.types, *self.details):
             if name not in names:

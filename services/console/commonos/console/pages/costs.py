@@ -33,7 +33,17 @@ from markupsafe import Markup, escape
 from pydantic import BaseModel, Field
 
 from commonos.accounting.cost_queries import GROUP_EXPRESSIONS as REPORT_GROUPS
-from commonos.accounting.cost_queries import RANGE, TOTAL_SQL, UNTAGGED_SQL, ReportError, grouped_sql, parse_when
+from commonos.accounting.cost_queries import (
+    RANGE,
+    TOTAL_LABEL,
+    TOTAL_SQL,
+    UNTAGGED_LABEL,
+    UNTAGGED_SQL,
+    CostRow,
+    ReportError,
+    grouped_sql,
+    parse_when,
+)
 from commonos.accounting.csv_cells import cost_csv
 from commonos.console.auth import SignedIn
 from commonos.console.db import Database, get_db
@@ -57,23 +67,6 @@ GROUP_EXPRESSIONS: Final = {**REPORT_GROUPS, "origin": ORIGIN}
 GROUPINGS: Final = ("tag", *GROUP_EXPRESSIONS)
 #: The most groups a table shows (a tag key with more values than this is cut, and says so).
 MAX_GROUPS: Final = 1000
-
-
-class CostRow(BaseModel):
-    #: The group's value; null for the calls without a tag of the key, and for the total.
-    group: str | None
-    #: What the page shows: the value, "(none)" or "(total: each call once)".
-    label: str
-    #: Exact USD of the priced calls; null when none of the group's calls has a price.
-    usd: Decimal | None
-    calls: int
-    #: Calls without a price (cost_status unpriced): counted in `calls`, not in `usd`.
-    unpriced_calls: int
-    input_tokens: int
-    output_tokens: int
-    cache_read_tokens: int
-    cache_write_tokens: int
-    reasoning_tokens: int
 
 
 class CostTable(BaseModel):
@@ -156,32 +149,17 @@ STATUS_SQL: Final = f"""
     GROUP BY cost_status ORDER BY cost_status"""
 
 
-def _row(record: Any, group: str | None, label: str) -> CostRow:
-    return CostRow(
-        group=group,
-        label=label,
-        usd=record["usd"],
-        calls=record["calls"],
-        unpriced_calls=record["unpriced_calls"],
-        input_tokens=int(record["input_tokens"]),
-        output_tokens=int(record["output_tokens"]),
-        cache_read_tokens=int(record["cache_read_tokens"]),
-        cache_write_tokens=int(record["cache_write_tokens"]),
-        reasoning_tokens=int(record["reasoning_tokens"]),
-    )
-
-
 async def _table(conn: Conn, kind: str, since: datetime, until: datetime | None, tag_key: str) -> CostTable:
     args: list[Any] = [since, until]
     if kind == "tag":
         args.append(f"{tag_key}:")
     records = await conn.fetch(grouped_sql(kind, GROUP_EXPRESSIONS, MAX_GROUPS + 1), *args)
-    rows = [_row(r, r["grp"], str(r["grp"])) for r in records[:MAX_GROUPS]]
+    rows = [CostRow.from_record(r, r["grp"], str(r["grp"])) for r in records[:MAX_GROUPS]]
     untagged: CostRow | None = None
     if kind == "tag":
         found = await conn.fetchrow(UNTAGGED_SQL, *args)
         if found is not None and found["calls"]:
-            untagged = _row(found, None, "(none)")
+            untagged = CostRow.from_record(found, None, UNTAGGED_LABEL)
     name = f"tag:{tag_key}" if kind == "tag" else kind
     return CostTable(group_by=name, rows=rows, untagged=untagged, truncated=len(records) > MAX_GROUPS)
 
@@ -319,7 +297,7 @@ async def load(conn: Conn, since: datetime | None, until: datetime | None, tag_k
     total = await conn.fetchrow(TOTAL_SQL, resolved, until)
     assert total is not None
     statuses = [StatusRow(**dict(r)) for r in await conn.fetch(STATUS_SQL, resolved, until)]
-    total_row = _row(total, None, "(total: each call once)")
+    total_row = CostRow.from_record(total, None, TOTAL_LABEL)
     notes = [
         f"Each call is counted once in every {tag_key}: group it carries, so those groups can add up to more than "
         "the total; the total counts each call once."

@@ -35,6 +35,7 @@ from commonos.console.auth import Operator
 from commonos.console.db import Database, get_db
 from commonos.console.templating import render
 from commonos.proto.cloudevents import percent_decode
+from commonos.proto.events import MAX_COUNT
 from commonos.proto.subjects import DLQ_STREAM, EVENTS_STREAM
 from commonos.runtime.dlq import BODY, BODY_BYTES, CONSUMER, DEAD_AT, OMITTED, ORIGINAL_SUBJECT, REASON, STREAM_SEQ
 from commonos.runtime.postgres import Conn
@@ -289,7 +290,7 @@ async def load(request: Request, who: Operator, db: Database, after: int, limit:
     )
 
 
-After = Annotated[int, Query(ge=0, le=2**63 - 1, description="next_after of the previous page of dead letters")]
+After = Annotated[int, Query(ge=0, le=MAX_COUNT, description="next_after of the previous page of dead letters")]
 Limit = Annotated[int, Query(ge=1, le=500, description="dead letters per page")]
 
 
