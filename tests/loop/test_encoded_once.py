@@ -17,7 +17,6 @@ from commonos.proto.identity import NewSession, TurnInfo
 from commonos.proto.ids import new_id
 from commonos.proto.messages import UserMessage
 from commonos.proto.subjects import event_subject
-from commonos.runtime import publisher as publishing
 from commonos.runtime.nats import ensure_streams
 
 
@@ -29,17 +28,18 @@ async def test_an_appended_message_is_encoded_once_and_stored_as_sized(js: JetSt
     await journal.start_turn(turn)
 
     encoded: list[str] = []
-    real = publishing.encode_event
+    real = ev.encode_event
 
     def counting(event: ev.EventBase) -> bytes:
         encoded.append(ev.event_type(event))
         return real(event)
 
-    monkeypatch.setattr(publishing, "encode_event", counting)
+    monkeypatch.setattr("commonos.runtime.publisher.encode_event", counting)
     seq = await journal.append_message(turn, UserMessage(text="hello " * 100))
 
     assert encoded == ["message_appended"], encoded
     stored = await js.get_last_msg("COS_EVENTS", event_subject("acme", session_id, "message_appended"))
+    assert stored.data is not None
     event = ev.decode_event(stored.data)
     assert isinstance(event, ev.MessageAppended) and event.seq == seq
     assert msgspec.json.decode(stored.data)["content"]["text"] == "hello " * 100
