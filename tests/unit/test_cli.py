@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from commonos.cli.main import build_parser, command_modules, commands, main
-from commonos.runtime.args import Parser
+from commonos.proto.errors import ConfigError, OperationalError
+from commonos.runtime.args import CliError, Parser, run_command
 
 COMMANDS = (
     "up",
@@ -122,3 +123,31 @@ def test_bad_configuration_is_one_line(capsys: pytest.CaptureFixture[str], monke
     assert main(["dlq", "list"]) == 2
     err = capsys.readouterr().err
     assert err == "cos: error: COS_NATS_URL='http://not-nats' is not a URL of the form nats://host:port\n"
+
+
+@pytest.mark.parametrize(
+    ("raised", "status", "said"),
+    [
+        (None, 0, ""),
+        (CliError("no such thing\nat all"), 2, "prog: error: no such thing at all\n"),
+        (ConfigError("COS_X is not a number"), 2, "prog: error: COS_X is not a number\n"),
+        (OperationalError("nats://x:1 did not answer"), 1, "prog: error: nats://x:1 did not answer\n"),
+        (KeyboardInterrupt(), 130, ""),
+    ],
+)
+def test_every_entry_point_runs_its_command_one_way(
+    raised: BaseException | None, status: int, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`cos`, `python -m commonos.loop` and `python -m commonos.importer` run their commands with
+    `run_command`: the same statuses and one-line errors."""
+
+    def handler(args: argparse.Namespace) -> None:
+        if raised is not None:
+            raise raised
+
+    parser = Parser(prog="prog")
+    parser.add_subparsers(dest="command", parser_class=Parser).add_parser("go").set_defaults(handler=handler)
+    assert run_command(parser, ["go"]) == status
+    assert capsys.readouterr().err == said
+    assert run_command(parser, []) == 2
+    assert "usage: prog" in capsys.readouterr().out

@@ -16,10 +16,8 @@ from collections.abc import Sequence
 from functools import cache
 from importlib.metadata import entry_points
 
-from commonos.proto.errors import OperationalError
-from commonos.runtime.args import CliError, Parser
+from commonos.runtime.args import Parser, run_command
 from commonos.runtime.cli_support import shown
-from commonos.runtime.settings import ConfigError
 
 #: The entry-point group of `cos`'s commands: `<command> = "<module with register(subparsers)>"`.
 COMMANDS_GROUP = "commonos.commands"
@@ -59,21 +57,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(argv[0] if argv else None)
-    args = parser.parse_args(argv)
-    if not getattr(args, "handler", None):
-        parser.print_help()
-        return 2
-    try:
-        return int(args.handler(args) or 0)
-    except (CliError, ConfigError) as exc:  # what it says comes from files, servers and arguments: shown
-        print("cos: error: " + shown(" ".join(str(exc).splitlines())), file=sys.stderr)
-        return 2
-    except OperationalError as exc:  # a server that cannot start or be reached: said in one line
-        print("cos: error: " + shown(" ".join(str(exc).splitlines())), file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
+    # What an error says comes from files, servers and arguments: shown, never read as markup.
+    return run_command(build_parser(argv[0] if argv else None), argv, shown)
 
 
 if __name__ == "__main__":

@@ -6,21 +6,13 @@ import sys
 from collections.abc import Sequence
 
 from commonos.importer.cli import register
-from commonos.runtime.args import CliError, Parser
-from commonos.runtime.settings import ConfigError
+from commonos.runtime.args import Parser, run_command
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = Parser(prog="python -m commonos.importer")
     register(parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=Parser))
-    args = parser.parse_args(["import", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return int(args.handler(args) or 0)
-    except (CliError, ConfigError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+    return run_command(parser, ["import", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

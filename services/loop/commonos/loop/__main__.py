@@ -5,8 +5,7 @@ from __future__ import annotations
 import sys
 
 from commonos.loop.cli import register, serve_command
-from commonos.runtime.args import CliError, Parser
-from commonos.runtime.settings import ConfigError
+from commonos.runtime.args import Parser, run_command
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -15,17 +14,7 @@ def main(argv: list[str] | None = None) -> int:
     serve = sub.add_parser("serve", help="answer chat requests on NATS until SIGTERM")
     serve.set_defaults(handler=serve_command)
     register(sub)
-    args = parser.parse_args(argv)
-    if not getattr(args, "handler", None):
-        parser.print_help()
-        return 2
-    try:
-        return int(args.handler(args) or 0)
-    except (CliError, ConfigError) as exc:
-        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+    return run_command(parser, sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":

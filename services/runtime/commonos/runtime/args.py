@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from commonos.proto.errors import DataError
+from commonos.proto.errors import ConfigError, DataError, OperationalError
 
 
 class CliError(DataError):
@@ -29,3 +30,21 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
     return value
+
+
+def run_command(parser: argparse.ArgumentParser, argv: Sequence[str], show: Callable[[str], str] = str) -> int:
+    """Parse `argv` and run the chosen command's `handler`: its status (0 for None). No command: the help, 2. An
+    error of the arguments, the files or the settings (`CliError`, `ConfigError`): one line, 2; a server that
+    cannot be reached or started (`OperationalError`): one line, 1; Ctrl-C: 130. `show` makes the line safe to
+    print (`cos` escapes markup in it)."""
+    args = parser.parse_args(argv)
+    if not getattr(args, "handler", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.handler(args) or 0)
+    except (CliError, ConfigError, OperationalError) as exc:
+        print(f"{parser.prog}: error: " + show(" ".join(str(exc).splitlines())), file=sys.stderr)
+        return 1 if isinstance(exc, OperationalError) else 2
+    except KeyboardInterrupt:
+        return 130
