@@ -36,6 +36,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from commonos.accounting.usage import TokenUsage
+from commonos.journal_writer.memory import memory_rows
 from commonos.journal_writer.projection import check_event, plan_events, profiles_mentioned
 from commonos.journal_writer.service import serve, writer_projections, writer_schemas
 from commonos.loop.approvals import FixedApprover
@@ -45,7 +46,6 @@ from commonos.loop.memory import MemoryJournal
 from commonos.loop.profiles import ApprovalPolicy, Policy, Profile
 from commonos.loop.providers import ModelRequest, ModelResponse, ProviderError
 from commonos.loop.tools import ToolContext, ToolOutput, builtin_tools
-from commonos.memory.schema import memory_rows
 from commonos.proto import events as ev
 from commonos.proto.identity import stored_title, title_from_text
 from commonos.proto.messages import AssistantMessage, ToolCall

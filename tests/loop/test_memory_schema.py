@@ -7,9 +7,8 @@ from collections import defaultdict
 
 import asyncpg
 
-from commonos.journal_writer.memory import SCHEMA
+from commonos.journal_writer.memory import SCHEMA, memory_rows
 from commonos.loop.session_state import MemoryState
-from commonos.memory.schema import memory_rows
 from commonos.proto.events import MemoryChanged, MemoryOp, MemoryTarget, SessionCreated
 from commonos.proto.ids import new_id
 from commonos.runtime.postgres import apply_schemas, connect

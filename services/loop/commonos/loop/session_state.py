@@ -166,7 +166,7 @@ def apply_memory_op(entries: list[str], op: MemoryOp, position: int, content: st
     """Apply one change to an ordered list in place; False when the position does not exist.
 
     `add` inserts at `position` (past the end appends); `replace` and `remove` need an existing position.
-    The SQL projection (`commonos.memory.schema.memory_rows`) does exactly the same.
+    The SQL projection (`commonos.journal_writer.memory.memory_rows`) does exactly the same.
     """
     if op is MemoryOp.ADD:
         entries.insert(min(position, len(entries)), content or "")
