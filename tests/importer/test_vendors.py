@@ -42,7 +42,6 @@ def test_a_vendor_added_to_the_registry_gets_its_subcommand(monkeypatch: pytest.
         vendor="other-agent",
         label="Other Agent",
         default_root="~/.other",
-        provider="openai",
         top_files=lambda root: [],
         candidates=lambda root: [],
         read=read,

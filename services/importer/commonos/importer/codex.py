@@ -73,7 +73,7 @@ from commonos.proto.graph import (
     mint_id,
 )
 from commonos.proto.graph.ids import vendor_session_id
-from commonos.proto.vendors import CODEX, MODEL_MAKERS
+from commonos.proto.vendors import CODEX
 
 #: The vendor's name in graphs, events and tags.
 VENDOR: Final = CODEX
@@ -572,7 +572,6 @@ SOURCE: Final = Source(
     vendor=VENDOR,
     label="Codex",
     default_root="~/.codex",
-    provider=MODEL_MAKERS[CODEX],
     top_files=lambda root: list(codex_rollout_files(root)),
     candidates=codex_candidates,
     read=read_codex_trees,

@@ -16,6 +16,7 @@ from typing import Protocol
 from commonos.importer.discover import readable, skipped_files
 from commonos.importer.lines import Warn, skipped_warning
 from commonos.importer.model import ImportedSession
+from commonos.proto.vendors import MODEL_MAKERS
 
 #: Size and modification time (ns) of each transcript file.
 Fingerprint = dict[Path, tuple[int, int]]
@@ -44,8 +45,6 @@ class Source:
     #: What people call it, for help texts ("Claude Code").
     label: str
     default_root: str
-    #: The pricing provider of its models (``model_call_completed.provider``).
-    provider: str
     #: The top-level transcripts under a root: each is read with one call of `read`.
     top_files: Callable[[Path], list[Path]]
     #: Every name that looks like a transcript, whatever kind of file it is.
@@ -55,6 +54,12 @@ class Source:
     owner_of: Callable[[Path, set[Path]], Path | None] = owned_by_itself
     #: Where the vendor keeps its transcripts, for the warning about a file that is not in such a place.
     layout: str = ""
+
+    @property
+    def provider(self) -> str:
+        """The pricing provider of its models (``model_call_completed.provider``): its model maker
+        (`commonos.proto.vendors.MODEL_MAKERS`), or its own name."""
+        return MODEL_MAKERS.get(self.vendor, self.vendor)
 
     def unread_warning(self, path: Path) -> str:
         """The warning for a transcript-like file under the root that no read took in."""

@@ -12,6 +12,7 @@ from typing import Final
 
 from commonos.importer import claude, codex
 from commonos.importer.source import Source
+from commonos.proto.vendors import MODEL_MAKERS
 
 #: Every vendor, in the order ``cos import --help`` lists them.
 VENDORS: Final[tuple[Source, ...]] = (
@@ -21,13 +22,12 @@ VENDORS: Final[tuple[Source, ...]] = (
 
 #: The vendors by subcommand (``cos import claude``).
 SOURCES: Final[dict[str, Source]] = {source.command: source for source in VENDORS}
-#: Pricing provider of each vendor's models, by vendor name (billing's Pricer knows the vendor names too).
-VENDOR_PROVIDERS: Final[dict[str, str]] = {source.vendor: source.provider for source in VENDORS}
 
 
 def provider_of(vendor: str) -> str:
-    """The pricing provider of a vendor's models; a vendor not registered is its own provider."""
-    return VENDOR_PROVIDERS.get(vendor, vendor)
+    """The pricing provider of a vendor's models (`commonos.proto.vendors.MODEL_MAKERS`); another vendor is its
+    own provider."""
+    return MODEL_MAKERS.get(vendor, vendor)
 
 
 def labels() -> str:

@@ -58,7 +58,6 @@ from commonos.importer.claude.format import (
 )
 from commonos.importer.claude.tree import read_claude, read_claude_file
 from commonos.importer.source import Source
-from commonos.proto.vendors import MODEL_MAKERS
 
 __all__ = [
     "BULKY_RESULT_KEYS",
@@ -90,7 +89,6 @@ SOURCE: Final = Source(
     vendor=VENDOR,
     label="Claude Code",
     default_root="~/.claude",
-    provider=MODEL_MAKERS[VENDOR],
     top_files=claude_top_files,
     candidates=claude_candidates,
     read=read_claude_file,
