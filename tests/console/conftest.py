@@ -1,4 +1,4 @@
-"""The console in-process (uvicorn in the test's event loop, on a free port) against the test's own NATS and
+"""The console in-process (its own `serve`, in the test's event loop, on a free port) against the test's own NATS and
 PostgreSQL (tests/conftest.py), with a people file of an operator, an analyst of profile acme and an approver.
 
 * `console_db`: the test database with every schema, data of profiles acme and globex published through the
@@ -28,7 +28,7 @@ import pytest
 from fastapi import FastAPI
 
 from commonos.billing.schema import SCHEMA as BILLING_SCHEMA
-from commonos.console.service import server as console_server
+from commonos.console.service import Running, serve
 from commonos.console.settings import ConsoleSettings
 from commonos.console.users import Role, User, hash_password, render_users
 from commonos.journal_writer.graph_schema import SCHEMA as GRAPH_SCHEMA
@@ -189,23 +189,22 @@ class RunningConsole:
 @contextlib.asynccontextmanager
 async def run_console(settings: ConsoleSettings) -> AsyncIterator[RunningConsole]:
     # As the console's process serves it, in the test's event loop: Ctrl-C and SIGTERM stay pytest's.
-    server = console_server(settings, timeout_graceful_shutdown=2)
-    app = server.config.app
-    assert isinstance(app, FastAPI)
-    task = asyncio.create_task(server.serve())
+    settings = dataclasses.replace(settings, common=dataclasses.replace(settings.common, drain_timeout_s=2.0))
+    stop = asyncio.Event()
+    started: asyncio.Future[Running] = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(serve(settings, stop=stop, on_started=started.set_result))
     async with contextlib.AsyncExitStack() as stack:
         try:
-            for _ in range(500):
-                if server.started or task.done():
-                    break
-                await asyncio.sleep(0.01)
+            waiting: list[asyncio.Future[Any]] = [started, task]
+            done, _ = await asyncio.wait(waiting, timeout=30, return_when=asyncio.FIRST_COMPLETED)
             if task.done():
                 task.result()
-            assert server.started, "the console did not start within 5 s"
+            assert started in done, "the console did not start within 30 s"
+            app = started.result().app
             yield RunningConsole(f"http://{settings.host}:{settings.port}", app, settings, stack)
         finally:
             await stack.aclose()
-            server.stop()
+            stop.set()
             await asyncio.wait_for(task, 15)
 
 

@@ -313,11 +313,11 @@ async def test_a_running_turn_appears_live(console: RunningConsole, console_db: 
         assert json.loads(await next_event(raw, "turn_finished"))["status"] == "completed"
 
 
-async def test_pages_need_a_database(start_console: StartConsole) -> None:
+async def test_pages_need_a_database(start_console: StartConsole, nats_url: str) -> None:
     """Without COS_DATABASE_URL the console still signs people in, and says what is missing."""
     from commonos.runtime.settings import Settings
 
-    bare = await start_console(common=Settings())
+    bare = await start_console(common=Settings(nats_url=nats_url))
     client, _ = await bare.signed_in("olivia")
     async with client.get("/api/sessions") as r:
         assert r.status == 503

@@ -31,6 +31,7 @@ from commonos.billing.report import (
     render_report,
 )
 from commonos.billing.reprice import RepriceError, render_reprice, reprice
+from commonos.billing.settings import BillingSettings
 from commonos.runtime.args import CliError
 from commonos.runtime.cli_support import cli_database, cli_settings
 from commonos.runtime.settings import Settings
@@ -81,7 +82,7 @@ def _report_cost(args: argparse.Namespace) -> int:
 
 def _reprice(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
-    path: Path | None = args.price_file or settings.price_file
+    path: Path | None = args.price_file or BillingSettings.from_env().price_file
     price_file: PriceFile | None = None
     if path is not None:
         try:

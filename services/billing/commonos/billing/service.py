@@ -26,6 +26,7 @@ from commonos.billing.config import BillingConfig, BillingConfigError, load_bill
 from commonos.billing.metrics import BillingMetrics
 from commonos.billing.projection import BillingProjection
 from commonos.billing.schema import SCHEMA
+from commonos.billing.settings import BillingSettings
 from commonos.proto.alerts import encode_alert
 from commonos.proto.cloudevents import alert_headers, ce_type
 from commonos.proto.subjects import ALERTS_BUDGET, ALERTS_STREAM
@@ -111,7 +112,7 @@ class NatsAlertSink:
         )
 
 
-def load_pricer(settings: Settings) -> Pricer:
+def load_pricer(settings: BillingSettings) -> Pricer:
     """The process' Pricer: genai-prices plus ``COS_PRICE_FILE`` when set (a bad file is a ConfigError)."""
     if settings.price_file is None:
         return Pricer()
@@ -135,8 +136,9 @@ async def serve(
     """
     settings.require_urls()
     name = name or CONSUMER_NAME + partition_suffix(settings)
-    config = config if config is not None else load_billing_config(settings.billing_config)
-    pricer = pricer if pricer is not None else load_pricer(settings)
+    own = BillingSettings.from_env()
+    config = config if config is not None else load_billing_config(own.billing_config)
+    pricer = pricer if pricer is not None else load_pricer(own)
 
     async def projections(ctx: service.ServiceContext, pool: asyncpg.Pool) -> Sequence[Projection]:
         """The billing projection, its budgets loaded and its alerts published on this connection."""
@@ -161,8 +163,9 @@ def main() -> int:
     async def _main() -> int:
         settings = Settings.from_env(http_port=DEFAULT_HTTP_PORT)
         setup_logging(settings.log_level)
-        config = load_billing_config(settings.billing_config)
-        pricer = load_pricer(settings)
+        own = BillingSettings.from_env()
+        config = load_billing_config(own.billing_config)
+        pricer = load_pricer(own)
         return await serve(settings, config, pricer)
 
     return run(_main)

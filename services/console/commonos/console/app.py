@@ -3,18 +3,19 @@
 Routes come from the page modules in `commonos.console.pages` (every module there exposing `router`, an
 APIRouter, is included, in the order of the modules' names): each page serves its HTML at `/<page>` and the same
 data as JSON at `/api/<page>`, with a pydantic response model, so that /api/openapi.json describes it. Besides
-them: /static (the CSS and the vendored htmx), /healthz, /readyz and /metrics (unauthenticated, like every
-service's).
+them: /static (the CSS and the vendored htmx), /healthz, /readyz and /metrics (unauthenticated, answered as every
+service's are: `commonos.runtime.asgi.health_routes`).
+
+The application has no lifespan of its own: its life is the service kit's (`commonos.console.service`), which
+gives it its database (`app.state.db`) and NATS connection (`app.state.nc`, `app.state.live`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import logging
 import pkgutil
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import quote
 
@@ -22,24 +23,20 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from commonos.console import pages
 from commonos.console.auth import Auth, NotSignedIn
-from commonos.console.db import Database
 from commonos.console.guard import Guard
 from commonos.console.live import Live
 from commonos.console.metrics import REQUEST_SECONDS, REQUESTS
 from commonos.console.settings import ConsoleSettings
-from commonos.console.sign_outs import SCHEMA as SIGN_OUTS_SCHEMA
-from commonos.console.sign_outs import DatabaseUnavailable, PgSignOuts
+from commonos.console.sign_outs import DatabaseUnavailable
 from commonos.console.templating import STATIC_DIR, render
 from commonos.console.users import Users
-from commonos.runtime.http import VERSION
-from commonos.runtime.nats import connection_problem
-from commonos.runtime.postgres import apply_schemas, connect
+from commonos.runtime.asgi import health_routes
+from commonos.runtime.http import VERSION, Health
 
 log = logging.getLogger(__name__)
 
@@ -102,42 +99,9 @@ def page_modules() -> list[str]:
     return sorted(m.name for m in pkgutil.iter_modules(pages.__path__, pages.__name__ + "."))
 
 
-def create_app(settings: ConsoleSettings, *, users: Users | None = None) -> FastAPI:
-    """The console. With `settings.common.database_url` / `nats_url` unset it starts without PostgreSQL /
-    NATS (pages needing them answer 503): handy for tests of sign-in alone."""
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        db: Database | None = None
-        nc: Any = None
-        common = settings.common
-        try:
-            if common.database_url:
-                conn = await connect(common.database_url)
-                try:
-                    await apply_schemas(conn, [SIGN_OUTS_SCHEMA])
-                finally:
-                    await conn.close()
-                db = await Database.open(
-                    common.database_url,
-                    max_size=settings.pool_max_size,
-                    statement_timeout_ms=settings.statement_timeout_ms,
-                )
-                app.state.auth.sign_outs = PgSignOuts(db.pool)
-            if common.nats_url:
-                from commonos.runtime import nats as cos_nats
-
-                nc = await cos_nats.connect(common, "cos-console")
-            app.state.db = db
-            app.state.live = Live(nc)
-            app.state.nc = nc
-            yield
-        finally:
-            if nc is not None:
-                with contextlib.suppress(Exception):
-                    await nc.drain()
-            if db is not None:
-                await db.close()
+def create_app(settings: ConsoleSettings, *, users: Users | None = None, health: Health | None = None) -> FastAPI:
+    """The console, its /healthz /readyz /metrics those of `health`. Until the service gives it its database and
+    NATS connection (`commonos.console.service.serve`), pages needing them answer 503."""
 
     app = FastAPI(
         title="CommonOS console",
@@ -147,7 +111,6 @@ def create_app(settings: ConsoleSettings, *, users: Users | None = None) -> Fast
         openapi_url="/api/openapi.json",
         docs_url=None,
         redoc_url=None,
-        lifespan=lifespan,
     )
     app.state.settings = settings
     app.state.users = users if users is not None else Users(settings.users_file)
@@ -187,34 +150,7 @@ def create_app(settings: ConsoleSettings, *, users: Users | None = None) -> Fast
         detail = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:])}: {e['msg']}" for e in exc.errors())
         return render(request, "error.html", {"status": 422, "title": "Bad request", "detail": detail}, 422)
 
-    @app.get("/healthz", include_in_schema=False)
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok", "version": VERSION}
-
-    @app.get("/readyz", include_in_schema=False)
-    async def readyz(request: Request) -> Response:
-        reasons: dict[str, str] = {}
-        db: Database | None = request.app.state.db
-        if db is None:
-            reasons["database"] = "no database configured"
-        else:
-            try:
-                async with db.pool.acquire() as conn:
-                    await conn.fetchval("SELECT 1")
-            except Exception as exc:
-                reasons["database"] = str(exc) or type(exc).__name__
-        nc = request.app.state.nc
-        if nc is None:
-            reasons["nats"] = "no NATS configured"
-        elif (problem := connection_problem(nc)) is not None:
-            reasons["nats"] = problem
-        if reasons:
-            return JSONResponse({"status": "not ready", "reasons": reasons}, status_code=503)
-        return JSONResponse({"status": "ready"})
-
-    @app.get("/metrics", include_in_schema=False)
-    async def metrics() -> Response:
-        return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+    app.router.routes.extend(health_routes(health if health is not None else Health()))
 
     @app.get("/", include_in_schema=False)
     async def home() -> Response:

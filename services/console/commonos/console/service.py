@@ -1,115 +1,92 @@
-"""Run the console: uvicorn serving `create_app`, until SIGTERM or SIGINT."""
+"""Run the console: its application mounted into the services' life (`commonos.runtime.service.service_context`),
+until SIGTERM or SIGINT.
+
+The console's port (COS_CONSOLE_PORT) serves its pages and, as every service's HTTP port does, `/healthz`
+`/readyz` `/metrics`, from the start: NATS, the streams and PostgreSQL (its sign-outs' schema applied under the
+schema lock) are waited for, not ready meanwhile. Ready, it is not ready again while NATS is disconnected or
+the database does not answer `SELECT 1`. Stopping, the live pages' streams end (their responses complete), then
+the requests in flight are given COS_DRAIN_TIMEOUT_S to finish.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
-import uvicorn
-from h11 import IDLE
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from fastapi import FastAPI
 
 from commonos.console.app import create_app
+from commonos.console.db import Database
+from commonos.console.live import Live
 from commonos.console.settings import ConsoleSettings
+from commonos.console.sign_outs import SCHEMA as SIGN_OUTS_SCHEMA
+from commonos.console.sign_outs import PgSignOuts
 from commonos.proto.errors import ConfigError
 from commonos.runtime.args import CliError
+from commonos.runtime.asgi import AsgiServer
 from commonos.runtime.cli_support import cli_settings
-from commonos.runtime.lifecycle import install_stop_signals, run, setup_logging
+from commonos.runtime.http import Health
+from commonos.runtime.lifecycle import run, setup_logging
+from commonos.runtime.service import apply_schemas_when_reachable, service_context
 from commonos.runtime.settings import Settings
 
 log = logging.getLogger(__name__)
 
-
-class ConsoleServer(uvicorn.Server):
-    """uvicorn, stopped by `stop()` rather than by signal handlers of its own (which re-raise the signal
-    once stopped, so that the process would end killed by SIGTERM instead of exiting 0)."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-    def stop(self) -> None:
-        """End the live streams (their responses complete), then shut down as uvicorn does."""
-        app = self.config.app
-        live = getattr(getattr(app, "state", None), "live", None)
-        if live is not None:
-            live.close()
-        self.should_exit = True
+NAME = "cos-console"
 
 
-class HeaderTimeout(H11Protocol):
-    """uvicorn's HTTP/1.1 protocol, closing a connection that has not sent a whole request head within
-    `header_timeout_s` of its start or of its previous response (uvicorn has no such limit: a client sending
-    one header byte at a time held its socket for as long as it liked)."""
+@dataclass
+class Running:
+    """A started console, as `serve` hands it to `on_started` (tests use its application)."""
 
-    header_timeout_s = 10.0
+    app: FastAPI
+    server: AsgiServer
+    health: Health
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self._head_deadline: asyncio.TimerHandle | None = None
-        self._await_head()
-
-    def _await_head(self) -> None:
-        self._cancel_head_deadline()
-        self._head_deadline = self.loop.call_later(self.header_timeout_s, self._head_too_slow)
-
-    def _cancel_head_deadline(self) -> None:
-        if self._head_deadline is not None:
-            self._head_deadline.cancel()
-            self._head_deadline = None
-
-    def _head_too_slow(self) -> None:
-        self._head_deadline = None
-        # Still no whole request head (h11 leaves IDLE once it has parsed one): close.
-        if self.conn.their_state is IDLE and not self.transport.is_closing():
-            self.transport.close()
-
-    def data_received(self, data: bytes) -> None:
-        super().data_received(data)
-        if self.conn.their_state is not IDLE:
-            self._cancel_head_deadline()
-
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if not self.transport.is_closing() and self.conn.their_state is IDLE:
-            self._await_head()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._cancel_head_deadline()
-        super().connection_lost(exc)
+    @property
+    def url(self) -> str:
+        return self.server.url
 
 
-def server(settings: ConsoleSettings, *, timeout_graceful_shutdown: int = 5) -> ConsoleServer:
-    """The console's uvicorn, its app made from `settings` (`server.config.app`)."""
-    protocol = type("ConsoleHttp", (HeaderTimeout,), {"header_timeout_s": settings.header_timeout_s})
-    config = uvicorn.Config(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        lifespan="on",
-        access_log=False,
-        log_config=None,
-        http=protocol,
-        proxy_headers=False,  # the client address is the peer's: COS_CONSOLE_TRUSTED_PROXIES decides
-        server_header=False,
+def _database_problem(db: Database) -> Callable[[], Awaitable[str | None]]:
+    async def problem() -> str | None:
+        try:
+            async with db.pool.acquire() as conn:
+                await conn.fetchval("SELECT 1")
+        except Exception as exc:
+            return str(exc) or type(exc).__name__
+        return None
+
+    return problem
+
+
+async def serve(
+    settings: ConsoleSettings,
+    *,
+    stop: asyncio.Event | None = None,
+    on_started: Callable[[Running], None] | None = None,
+) -> int:
+    """Serve the console until `stop` is set (SIGTERM/SIGINT when not given); its exit code (1 when the NATS
+    connection was closed for good, so that it is restarted). Without COS_DATABASE_URL it serves all the same
+    (pages needing the database answer 503, /readyz says so)."""
+    common = settings.common
+    if not common.nats_url:
+        raise ConfigError("COS_NATS_URL is not set (or run everything embedded with `cos up`)")
+    health = Health()
+    app = create_app(settings, health=health)
+    server = AsgiServer(
+        app,
+        settings.host,
+        settings.port,
+        header_timeout_s=settings.header_timeout_s,
+        drain_timeout_s=common.drain_timeout_s,
         # A chat message over the WebSocket is bounded as a request body is.
         ws_max_size=settings.max_body_bytes,
-        # Live pages hold their connections open: on SIGTERM they are closed after this.
-        timeout_graceful_shutdown=timeout_graceful_shutdown,
     )
-    return ConsoleServer(config)
-
-
-async def serve(settings: ConsoleSettings) -> int:
-    srv = server(settings)
-    stop = asyncio.Event()
-    install_stop_signals(stop)
-    stopper = asyncio.create_task(stop.wait())
-    stopper.add_done_callback(lambda _: srv.stop())
     if not settings.users_file.exists():
         log.warning(
             "console: no people file at %s: nobody can sign in (cos console user add NAME --role operator)",
@@ -117,12 +94,39 @@ async def serve(settings: ConsoleSettings) -> int:
         )
     if settings.secret_is_random:
         log.warning("console: COS_CONSOLE_SECRET is not set: sign-ins end when the console restarts")
-    log.info("console: http://%s:%d/", settings.host, settings.port)
+    db: Database | None = None
     try:
-        await srv.serve()
+        async with service_context(common, NAME, stop, health=health, http=server) as ctx:
+            if ctx.stop.is_set():
+                return 1 if ctx.lost else 0
+            if common.database_url:
+                schemas = [SIGN_OUTS_SCHEMA]
+                if not await apply_schemas_when_reachable(common.database_url, schemas, health, ctx.stop, log):
+                    return 1 if ctx.lost else 0
+                db = await Database.open(
+                    common.database_url,
+                    max_size=settings.pool_max_size,
+                    statement_timeout_ms=settings.statement_timeout_ms,
+                )
+                app.state.auth.sign_outs = PgSignOuts(db.pool)
+                health.set_ready("database", True)
+                health.ask("database", _database_problem(db))
+            else:
+                health.set_ready("database", False, "no database configured")
+            app.state.db = db
+            app.state.live = live = Live(ctx.nc)
+            app.state.nc = ctx.nc
+
+            def started() -> None:
+                log.info("console: http://%s:%d/", settings.host, server.port)
+                if on_started is not None:
+                    on_started(Running(app, server, health))
+
+            await ctx.serve(ready=started, stopping=live.close)
     finally:
-        stopper.cancel()
-    return 0 if srv.started else 1
+        if db is not None:
+            await db.close()
+    return 1 if ctx.lost else 0
 
 
 def main() -> int:
@@ -138,4 +142,4 @@ def main() -> int:
     return run(lambda: serve(settings))
 
 
-__all__ = ["main", "serve", "server"]
+__all__ = ["Running", "main", "serve"]

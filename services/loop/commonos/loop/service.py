@@ -46,6 +46,7 @@ from commonos.loop.providers import build_provider
 from commonos.loop.providers.base import Provider
 from commonos.loop.registry import NatsTurnRegistry
 from commonos.loop.search import MessageSearch, NoSearch, PostgresMessageSearch
+from commonos.loop.settings import LoopSettings
 from commonos.loop.subjects import CHAT_QUEUE_GROUP, DELETE_REQUESTS_ALL
 from commonos.proto.events import TurnStatus
 from commonos.proto.identity import TurnInfo
@@ -332,9 +333,11 @@ class LoopService:
 DEFAULT_HTTP_PORT = 9461
 
 
-async def serve(settings: Settings, *, handle_signals: bool = True) -> int:
-    """`python -m commonos.loop serve`: load and check every profile, connect, serve until SIGTERM."""
+async def serve(settings: Settings, *, handle_signals: bool = True, own: LoopSettings | None = None) -> int:
+    """`python -m commonos.loop serve`: load and check every profile, connect, serve until SIGTERM (the loop's
+    own settings `own`, by default from COS_TURN_*)."""
     setup_logging(settings.log_level)
+    own = own if own is not None else LoopSettings.from_env()
     try:
         profiles = load_profiles(settings.profiles_dir)
         providers = {p.id: build_provider(p) for p in profiles.values()}
@@ -345,7 +348,7 @@ async def serve(settings: Settings, *, handle_signals: bool = True) -> int:
     # OpenTelemetry when OTEL_EXPORTER_OTLP_ENDPOINT asks for it (service.name commonos-loop), flushed at the end.
     tel = telemetry.setup("commonos-loop")
     try:
-        return await _serve(settings, profiles, providers, handle_signals)
+        return await _serve(settings, own, profiles, providers, handle_signals)
     finally:
         if tel is not None:
             await tel.aclose()
@@ -353,6 +356,7 @@ async def serve(settings: Settings, *, handle_signals: bool = True) -> int:
 
 async def _serve(
     settings: Settings,
+    own: LoopSettings,
     profiles: Mapping[str, Profile],
     providers: Mapping[str, Provider],
     handle_signals: bool,
@@ -367,7 +371,7 @@ async def _serve(
             if settings.database_url:
                 search = await PostgresMessageSearch.connect(settings.database_url)
             registry = NatsTurnRegistry(
-                js, default_owner(), stale_after_s=settings.turn_stale_s, replicas=settings.stream_replicas
+                js, default_owner(), stale_after_s=own.turn_stale_s, replicas=settings.stream_replicas
             )
             loop = Loop(
                 NatsJournal(
@@ -389,7 +393,7 @@ async def _serve(
                 handle_signals=False,
                 registry=registry,
                 publisher=EventPublisher(js, "urn:commonos:loop", nc=ctx.nc),
-                heartbeat_s=settings.turn_heartbeat_s,
+                heartbeat_s=own.turn_heartbeat_s,
                 profiles_dir=settings.profiles_dir,
                 stop_event=ctx.stop,
             )

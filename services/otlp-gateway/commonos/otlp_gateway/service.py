@@ -9,13 +9,12 @@ streams there and the tokens loaded, and not ready while NATS is disconnected (i
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import nats.errors
+from nats.js import JetStreamContext
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from commonos.otlp_gateway.auth import TokenIndex, tokens_bucket
@@ -31,12 +30,11 @@ from commonos.otlp_gateway.server import (
     host_check,
 )
 from commonos.otlp_gateway.settings import DEFAULT_HTTP_PORT, GatewaySettings
-from commonos.runtime import nats as cos_nats
+from commonos.proto.errors import ConfigError
 from commonos.runtime.http import Health, HttpServer
-from commonos.runtime.lifecycle import install_stop_signals, run, setup_logging
+from commonos.runtime.lifecycle import run, setup_logging
 from commonos.runtime.publisher import EventPublisher
-from commonos.runtime.retry import Backoff, sleep_or_stop
-from commonos.runtime.service import wait_for_streams
+from commonos.runtime.service import service_context
 from commonos.runtime.settings import Settings
 
 log = logging.getLogger("commonos.otlp_gateway")
@@ -44,8 +42,6 @@ log = logging.getLogger("commonos.otlp_gateway")
 NAME = "otlp-gateway"
 #: The CloudEvents source of what the gateway publishes.
 EVENT_SOURCE = "urn:commonos:otlp-gateway"
-#: How long the gateway's own tasks (the token watch) are given to end once it stops.
-TASKS_END_S = 5.0
 
 
 @dataclass
@@ -63,36 +59,6 @@ class Running:
         return self.otlp.url
 
 
-async def _wait_for_nats(
-    settings: Settings, health: Health, stop: asyncio.Event, on_closed: Callable[[], Any]
-) -> Any | None:
-    async def on_disconnected() -> None:
-        log.warning("nats: disconnected; OTLP requests are answered 503 until it is back")
-
-    async def on_reconnected() -> None:
-        log.info("nats: reconnected")
-
-    backoff = Backoff(0.2, 5.0)
-    while not stop.is_set():
-        try:
-            nc = await cos_nats.connect(
-                settings,
-                NAME,
-                closed_cb=on_closed,
-                disconnected_cb=on_disconnected,
-                reconnected_cb=on_reconnected,
-            )
-            health.set_ready("nats", True)
-            cos_nats.watch_connection(health, nc)
-            return nc
-        except (nats.errors.Error, OSError, TimeoutError) as exc:
-            health.set_ready("nats", False, f"NATS unreachable: {type(exc).__name__}")
-            health.beat()
-            log.warning("NATS unreachable (%s); retrying", exc)
-            await sleep_or_stop(stop, backoff.next())
-    return None
-
-
 async def serve(
     settings: Settings,
     gateway: GatewaySettings | None = None,
@@ -105,15 +71,14 @@ async def serve(
     ordinals: CallOrdinals | None = None,
 ) -> int:
     """Run the gateway until `stop` is set (SIGTERM/SIGINT when not given); its exit code (1 when the NATS
-    connection was closed for good, so that it is restarted)."""
-    if not settings.nats_url:
-        from commonos.proto.errors import ConfigError
+    connection was closed for good, so that it is restarted).
 
+    Its life is every service's (`commonos.runtime.service.service_context`): /metrics /healthz /readyz on
+    COS_HTTP_PORT, NATS, the streams and its KV buckets waited for; then the token watch, and the OTLP port
+    served until stopped, its requests in flight finishing first (COS_DRAIN_TIMEOUT_S)."""
+    if not settings.nats_url:
         raise ConfigError("COS_NATS_URL is not set (or run everything embedded with `cos up`)")
     gateway = gateway or GatewaySettings.from_env()
-    if stop is None:
-        stop = asyncio.Event()
-        install_stop_signals(stop)
     health = Health()
     http = HttpServer(
         health,
@@ -123,51 +88,26 @@ async def serve(
         middlewares=[host_check(allowed_hosts(settings.http_host, gateway.hosts))],
         keepalive_timeout_s=gateway.header_timeout_s,
     )
-    port = await http.start()
-    log.info("%s: /metrics /healthz /readyz on %s:%d", NAME, settings.http_host, port)
-    lost: list[str] = []
+    buckets: list[Any] = []
 
-    async def on_closed() -> None:
-        if stop.is_set():
-            return
-        reason = "NATS connection closed for good"
-        lost.append(reason)
-        log.error("%s; stopping so that the gateway is restarted", reason)
-        health.fail(reason)
-        stop.set()
+    async def kv_buckets(js: JetStreamContext) -> None:
+        buckets[:] = [
+            await tokens_bucket(js, settings.stream_replicas),
+            await state_bucket(js, settings.stream_replicas),
+        ]
 
-    otlp: OtlpServer | None = None
-    tasks: list[asyncio.Task[Any]] = []
-    nc = await _wait_for_nats(settings, health, stop, on_closed)
-    try:
-        if nc is None:
-            return 0
-        js = nc.jetstream()
-        buckets: list[Any] = []
-
-        async def kv_buckets() -> None:
-            buckets[:] = [
-                await tokens_bucket(js, settings.stream_replicas),
-                await state_bucket(js, settings.stream_replicas),
-            ]
-
-        if not await wait_for_streams(js, settings.stream_replicas, health, stop, also=kv_buckets):
-            return 1 if lost else 0
+    async with service_context(settings, NAME, stop, also=kv_buckets, health=health, http=http) as ctx:
+        if ctx.stop.is_set():
+            return 1 if ctx.lost else 0
         kv_tokens, kv_state = buckets
         tokens = TokenIndex()
-        health.set_ready("tokens", False, "the tokens are not loaded yet")
-        tasks.append(asyncio.create_task(tokens.run(nc, kv_tokens, stop), name="otlp-tokens"))
-
-        async def ready_once_loaded() -> None:
-            await tokens.loaded.wait()
-            health.set_ready("tokens", True)
-
-        tasks.append(asyncio.create_task(ready_once_loaded(), name="otlp-tokens-loaded"))
+        health.watch("tokens", lambda: None if tokens.loaded.is_set() else "the tokens are not loaded yet")
+        ctx.start_task(tokens.run(ctx.nc, kv_tokens, ctx.stop), "otlp-tokens")
         metrics = GatewayMetrics(registry)
         publisher = EventPublisher(
-            js,
+            ctx.js,
             EVENT_SOURCE,
-            nc=nc,
+            nc=ctx.nc,
             ack_timeout_s=min(2.0, gateway.publish_timeout_s),
             deadline_s=gateway.publish_timeout_s,
         )
@@ -182,42 +122,19 @@ async def serve(
             publisher,
             ordinals if ordinals is not None else KvOrdinals(kv_state),
             metrics,
-            nc=nc,
+            nc=ctx.nc,
             **extra,
         )
         otlp = OtlpServer(receiver, gateway.host, gateway.port, shutdown_timeout_s=settings.drain_timeout_s)
-        await otlp.start()
-        log.info("%s: OTLP/HTTP on %s (/v1/traces /v1/logs /v1/metrics)", NAME, otlp.url)
-        health.set_ready("starting", True)
-        if on_started is not None:
-            on_started(Running(otlp, http, metrics, tokens, health))
-        while not stop.is_set():
-            health.beat()
-            health.set_ready("tokens", tokens.loaded.is_set(), "the tokens are not loaded yet")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 0.2)
-        health.set_ready("stopping", False, "stopping")
-    finally:
-        # The tasks' own loops end on `stop` too: Python 3.11's asyncio.wait_for drops a cancellation that
-        # arrives as its awaitable completes (the token watch's next update), and a task that kept running
-        # after it kept the gateway from exiting (its OTLP port taken, it hung instead of failing).
-        stop.set()
-        if otlp is not None:
-            await otlp.stop()  # requests in flight finish first (COS_DRAIN_TIMEOUT_S)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            ended, running = await asyncio.wait(tasks, timeout=TASKS_END_S)
-            for task in ended:
-                if not task.cancelled() and (failure := task.exception()) is not None:
-                    log.warning("%s ended with %s: %s", task.get_name(), type(failure).__name__, failure)
-            for task in running:
-                log.warning("%s did not end within %.0f s of the stop; left behind", task.get_name(), TASKS_END_S)
-        if nc is not None:
-            await nc.close()
-        await http.stop()
+
+        def started() -> None:
+            log.info("%s: OTLP/HTTP on %s (/v1/traces /v1/logs /v1/metrics)", NAME, otlp.url)
+            if on_started is not None:
+                on_started(Running(otlp, http, metrics, tokens, health))
+
+        await ctx.serve(otlp, ready=started)
     log.info("%s: stopped", NAME)
-    return 1 if lost else 0
+    return 1 if ctx.lost else 0
 
 
 def main() -> int:

@@ -1,9 +1,14 @@
-"""Each service's own HTTP port: `/metrics` (Prometheus), `/healthz` (liveness), `/readyz`."""
+"""Each service's own HTTP port: `/metrics` (Prometheus), `/healthz` (liveness), `/readyz`.
+
+`HttpServer` serves them on a port of their own (COS_HTTP_PORT); an ASGI service serves them beside its pages,
+on its own port (`commonos.runtime.asgi.health_routes`). Either way their answers are `healthz_answer`,
+`readyz_answer` and `metrics_answer`: one shape for every service.
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from importlib import metadata
 from typing import Any
 
@@ -32,6 +37,7 @@ class Health:
         self._beat = time.monotonic()
         self._not_ready: dict[str, str] = {"starting": "the service has not finished starting"}
         self._watched: dict[str, Callable[[], str | None]] = {}
+        self._asked: dict[str, Callable[[], Awaitable[str | None]]] = {}
         #: Set by `fail`: the service cannot go on (say its NATS connection was closed for good).
         self.failure: str | None = None
 
@@ -53,6 +59,11 @@ class Health:
         """Ask `problem()` at every readiness question: not ready, for its reason, while it returns one."""
         self._watched[check] = problem
 
+    def ask(self, check: str, problem: Callable[[], Awaitable[str | None]]) -> None:
+        """As `watch`, for a question that awaits an answer (the console's database, asked `SELECT 1`): asked at
+        every /readyz (`readiness`), not by `ready` nor `reasons`."""
+        self._asked[check] = problem
+
     @property
     def ready(self) -> bool:
         return not self.reasons()
@@ -67,6 +78,36 @@ class Health:
             if check not in reasons and (reason := problem()) is not None:
                 reasons[check] = reason
         return reasons
+
+    async def readiness(self) -> dict[str, str]:
+        """Why the service is not ready (nothing: it is), the checks `ask` names asked too: what /readyz says."""
+        reasons = self.reasons()
+        for check, problem in self._asked.items():
+            if check not in reasons and (reason := await problem()) is not None:
+                reasons[check] = reason
+        return reasons
+
+
+def healthz_answer(health: Health) -> tuple[int, dict[str, str]]:
+    """/healthz: its status code and JSON body."""
+    if health.alive:
+        return 200, {"status": "ok", "version": VERSION}
+    if health.failure is not None:
+        return 503, {"status": "failed", "reason": health.failure}
+    return 503, {"status": "stalled"}
+
+
+async def readyz_answer(health: Health) -> tuple[int, dict[str, object]]:
+    """/readyz: its status code and JSON body."""
+    reasons = await health.readiness()
+    if not reasons:
+        return 200, {"status": "ready"}
+    return 503, {"status": "not ready", "reasons": reasons}
+
+
+def metrics_answer(registry: CollectorRegistry = REGISTRY) -> tuple[bytes, str]:
+    """/metrics: the body and its Content-Type."""
+    return generate_latest(registry), CONTENT_TYPE_LATEST
 
 
 class HttpServer:
@@ -97,20 +138,16 @@ class HttpServer:
             extra_routes(self._app)
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        body = generate_latest(self.registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        body, content_type = metrics_answer(self.registry)
+        return web.Response(body=body, headers={"Content-Type": content_type})
 
     async def _healthz(self, request: web.Request) -> web.Response:
-        if self.health.alive:
-            return web.json_response({"status": "ok", "version": VERSION})
-        if self.health.failure is not None:
-            return web.json_response({"status": "failed", "reason": self.health.failure}, status=503)
-        return web.json_response({"status": "stalled"}, status=503)
+        status, body = healthz_answer(self.health)
+        return web.json_response(body, status=status)
 
     async def _readyz(self, request: web.Request) -> web.Response:
-        if self.health.ready:
-            return web.json_response({"status": "ready"})
-        return web.json_response({"status": "not ready", "reasons": self.health.reasons()}, status=503)
+        status, body = await readyz_answer(self.health)
+        return web.json_response(body, status=status)
 
     async def start(self) -> int:
         extra: dict[str, Any] = (

@@ -6,7 +6,6 @@ import logging
 import re
 from typing import TYPE_CHECKING, Any
 
-import nats
 import nats.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
@@ -132,8 +131,10 @@ def inbox_prefix(user: str) -> str:
     return "_INBOX_" + re.sub(r"[^A-Za-z0-9_-]", "_", user)
 
 
-async def connect(settings: Settings, name: str, **overrides: Any) -> Client:
-    """Connect with unlimited reconnects: a NATS restart is an outage to wait out, not a crash."""
+async def connect(settings: Settings, name: str, *, client: Client | None = None, **overrides: Any) -> Client:
+    """Connect with unlimited reconnects: a NATS restart is an outage to wait out, not a crash. nats-py tries
+    again by itself until NATS answers, so this returns only once connected (`client`, when given, is the one
+    connecting: its `last_error` says meanwhile why it is not there yet)."""
     if not settings.nats_url:
         raise ValueError("no NATS URL configured")
 
@@ -174,7 +175,9 @@ async def connect(settings: Settings, name: str, **overrides: Any) -> Client:
             )
         options["tls"] = ctx
     options.update(overrides)
-    return await nats.connect(**options)
+    nc = client if client is not None else Client()
+    await nc.connect(**options)
+    return nc
 
 
 class StreamUnavailable(OperationalError):

@@ -1,11 +1,25 @@
-"""What every consuming service does around its consumers: signals, health port, NATS, the streams, its
-schemas, its consumers, draining.
+"""What every long-running service does around its work: signals, health port, NATS, the streams, its
+schemas, its consumers or its HTTP application, draining.
 
 `serve` is the whole life of a consuming service (the journal-writer, billing); a service gives it its
 name, its schemas and its projections (or a function making them once NATS and PostgreSQL are there).
-`service_context` is the part every NATS service shares (the loop's too): the stop event, the health port,
-the connection (readiness follows it), the streams waited for; `wait_for_streams` is its one way to wait for
-them (and whatever else a service needs of JetStream first, as the OTLP gateway's KV buckets).
+`service_context` is the part every NATS service shares (the loop's, the OTLP gateway's and the console's too):
+the stop event, the health port, the connection (waited for while NATS cannot be reached; readiness follows
+it), the streams waited for; `wait_for_streams` is its one way to wait for them (and whatever else a service
+needs of JetStream first, as the OTLP gateway's KV buckets: `also`).
+
+An HTTP service mounts its application into that life. Its ports are `Listener`s (`HttpServer`, the gateway's
+OTLP port, `commonos.runtime.asgi.AsgiServer`): the service's own `/metrics` `/healthz` `/readyz` port is
+`http` (by default an `HttpServer` on COS_HTTP_PORT; the console gives its application, which serves them
+beside its pages, on its own port), open from the start; `ServiceContext.serve(*listeners)` opens the
+others once the service has what they need, marks it ready and beats its liveness until the stop event,
+then lets each port's requests in flight finish (COS_DRAIN_TIMEOUT_S). As the context ends, the service's
+own tasks (`ServiceContext.start_task`) are ended, its `http` port drained and closed, and NATS closed:
+
+    health = Health()
+    async with service_context(settings, "cos-console", health=health, http=AsgiServer(app, ...)) as ctx:
+        ...                                   # what the application needs: ctx.nc, a pool, app.state
+        await ctx.serve(stopping=live.close)  # until SIGTERM; live streams end, requests drain
 """
 
 from __future__ import annotations
@@ -13,8 +27,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import asyncpg
 import nats.errors
@@ -35,6 +50,30 @@ from commonos.runtime.settings import Settings
 
 log = logging.getLogger(__name__)
 
+#: How often `ServiceContext.serve` beats the liveness heartbeat.
+BEAT_S = 1.0
+#: How long a service's own tasks (`ServiceContext.start_task`) are given to end once it stops.
+TASKS_END_S = 5.0
+#: Waiting for NATS and its streams: the first pause between attempts, doubled up to the second.
+NATS_BACKOFF = (0.5, 10.0)
+#: What JetStream answers while a service's streams (or buckets) cannot be had yet: an operator has yet to
+#: create them, or a cluster is still electing its JetStream leader.
+JETSTREAM_NOT_YET = (
+    cos_nats.StreamUnavailable,
+    nats.errors.TimeoutError,
+    nats.errors.NoRespondersError,
+    nats.js.errors.ServiceUnavailableError,
+)
+
+
+class Listener(Protocol):
+    """A port a service serves: `start` binds it (OSError when it cannot) and returns the port bound, `stop`
+    lets the requests in flight finish and closes it (stopping it again does nothing)."""
+
+    async def start(self) -> int: ...
+
+    async def stop(self) -> None: ...
+
 
 @dataclass
 class ServiceContext:
@@ -42,11 +81,64 @@ class ServiceContext:
     js: JetStreamContext
     health: Health
     stop: asyncio.Event
+    #: The service's `/metrics` `/healthz` `/readyz` port (for the console, its application's).
+    http: Listener
     #: Why the NATS connection was lost for good (the service must exit non-zero), or None.
     lost: str | None = None
     #: Called, in order, when the connection is lost for good, before `stop` is set (the loop's service
     #: records the loss, so that it interrupts its turns at once).
     on_lost: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+
+    def start_task(self, work: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        """Run `work` beside the service (the gateway's token watch): ended as the context ends, `stop` set,
+        cancelled and given TASKS_END_S, its failure logged. `work` should end on `stop` too: Python 3.11's
+        asyncio.wait_for drops a cancellation that arrives as its awaitable completes."""
+        task = asyncio.create_task(work, name=name)
+        self.tasks.append(task)
+        return task
+
+    async def serve(
+        self,
+        *listeners: Listener,
+        ready: Callable[[], None] | None = None,
+        stopping: Callable[[], None] | None = None,
+    ) -> None:
+        """An HTTP service's life once it has what it serves with: start `listeners` (ports besides `http`),
+        be ready (then `ready()`), beat the liveness heartbeat until `stop`; then not ready ("stopping"),
+        `stopping()` (the console ends its live streams, so that their responses complete) and each listener
+        stopped, letting its requests in flight finish. A listener that cannot start (its port taken) raises,
+        and the service stops."""
+        started: list[Listener] = []
+        try:
+            for listener in listeners:
+                await listener.start()
+                started.append(listener)
+            self.health.set_ready("starting", True)
+            if ready is not None:
+                ready()
+            while not await sleep_or_stop(self.stop, BEAT_S):
+                self.health.beat()
+        finally:
+            self.stop.set()
+            self.health.set_ready("stopping", False, "stopping")
+            if stopping is not None:
+                stopping()
+            for listener in started:
+                await listener.stop()
+
+    async def _end_tasks(self) -> None:
+        self.stop.set()
+        for task in self.tasks:
+            task.cancel()
+        if not self.tasks:
+            return
+        ended, running = await asyncio.wait(self.tasks, timeout=TASKS_END_S)
+        for task in ended:
+            if not task.cancelled() and (failure := task.exception()) is not None:
+                log.warning("%s ended with %s: %s", task.get_name(), type(failure).__name__, failure)
+        for task in running:
+            log.warning("%s did not end within %.0f s of the stop; left behind", task.get_name(), TASKS_END_S)
 
 
 #: Makes a service's projections once NATS, the streams, the schemas and the pool are there (billing
@@ -60,14 +152,20 @@ async def service_context(
     name: str,
     stop: asyncio.Event | None = None,
     streams: Sequence[StreamConfig] = (),
+    *,
+    also: Callable[[JetStreamContext], Awaitable[None]] | None = None,
+    health: Health | None = None,
+    http: Listener | None = None,
 ) -> AsyncIterator[ServiceContext]:
-    """Stop event (SIGTERM/SIGINT unless one is given), `/metrics` `/healthz` `/readyz`, NATS, the streams
-    (the events', the dead letters' and `streams`)."""
+    """Stop event (SIGTERM/SIGINT unless one is given), `/metrics` `/healthz` `/readyz` (on `http`, by default
+    an `HttpServer` of `health` on COS_HTTP_HOST:COS_HTTP_PORT), NATS (waited for), the streams (the events',
+    the dead letters' and `streams`) and `also(js)` (what else the service needs of JetStream, waited for with
+    them). Stopped before all of it is there, it yields all the same, `stop` set: the service ends at once."""
     if stop is None:
         stop = asyncio.Event()
         install_stop_signals(stop)
-    health = Health()
-    http = HttpServer(health, settings.http_host, settings.http_port)
+    health = health if health is not None else Health()
+    http = http if http is not None else HttpServer(health, settings.http_host, settings.http_port)
     port = await http.start()
     log.info("%s: /metrics /healthz /readyz on %s:%d", name, settings.http_host, port)
     holder: list[ServiceContext] = []
@@ -84,17 +182,56 @@ async def service_context(
         stop.set()
 
     try:
-        nc = await cos_nats.connect(settings, name, closed_cb=on_closed)
-        cos_nats.watch_connection(health, nc)
+        nc = await connect_when_reachable(settings, name, health, stop, closed_cb=on_closed)
         try:
             js = nc.jetstream()
-            await wait_for_streams(js, settings.stream_replicas, health, stop, streams)
-            holder.append(ServiceContext(nc, js, health, stop))
-            yield holder[0]
+            if not stop.is_set():
+                await wait_for_streams(
+                    js, settings.stream_replicas, health, stop, streams, None if also is None else lambda: also(js)
+                )
+            holder.append(ServiceContext(nc, js, health, stop, http))
+            try:
+                yield holder[0]
+            finally:
+                await holder[0]._end_tasks()
+                await http.stop()
         finally:
             await nc.close()
     finally:
         await http.stop()
+
+
+async def connect_when_reachable(
+    settings: Settings, name: str, health: Health, stop: asyncio.Event, **overrides: Any
+) -> Client:
+    """The service's NATS connection (`commonos.runtime.nats.connect`), waited for while NATS cannot be
+    reached: readiness check "nats" until then, liveness beating, and `stop` (SIGTERM) heard meanwhile. The
+    client returned is connected, or, when stopped first, not (the service ends at once)."""
+    nc = Client()
+    connecting = asyncio.create_task(cos_nats.connect(settings, name, client=nc, **overrides))
+    backoff = Backoff(*NATS_BACKOFF)
+    stopped = asyncio.create_task(stop.wait())
+    try:
+        while not connecting.done():
+            await asyncio.wait([connecting, stopped], timeout=backoff.next(), return_when=asyncio.FIRST_COMPLETED)
+            if connecting.done() or stop.is_set():
+                break
+            # nats-py tries again and again by itself (unlimited reconnects): say why it is not there yet.
+            reason = f"NATS unreachable: {type(nc.last_error).__name__ if nc.last_error else 'connecting'}"
+            health.set_ready("nats", False, reason)
+            health.beat()  # waiting for NATS is not a hang
+            log.warning("%s; waiting", reason)
+    finally:
+        stopped.cancel()
+        if not connecting.done():
+            connecting.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await connecting
+    if connecting.done() and not connecting.cancelled():
+        connecting.result()  # a configuration error raises
+        health.set_ready("nats", True)
+        cos_nats.watch_connection(health, nc)
+    return nc
 
 
 async def wait_for_streams(
@@ -108,7 +245,7 @@ async def wait_for_streams(
     """The streams (the events', the dead letters', `extra`), created if this user may, else waited for (an
     admin creates them: `cos streams ensure`), then `also` (what else the service needs of JetStream, waited
     for the same way); readiness check "streams" until then. False if stopped first."""
-    backoff = Backoff(0.5, 10.0)
+    backoff = Backoff(*NATS_BACKOFF)
     while not stop.is_set():
         try:
             await cos_nats.ensure_streams(js, replicas)
@@ -118,12 +255,7 @@ async def wait_for_streams(
                 await also()
             health.set_ready("streams", True)
             return True
-        except (
-            cos_nats.StreamUnavailable,
-            nats.errors.TimeoutError,
-            nats.errors.NoRespondersError,
-            nats.js.errors.ServiceUnavailableError,
-        ) as exc:
+        except JETSTREAM_NOT_YET as exc:
             # An operator has yet to create the streams, or a cluster is still electing its JetStream leader.
             reason = str(exc) if isinstance(exc, cos_nats.StreamUnavailable) else f"JetStream: {type(exc).__name__}"
             health.set_ready("streams", False, reason)

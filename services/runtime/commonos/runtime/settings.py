@@ -140,7 +140,9 @@ def _secret_or_file(env: Mapping[str, str], name: str) -> str | None:
 
 @dataclass(frozen=True, kw_only=True)
 class Settings:
-    """Everything a service reads from its environment. URLs left unset mean "embedded"."""
+    """What every service reads from its environment (URLs left unset mean "embedded"). A setting that one
+    service alone reads lives with that service (`commonos.billing.settings`, `commonos.loop.settings`,
+    `commonos.otlp_gateway.settings`, `commonos.console.settings`)."""
 
     nats_url: str | None = None
     database_url: str | None = None
@@ -160,11 +162,6 @@ class Settings:
     drain_timeout_s: float = 10.0
     partitions: int = 1
     partition: int | None = None
-    price_file: Path | None = None
-    billing_config: Path | None = None
-    #: A loop refreshes its running turns this often; a turn silent for `turn_stale_s` is interrupted.
-    turn_heartbeat_s: float = 5.0
-    turn_stale_s: float = 20.0
     #: The largest message (its `message_appended` event, encoded) the loop records; chat text over it
     #: is rejected, a tool result over it is truncated with a marker. Never more than the server allows.
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
@@ -204,10 +201,6 @@ class Settings:
             drain_timeout_s=_float(env, "DRAIN_TIMEOUT_S", 10.0, 0.1, 600.0),
             partitions=partitions,
             partition=partition,
-            price_file=_path(env, "PRICE_FILE"),
-            billing_config=_path(env, "BILLING_CONFIG"),
-            turn_heartbeat_s=_float(env, "TURN_HEARTBEAT_S", 5.0, 0.1, 300.0),
-            turn_stale_s=_float(env, "TURN_STALE_S", 20.0, 0.5, 3600.0),
             max_message_bytes=_int(env, "MAX_MESSAGE_BYTES", DEFAULT_MAX_MESSAGE_BYTES, 1024, 64 * 1024 * 1024),
             nats_max_payload=(
                 _int(env, "NATS_MAX_PAYLOAD", 1024 * 1024, 4096, 64 * 1024 * 1024)
