@@ -77,6 +77,7 @@ from commonos.otlp_gateway.metrics import GatewayMetrics
 from commonos.otlp_gateway.settings import GatewaySettings
 from commonos.proto.errors import DataError, OperationalError
 from commonos.proto.events import EventBase, event_type
+from commonos.runtime.http import AiohttpPort
 from commonos.runtime.publisher import EventPublisher, EventTooLarge, PublishError
 
 log = logging.getLogger(__name__)
@@ -414,39 +415,17 @@ def make_app(receiver: OtlpReceiver, **kwargs: Any) -> web.Application:
     return app
 
 
-class OtlpServer:
+class OtlpServer(AiohttpPort):
     """The receiver on its own port (COS_OTLP_PORT). Request bodies are not inflated by aiohttp: the
     receiver does it, within the body limit."""
 
     def __init__(self, receiver: OtlpReceiver, host: str, port: int, shutdown_timeout_s: float = 10.0) -> None:
         self.receiver = receiver
-        self.host = host
-        self.port = port
-        self.shutdown_timeout_s = shutdown_timeout_s
-        self._runner: web.AppRunner | None = None
-
-    async def start(self) -> int:
-        self._runner = web.AppRunner(
-            make_app(self.receiver),
-            access_log=None,
+        super().__init__(
+            make_app(receiver),
+            host,
+            port,
             auto_decompress=False,
-            shutdown_timeout=self.shutdown_timeout_s,
-            keepalive_timeout=self.receiver.settings.header_timeout_s,
+            shutdown_timeout=shutdown_timeout_s,
+            keepalive_timeout=receiver.settings.header_timeout_s,
         )
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
-        addresses = self._runner.addresses
-        if addresses:
-            self.port = int(addresses[0][1])
-        return self.port
-
-    @property
-    def url(self) -> str:
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
-        return f"http://{host}:{self.port}"
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None

@@ -30,7 +30,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from commonos.runtime.http import Health, healthz_answer, metrics_answer, readyz_answer
+from commonos.runtime.http import Health, healthz_answer, local_url, metrics_answer, readyz_answer
 
 
 def health_routes(health: Health, registry: CollectorRegistry = REGISTRY) -> list[Route]:
@@ -164,8 +164,7 @@ class AsgiServer:
 
     @property
     def url(self) -> str:
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
-        return f"http://{host}:{self.port}"
+        return local_url(self.host, self.port)
 
     async def stop(self) -> None:
         if self._task is None:

@@ -110,7 +110,44 @@ def metrics_answer(registry: CollectorRegistry = REGISTRY) -> tuple[bytes, str]:
     return generate_latest(registry), CONTENT_TYPE_LATEST
 
 
-class HttpServer:
+def local_url(host: str, port: int) -> str:
+    """The URL a process on this machine reaches a port listening on `host` at (all addresses: 127.0.0.1)."""
+    return f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
+
+
+class AiohttpPort:
+    """An aiohttp application on a port (a `commonos.runtime.service.Listener`): `start` binds it and returns the
+    port bound (the one asked for, or the free port the system chose for 0), `stop` lets the requests in flight
+    finish (`shutdown_timeout` among the runner's options) and closes it."""
+
+    def __init__(self, app: web.Application, host: str, port: int, **runner_options: Any) -> None:
+        self.host = host
+        self.port = port
+        self._app = app
+        self._runner_options = runner_options
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> int:
+        self._runner = web.AppRunner(self._app, access_log=None, **self._runner_options)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        addresses = self._runner.addresses
+        if addresses:
+            self.port = int(addresses[0][1])
+        return self.port
+
+    @property
+    def url(self) -> str:
+        return local_url(self.host, self.port)
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+
+class HttpServer(AiohttpPort):
     def __init__(
         self,
         health: Health,
@@ -123,19 +160,17 @@ class HttpServer:
         keepalive_timeout_s: float | None = None,
     ) -> None:
         self.health = health
-        self.host = host
-        self.port = port
         self.registry = registry
-        self._runner: web.AppRunner | None = None
-        #: aiohttp closes a connection that has not sent a request's headers within this, from its opening or
-        #: its last answer (None: aiohttp's default, an hour).
-        self.keepalive_timeout_s = keepalive_timeout_s
-        self._app = web.Application(middlewares=middlewares)
-        self._app.router.add_get("/metrics", self._metrics)
-        self._app.router.add_get("/healthz", self._healthz)
-        self._app.router.add_get("/readyz", self._readyz)
+        app = web.Application(middlewares=middlewares)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
         if extra_routes is not None:
-            extra_routes(self._app)
+            extra_routes(app)
+        # aiohttp closes a connection that has not sent a request's headers within keepalive_timeout_s, from its
+        # opening or its last answer (None: aiohttp's default, an hour).
+        options = {} if keepalive_timeout_s is None else {"keepalive_timeout": keepalive_timeout_s}
+        super().__init__(app, host, port, **options)
 
     async def _metrics(self, request: web.Request) -> web.Response:
         body, content_type = metrics_answer(self.registry)
@@ -148,22 +183,3 @@ class HttpServer:
     async def _readyz(self, request: web.Request) -> web.Response:
         status, body = await readyz_answer(self.health)
         return web.json_response(body, status=status)
-
-    async def start(self) -> int:
-        extra: dict[str, Any] = (
-            {} if self.keepalive_timeout_s is None else {"keepalive_timeout": self.keepalive_timeout_s}
-        )
-        self._runner = web.AppRunner(self._app, access_log=None, **extra)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
-        # The port bound (the one asked for, or the free port the system chose for 0).
-        addresses = self._runner.addresses
-        if addresses:
-            self.port = int(addresses[0][1])
-        return self.port
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
