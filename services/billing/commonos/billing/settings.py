@@ -13,17 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from commonos.proto.errors import ConfigError
-
-
-def _path(env: Mapping[str, str], name: str) -> Path | None:
-    raw = env.get(name)
-    if not raw:
-        return None
-    try:
-        return Path(raw).expanduser()
-    except RuntimeError as exc:  # ~user of a user that does not exist
-        raise ConfigError(f"{name}={raw!r}: {exc}") from None
+from commonos.runtime.settings import env_path
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,4 +24,4 @@ class BillingSettings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> BillingSettings:
         env = os.environ if env is None else env
-        return cls(price_file=_path(env, "COS_PRICE_FILE"), billing_config=_path(env, "COS_BILLING_CONFIG"))
+        return cls(price_file=env_path(env, "COS_PRICE_FILE"), billing_config=env_path(env, "COS_BILLING_CONFIG"))

@@ -346,12 +346,8 @@ async def serve(settings: Settings, *, handle_signals: bool = True, own: LoopSet
     if not settings.nats_url:
         raise ConfigError("COS_NATS_URL is not set (or run everything with `cos up`)")
     # OpenTelemetry when OTEL_EXPORTER_OTLP_ENDPOINT asks for it (service.name commonos-loop), flushed at the end.
-    tel = telemetry.setup("commonos-loop")
-    try:
+    async with telemetry.serving("commonos-loop"):
         return await _serve(settings, own, profiles, providers, handle_signals)
-    finally:
-        if tel is not None:
-            await tel.aclose()
 
 
 async def _serve(

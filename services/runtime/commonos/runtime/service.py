@@ -323,12 +323,8 @@ async def serve(
     _, database_url = settings.require_urls()
     # OpenTelemetry when OTEL_EXPORTER_OTLP_ENDPOINT asks for it (service.name commonos-journal-writer,
     # commonos-billing), flushed as the service stops.
-    tel = telemetry.setup(f"commonos-{projection_of(name)}")
-    try:
+    async with telemetry.serving(f"commonos-{projection_of(name)}"):
         return await _serve(settings, name, schemas, projections, stop, streams, pool_size, logger, database_url)
-    finally:
-        if tel is not None:
-            await tel.aclose()
 
 
 async def _serve(

@@ -17,7 +17,7 @@ PREFIX: Final = "COS_"
 DEFAULT_MAX_MESSAGE_BYTES: Final = 256 * 1024
 
 
-__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "PREFIX", "ConfigError", "Settings", "env_float", "env_int"]
+__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "PREFIX", "ConfigError", "Settings", "env_float", "env_int", "env_path"]
 
 
 def env_int(env: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
@@ -110,14 +110,19 @@ def _url(env: Mapping[str, str], name: str, schemes: tuple[str, ...]) -> str | N
     return raw
 
 
-def _path(env: Mapping[str, str], name: str) -> Path | None:
-    raw = env.get(PREFIX + name)
+def env_path(env: Mapping[str, str], name: str) -> Path | None:
+    """The path in variable `name`, `~` expanded (None when unset or empty); ConfigError naming it otherwise."""
+    raw = env.get(name)
     if not raw:
         return None
     try:
         return Path(raw).expanduser()
     except RuntimeError as exc:  # ~user of a user that does not exist
-        raise ConfigError(f"{PREFIX}{name}={raw!r}: {exc}") from None
+        raise ConfigError(f"{name}={raw!r}: {exc}") from None
+
+
+def _path(env: Mapping[str, str], name: str) -> Path | None:
+    return env_path(env, PREFIX + name)
 
 
 def _secret_or_file(env: Mapping[str, str], name: str) -> str | None:

@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -122,6 +122,18 @@ _active: Telemetry | None = None
 def active() -> Telemetry | None:
     """This process's telemetry, or None when it is off."""
     return _active
+
+
+@contextlib.asynccontextmanager
+async def serving(service_name: str) -> AsyncIterator[Telemetry | None]:
+    """Telemetry while a service runs (`setup` with the environment's settings), flushed and shut down off the
+    event loop when it stops, however it stops."""
+    tel = setup(service_name)
+    try:
+        yield tel
+    finally:
+        if tel is not None:
+            await tel.aclose()
 
 
 def setup(
