@@ -153,7 +153,6 @@ class RepriceRow(msgspec.Struct, frozen=True):
 BILLING_REPRICES: Final = Table(
     "billing_reprices",
     RepriceRow,
-    key=("id",),
     owner=BILLING,
     types={"id": "bigserial", "rows_examined": "bigint", "rows_changed": "bigint"},
     details={"ran_at": "DEFAULT now()"},

@@ -104,7 +104,6 @@ class ApprovalRow(msgspec.Struct, frozen=True):
 PROFILES: Final = Table(
     "profiles",
     ProfileRow,
-    key=("id",),
     owner=JOURNAL_WRITER,
     details={"tags": "DEFAULT '{}'"},
     readers=(Read(CONSOLE), Read(ANALYST, by_profile("id"))),
@@ -112,7 +111,6 @@ PROFILES: Final = Table(
 SESSIONS: Final = Table(
     "sessions",
     SessionRow,
-    key=("id",),
     owner=JOURNAL_WRITER,
     details={"profile_id": _TO_PROFILE, "tags": "DEFAULT '{}'"},
     indexes={
@@ -126,7 +124,6 @@ SESSIONS: Final = Table(
 TURNS: Final = Table(
     "turns",
     TurnRow,
-    key=("id",),
     owner=JOURNAL_WRITER,
     details={
         "session_id": _TO_SESSION,
@@ -141,7 +138,6 @@ TURNS: Final = Table(
 MESSAGES: Final = Table(
     "messages",
     MessageRow,
-    key=("id",),
     owner=JOURNAL_WRITER,
     details={
         "session_id": _TO_SESSION,
@@ -163,7 +159,6 @@ MESSAGES: Final = Table(
 TOOL_CALLS: Final = Table(
     "tool_calls",
     ToolCallRow,
-    key=("id",),
     owner=JOURNAL_WRITER,
     details={
         "turn_id": _TO_TURN,
@@ -178,7 +173,6 @@ TOOL_CALLS: Final = Table(
 APPROVALS: Final = Table(
     "approvals",
     ApprovalRow,
-    key=("id",),
     owner=JOURNAL_WRITER,
     details={"tool_call_id": "UNIQUE", "turn_id": _TO_TURN, "profile_id": _TO_PROFILE},
     indexes={"approvals_decided": "(decided_at DESC)"},

@@ -26,7 +26,7 @@ import types
 import typing
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from functools import cached_property
 from typing import Any, Final
 
@@ -223,8 +223,10 @@ class Table:
     name: str
     #: A msgspec Struct (or a NamedTuple) whose fields are the columns, in order.
     row: type
-    key: tuple[str, ...]
+    _: KW_ONLY
     owner: str
+    #: The primary key (and the conflict target): most tables' rows are named by their `id`.
+    key: tuple[str, ...] = ("id",)
     conflict: Conflict = field(default_factory=DoNothing)
     #: Column types other than the field's own (`bigint` for a count).
     types: Mapping[str, str] = field(default_factory=dict)
