@@ -25,7 +25,7 @@ from commonos.importer.events import (
 )
 from commonos.importer.model import ImportedSession
 from commonos.importer.parts import part_budget
-from commonos.journal_writer.graph_projection import GraphEventInvalid, GraphProjection, graph_of, graph_rows
+from commonos.journal_writer.graph_projection import GraphEventInvalid, GraphProjection, graph_rows
 from commonos.journal_writer.graph_schema import TOOL_RESULTS
 from commonos.proto.events import ModelCallCompleted, TranscriptImported, decode_event, encode_event
 from commonos.proto.graph import GRAPH_LISTS, Graph, GraphInvalid, ModelInvocation, decode_graph, encode_graph, validate
@@ -106,7 +106,7 @@ def test_a_graph_that_fits_one_message_is_one_self_contained_part(corpus_trees: 
     for tree in small:
         (part,) = [e for e in events_for(tree) if isinstance(e, TranscriptImported)]
         assert part.self_contained and (part.part, part.parts) == (1, 1)
-        validate(graph_of(part))
+        validate(part.graph)
 
 
 @needs_corpus
@@ -219,7 +219,7 @@ def test_a_watcher_resends_only_what_changed(tmp_path: Path) -> None:
     (event,) = second.parts
     # Only the new rows (and the session, whose end moved), referring to the rows published before.
     assert not event.self_contained and (event.part, event.parts) == (1, 1)
-    part = graph_of(event)
+    part = event.graph
     validate(part, partial=True)
     GraphProjection().check(event)
     assert [s.id for s in part.sessions] == [s.id for s in grown.graph.sessions]
@@ -253,7 +253,7 @@ def _bad_event(graph: Graph, session: uuid.UUID) -> TranscriptImported:
         profile_id="claude-code",
         session_id=session,
         vendor="claude-code",
-        graph=msgspec.json.decode(encode_graph(graph)),
+        graph=graph,
     )
 
 

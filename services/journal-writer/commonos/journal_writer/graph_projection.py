@@ -66,7 +66,7 @@ from commonos.journal_writer.graph_schema import (
     VendorId,
 )
 from commonos.proto.events import Event, ProfileDeleted, TranscriptImported
-from commonos.proto.graph import Graph, GraphInvalid, decode_graph, validate
+from commonos.proto.graph import Graph, GraphInvalid, validate
 from commonos.proto.subjects import PROFILES_FILTER
 from commonos.proto.text import escape_nul_in_json
 from commonos.runtime.errors import DataError
@@ -127,14 +127,6 @@ def _time(value: datetime | None) -> datetime | None:
     if value is None or value.tzinfo is not None:
         return value
     return value.replace(tzinfo=UTC)
-
-
-def graph_of(event: TranscriptImported) -> Graph:
-    """The graph an event carries, decoded with the graph's own rules (raw JSON fields, Go nils)."""
-    try:
-        return decode_graph(msgspec.json.encode(event.graph))
-    except msgspec.DecodeError as exc:
-        raise GraphEventInvalid(f"the graph does not decode: {exc}") from exc
 
 
 def graph_rows(graph: Graph, profile_id: str | None) -> Rows:
@@ -291,14 +283,14 @@ def graph_rows(graph: Graph, profile_id: str | None) -> Rows:
 
 
 def plan_event(event: TranscriptImported) -> Rows:
-    """Decode, validate and turn one event's graph into rows; GraphEventInvalid says what is wrong.
+    """Validate one event's graph and turn it into rows; GraphEventInvalid says what is wrong.
 
     A part that is not ``self_contained`` is validated on its own rows (``validate(partial=True)``);
     whatever it holds, a top-level session in it must be the event's session.
     """
     if event.part > event.parts:
         raise GraphEventInvalid(f"part {event.part} of {event.parts}")
-    graph = graph_of(event)
+    graph = event.graph
     try:
         validate(graph, partial=not event.self_contained)
     except GraphInvalid as exc:
