@@ -22,7 +22,6 @@ from commonos.proto.graph import (
     Outcome,
     UserInput,
     VendorID,
-    encode_graph,
 )
 from commonos.proto.graph import Session as GraphSession
 from commonos.proto.graph.model import (
@@ -238,7 +237,7 @@ def claude_session(profile: str, title: str, at: datetime) -> tuple[ev.Transcrip
         profile_id=profile,
         session_id=uuid.UUID(root),
         vendor="claude-code",
-        graph=msgspec.json.decode(encode_graph(graph)),
+        graph=graph,
     )
     billed = ev.ModelCallCompleted(
         profile_id=profile,
@@ -294,7 +293,7 @@ def codex_session(profile: str, at: datetime) -> ev.TranscriptImported:
         profile_id=profile,
         session_id=uuid.UUID(root),
         vendor="codex",
-        graph=msgspec.json.decode(encode_graph(graph)),
+        graph=graph,
     )
 
 

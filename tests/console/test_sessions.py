@@ -28,7 +28,6 @@ from commonos.proto.graph import (
     Outcome,
     UserInput,
     VendorID,
-    encode_graph,
 )
 from commonos.proto.graph import Session as GraphSession
 from commonos.proto.messages import UserMessage
@@ -366,7 +365,7 @@ def imported(profile: str, clock: Clock, vendor: str, title: str) -> ev.Transcri
         profile_id=profile,
         session_id=uuid.UUID(root),
         vendor=vendor,
-        graph=msgspec.json.decode(encode_graph(graph)),
+        graph=graph,
     )
 
 

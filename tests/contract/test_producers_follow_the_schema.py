@@ -110,7 +110,7 @@ def test_the_importers_events_of_real_transcripts_follow_the_schema() -> None:
     events = [event for imported in [*claude, *codex] for event in events_for(imported)]
     graphs = [e for e in events if isinstance(e, ev.TranscriptImported)]
     assert len(graphs) >= len(claude) + len(codex)
-    assert any(e.graph["tool_uses"] for e in graphs) and any(e.graph["model_invocations"] for e in graphs)
+    assert any(e.graph.tool_uses for e in graphs) and any(e.graph.model_invocations for e in graphs)
     assert _refused(events, EVENT_SOURCE) == {}
 
 

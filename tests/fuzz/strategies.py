@@ -371,7 +371,7 @@ def valid_events() -> st.SearchStrategy[ev.Event]:
             vendor=_text,
             source_ref=st.none() | _text,
             tags=_tags(),
-            graph=strict_objects,
+            graph=st.just(g.Graph()) | valid_graphs().map(lambda doc: g.decode_graph(dump_json(doc))),
         ),
     )
 

@@ -97,7 +97,7 @@ def test_check_profile_id_returns_the_id_or_raises_invalid_profile_id(profile_id
 def test_decode_graph_and_validate_raise_only_their_typed_errors(payload: bytes) -> None:
     try:
         graph = g.decode_graph(payload)
-    except msgspec.DecodeError:  # what `graph_projection.graph_of` turns into GraphEventInvalid
+    except msgspec.DecodeError:  # what `decode_event` turns into EventDecodeError (an undecodable event)
         event("DecodeError")
         return
     check_graph_round_trip_and_validity(graph)

@@ -13,8 +13,8 @@ import msgspec
 from commonos.importer.cut import CUTTABLE, is_cut
 from commonos.importer.events import message_size
 from commonos.importer.parts import part_budget
-from commonos.journal_writer.graph_projection import GraphProjection, graph_of
-from commonos.proto.events import TranscriptImported
+from commonos.journal_writer.graph_projection import GraphProjection
+from commonos.proto.events import TranscriptImported, decode_event, encode_event
 from commonos.proto.graph import GRAPH_LISTS, Graph, validate
 
 LISTS = GRAPH_LISTS
@@ -65,9 +65,10 @@ def check_parts(graph: Graph, events: Sequence[TranscriptImported], max_payload:
         assert event.self_contained is not several
         size = message_size(event)
         assert size <= (part_budget(max_payload) if several else max_payload), (number, size)
-        part = graph_of(event)
+        received = _received(event)
+        part = received.graph
         validate(part, partial=several)
-        projection.check(event)
+        projection.check(received)
         for name in LISTS:
             for row in getattr(part, name):
                 for ref in _references(name, row):
@@ -94,11 +95,18 @@ def check_parts(graph: Graph, events: Sequence[TranscriptImported], max_payload:
     return cut
 
 
+def _received(event: TranscriptImported) -> TranscriptImported:
+    """The event as the graph-writer receives it (decoded from its payload)."""
+    received = decode_event(encode_event(event))
+    assert isinstance(received, TranscriptImported)
+    return received
+
+
 def reassembled(events: Sequence[TranscriptImported]) -> Graph:
     """The rows of every part, list by list, in the order they were published."""
     lists: dict[str, list[Any]] = {name: [] for name in LISTS}
     for event in events:
-        part = graph_of(event)
+        part = _received(event).graph
         for name in LISTS:
             lists[name] += getattr(part, name)
     return Graph(**lists)

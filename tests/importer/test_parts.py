@@ -17,7 +17,7 @@ import pytest
 from commonos.importer.claude import read_claude_file
 from commonos.journal_writer.graph_projection import GraphEventInvalid, GraphProjection
 from commonos.proto.events import TranscriptImported
-from commonos.proto.graph import GRAPH_LISTS, Graph, GraphInvalid, ToolStatus, ToolVerb, encode_graph, validate
+from commonos.proto.graph import GRAPH_LISTS, Graph, GraphInvalid, ToolStatus, ToolVerb, validate
 from commonos.proto.subjects import DLQ_STREAM
 from commonos.runtime.dlq import REASON
 from tests.importer.test_store import caught_up, graph_writer, snapshot
@@ -113,7 +113,7 @@ def _event(graph: Graph, tree: Any, *, self_contained: bool, part: int = 1, part
         profile_id="claude-code",
         session_id=uuid.UUID(tree.graph.sessions[0].id),
         vendor="claude-code",
-        graph=msgspec.json.decode(encode_graph(graph)),
+        graph=graph,
         part=part,
         parts=parts,
         self_contained=self_contained,

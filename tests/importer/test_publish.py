@@ -25,7 +25,8 @@ from commonos.importer.events import (
 )
 from commonos.importer.model import ImportedSession
 from commonos.importer.parts import part_budget
-from commonos.journal_writer.graph_projection import GraphEventInvalid, GraphProjection, graph_of, graph_rows
+from commonos.journal_writer.graph_projection import GraphEventInvalid, GraphProjection, graph_rows
+from commonos.journal_writer.graph_schema import TOOL_RESULTS
 from commonos.proto.events import ModelCallCompleted, TranscriptImported, decode_event, encode_event
 from commonos.proto.graph import GRAPH_LISTS, Graph, GraphInvalid, ModelInvocation, decode_graph, encode_graph, validate
 from commonos.proto.graph.ids import model_call_event_id, ordinal_call_event_id, request_call_event_id
@@ -105,7 +106,7 @@ def test_a_graph_that_fits_one_message_is_one_self_contained_part(corpus_trees: 
     for tree in small:
         (part,) = [e for e in events_for(tree) if isinstance(e, TranscriptImported)]
         assert part.self_contained and (part.part, part.parts) == (1, 1)
-        validate(graph_of(part))
+        validate(part.graph)
 
 
 @needs_corpus
@@ -218,7 +219,7 @@ def test_a_watcher_resends_only_what_changed(tmp_path: Path) -> None:
     (event,) = second.parts
     # Only the new rows (and the session, whose end moved), referring to the rows published before.
     assert not event.self_contained and (event.part, event.parts) == (1, 1)
-    part = graph_of(event)
+    part = event.graph
     validate(part, partial=True)
     GraphProjection().check(event)
     assert [s.id for s in part.sessions] == [s.id for s in grown.graph.sessions]
@@ -252,7 +253,7 @@ def _bad_event(graph: Graph, session: uuid.UUID) -> TranscriptImported:
         profile_id="claude-code",
         session_id=session,
         vendor="claude-code",
-        graph=msgspec.json.decode(encode_graph(graph)),
+        graph=graph,
     )
 
 
@@ -283,10 +284,11 @@ def test_nul_characters_of_imported_text_are_stored_escaped_and_losslessly(tmp_p
         result, output_text="a\x00b\u2400", output=msgspec.Raw(msgspec.json.encode({"std\x00out": "x\x00y"}))
     )
     graph = decode_graph(encode_graph(msgspec.structs.replace(graph, tool_results=[nul])))
-    row = graph_rows(graph)["tool_results"][0]
-    assert "\x00" not in row[5] and "\\u0000" not in row[6]
-    assert unescape_nul(row[5]) == "a\x00b\u2400"
-    assert unescape_nul_json(msgspec.json.decode(row[6])) == {"std\x00out": "x\x00y"}
+    stored = TOOL_RESULTS.row_args(graph_rows(graph, "p")[TOOL_RESULTS][0])
+    row = dict(zip((c.name for c in TOOL_RESULTS.columns), stored, strict=True))
+    assert "\x00" not in row["output_text"] and "\\u0000" not in row["output"]
+    assert unescape_nul(row["output_text"]) == "a\x00b\u2400"
+    assert unescape_nul_json(msgspec.json.decode(row["output"])) == {"std\x00out": "x\x00y"}
 
 
 def test_call_time_falls_back_to_the_session_start(tmp_path: Path) -> None:

@@ -20,7 +20,6 @@ from commonos.journal_writer.graph_projection import GraphProjection
 from commonos.journal_writer.graph_schema import GRAPH_TABLES
 from commonos.journal_writer.service import serve, writer_schemas
 from commonos.proto.events import ModelCallCompleted, TranscriptImported
-from commonos.proto.graph import encode_graph
 from commonos.proto.subjects import DLQ_STREAM, EVENTS_STREAM
 from commonos.runtime.postgres import connect
 from commonos.runtime.settings import Settings
@@ -315,7 +314,7 @@ async def test_a_graph_that_breaks_the_model_is_dead_lettered(tmp_path: Path, na
         profile_id="claude-code",
         session_id=uuid.UUID(root.id),
         vendor="claude-code",
-        graph=msgspec.json.decode(encode_graph(broken)),
+        graph=broken,
     )
     call = ModelCallCompleted(profile_id="claude-code", session_id=uuid.UUID(root.id), provider="anthropic", model="m")
     await publish_all(nats_url, [bad, call])

@@ -392,7 +392,7 @@ async def test_an_imported_session_belongs_to_the_profile_that_imported_it(nats_
     """A transcript part under profile `evil` naming a session that `claude-code` imported is a profile_mismatch
     dead letter; graph.sessions says who owns each session."""
     from commonos.journal_writer.service import serve, writer_schemas
-    from commonos.proto.graph import Graph, Outcome, Session, encode_graph
+    from commonos.proto.graph import Graph, Outcome, Session
     from commonos.runtime.settings import Settings
     from tests.support import InProcess
 
@@ -411,7 +411,7 @@ async def test_an_imported_session_belongs_to_the_profile_that_imported_it(nats_
             profile_id=profile,
             session_id=uuid.UUID(root),
             vendor="claude-code",
-            graph=msgspec.json.decode(encode_graph(graph)),
+            graph=graph,
         )
 
     acks = await publish_all(nats_url, [part("claude-code", "mine"), part("evil", "stolen")])

@@ -20,7 +20,7 @@ from commonos.journal_writer.graph_schema import GRAPH_TABLES
 from commonos.journal_writer.replay import replay
 from commonos.journal_writer.service import serve, writer_projections, writer_schemas
 from commonos.proto import events as ev
-from commonos.proto.graph import Graph, InputKind, InputOrigin, Outcome, Session, UserInput, encode_graph
+from commonos.proto.graph import Graph, InputKind, InputOrigin, Outcome, Session, UserInput
 from commonos.proto.messages import AssistantMessage, ToolCall, ToolResultMessage, UserMessage
 from commonos.runtime.dlq import DeadLetter, list_dead_letters
 from commonos.runtime.settings import Settings
@@ -134,7 +134,7 @@ def _transcript(profile: str, clock: Clock, title: str) -> ev.TranscriptImported
         profile_id=profile,
         session_id=uuid.UUID(root),
         vendor="claude-code",
-        graph=msgspec.json.decode(encode_graph(graph)),
+        graph=graph,
     )
 
 

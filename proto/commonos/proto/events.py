@@ -13,15 +13,18 @@ stays a plain dict for the code that reads it).
 
 from __future__ import annotations
 
+import functools
+import operator
 import uuid
 from datetime import UTC, datetime
 from decimal import Decimal
 from enum import StrEnum
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, cast
 
 import msgspec
 
 from commonos.proto.errors import DataError
+from commonos.proto.graph.codec import WireGraph, from_wire
 from commonos.proto.graph.model import Graph
 from commonos.proto.ids import new_id
 from commonos.proto.messages import TOOL_ARGS, Message
@@ -250,11 +253,23 @@ class TranscriptImported(EventBase, frozen=True, kw_only=True, tag="transcript_i
     vendor: str
     source_ref: str | None = None
     tags: tuple[Tag, ...] = ()
-    #: The session graph (`commonos.proto.graph`), or the rows of this part.
-    graph: Annotated[dict[str, Any], described_by(Graph)]
+    #: The session graph (`commonos.proto.graph`), or the rows of this part; decoded with the graph's own
+    #: rules (`commonos.proto.graph.codec`: Go's null lists, raw JSON fields).
+    graph: Graph
     part: Seq = 1
     parts: Seq = 1
     self_contained: bool = True
+
+
+class _WireTranscriptImported(TranscriptImported, frozen=True, kw_only=True, tag="transcript_imported"):
+    """How a `TranscriptImported` decodes (msgspec cannot decode a Graph's `Raw | None` fields itself);
+    `decode_event` turns it into the `TranscriptImported` it describes."""
+
+    graph: WireGraph  # type: ignore[assignment]
+
+    def event(self) -> TranscriptImported:
+        fields = {f: getattr(self, f) for f in self.__struct_fields__}
+        return TranscriptImported(**{**fields, "graph": from_wire(self.graph)})
 
 
 Event = (
@@ -286,7 +301,9 @@ def is_profile_event(event_type: type[EventBase]) -> bool:
 #: The event types about a profile as a whole, not one of its sessions.
 PROFILE_EVENT_TYPES: Final[tuple[type[EventBase], ...]] = tuple(t for t in EVENT_TYPES if is_profile_event(t))
 
-_decoder: Final = msgspec.json.Decoder(Event)
+#: What a payload decodes as: the event types, a `TranscriptImported` through its wire twin.
+_DECODED_AS: Final[dict[type[EventBase], type[EventBase]]] = {TranscriptImported: _WireTranscriptImported}
+_decoder: Final = msgspec.json.Decoder(functools.reduce(operator.or_, (_DECODED_AS.get(t, t) for t in EVENT_TYPES)))
 _encoder: Final = msgspec.json.Encoder(decimal_format="string")
 
 
@@ -314,15 +331,18 @@ def check_event(event: Event) -> None:
     producer whose values come from outside (the importer, the OTLP gateway) checks its events with this.
     """
     try:
-        msgspec.json.decode(_encoder.encode(event), type=type(event))
+        msgspec.json.decode(_encoder.encode(event), type=_DECODED_AS.get(type(event), type(event)))
     except msgspec.ValidationError as exc:
         raise EventInvalid(f"{event_type(event)} {event.event_id}: {exc}") from None
 
 
 def decode_event(payload: bytes | memoryview) -> Event:
     try:
-        return _decoder.decode(payload)
+        event = _decoder.decode(payload)
     except msgspec.DecodeError as exc:
         raise EventDecodeError(str(exc)) from exc
     except RecursionError:
         raise EventDecodeError("JSON nested too deeply") from None
+    if isinstance(event, _WireTranscriptImported):
+        return event.event()
+    return cast("Event", event)

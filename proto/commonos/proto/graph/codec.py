@@ -36,8 +36,9 @@ def _raw_or_none(raw: msgspec.Raw) -> msgspec.Raw | None:
     return raw if len(raw) and bytes(raw) != b"null" else None
 
 
-class _WireGraph(msgspec.Struct, kw_only=True):
-    """Decoding shape: accepts Go's ``null`` for a nil slice and raw JSON in omitempty fields."""
+class WireGraph(msgspec.Struct, kw_only=True):
+    """Decoding shape: accepts Go's ``null`` for a nil slice and raw JSON in omitempty fields (`from_wire`
+    makes the `Graph`); a message holding a graph decodes its field as this (`TranscriptImported`)."""
 
     sessions: list[Session] | None = None
     session_attributes: list[SessionAttribute] | None = None
@@ -52,7 +53,7 @@ class _WireGraph(msgspec.Struct, kw_only=True):
 
 
 _graph_encoder = msgspec.json.Encoder()
-_graph_decoder = msgspec.json.Decoder(_WireGraph)
+_graph_decoder = msgspec.json.Decoder(WireGraph)
 
 
 def encode_graph(graph: Graph) -> bytes:
@@ -66,6 +67,11 @@ def decode_graph(data: bytes) -> Graph:
         wire = _graph_decoder.decode(data)
     except RecursionError:
         raise msgspec.DecodeError("JSON nested too deeply") from None
+    return from_wire(wire)
+
+
+def from_wire(wire: WireGraph) -> Graph:
+    """The graph a decoded `WireGraph` holds: a ``null`` list is empty, an empty or ``null`` omitempty field None."""
     return Graph(
         sessions=wire.sessions or [],
         attributes=wire.session_attributes or [],

@@ -322,8 +322,7 @@ def transcript_event(
     part of several also of its place (``part/parts``).
     """
     root = _root(imported)
-    encoded = encode_graph(graph)
-    digest = hashlib.sha256(encoded).hexdigest()
+    digest = hashlib.sha256(encode_graph(graph)).hexdigest()
     place = () if self_contained and parts == 1 else (f"{part}/{parts}",)
     return TranscriptImported(
         event_id=_event_id("transcript_imported", imported.vendor, root.id, digest, *place),
@@ -333,7 +332,7 @@ def transcript_event(
         vendor=imported.vendor,
         source_ref=str(imported.source_path),
         tags=import_tags(imported),
-        graph=msgspec.json.decode(encoded),
+        graph=graph,
         part=part,
         parts=parts,
         self_contained=self_contained,

@@ -27,7 +27,16 @@ from typing import Any, Final
 
 import msgspec
 
-from commonos.runtime.tables import ANALYST, CONSOLE, JOURNAL_WRITER, Read, Table, by_profile, positions_table
+from commonos.runtime.tables import (
+    ANALYST,
+    CONSOLE,
+    JOURNAL_WRITER,
+    Read,
+    Table,
+    Upsert,
+    by_profile,
+    positions_table,
+)
 from commonos.runtime.tombstones import tombstones_table
 
 #: The session graph's record of deleted profiles (`commonos.runtime.tombstones`).
@@ -43,6 +52,53 @@ _SPEED: Final = "CHECK (speed IN ('standard', 'fast', 'ultrafast'))"
 _READERS: Final = (
     Read(CONSOLE),
     Read(ANALYST, "session_id IN (SELECT id FROM graph.sessions)", policy="analyst_by_session"),
+)
+
+
+#: What a re-import may complete in a stored session (graph_projection's docstring says why): a later end, and
+#: with it the outcome; a null never replaces a value.
+_SESSION_FILLED: Final = ("title", "working_dir", "git_branch", "repo_root", "worktree_root")
+_SESSION_UPDATE: Final = Upsert(
+    ("ended_at", "outcome", *_SESSION_FILLED),
+    {c: f"coalesce(EXCLUDED.{c}, s.{c})" for c in _SESSION_FILLED},
+    alias="s",
+    where="coalesce(EXCLUDED.ended_at, '-infinity') >= coalesce(s.ended_at, '-infinity') "
+    "AND (s.ended_at, s.outcome, s.title, s.working_dir, s.git_branch, s.repo_root, s.worktree_root) "
+    "IS DISTINCT FROM (EXCLUDED.ended_at, EXCLUDED.outcome, coalesce(EXCLUDED.title, s.title), "
+    "coalesce(EXCLUDED.working_dir, s.working_dir), coalesce(EXCLUDED.git_branch, s.git_branch), "
+    "coalesce(EXCLUDED.repo_root, s.repo_root), coalesce(EXCLUDED.worktree_root, s.worktree_root))",
+)
+#: An input becomes interrupted when an interrupt follows it, never the other way.
+_INPUT_UPDATE: Final = Upsert(
+    ("interrupted",), {"interrupted": "true"}, alias="u", where="EXCLUDED.interrupted AND NOT u.interrupted"
+)
+#: A response's usage grows line by line: a larger total, or the first stop reason, replaces the counts.
+_INVOCATION_UPDATE: Final = Upsert(
+    (
+        "input_tokens",
+        "output_tokens",
+        "reasoning_tokens",
+        "cache_read_tokens",
+        "cache_write_tokens",
+        "cache_write_1h_tokens",
+        "total_tokens",
+        "token_basis",
+        "speed",
+        "stop_reason",
+    ),
+    {"speed": "coalesce(EXCLUDED.speed, m.speed)", "stop_reason": "coalesce(EXCLUDED.stop_reason, m.stop_reason)"},
+    alias="m",
+    where="EXCLUDED.total_tokens > m.total_tokens "
+    "OR (m.stop_reason IS NULL AND EXCLUDED.stop_reason IS NOT NULL AND EXCLUDED.total_tokens >= m.total_tokens)",
+)
+#: A use's status leaves no_result when its result arrives; its metadata comes from an import at least as complete.
+_NEW_STATUS: Final = "CASE WHEN t.status = 'no_result' THEN EXCLUDED.status ELSE t.status END"
+_TOOL_USE_UPDATE: Final = Upsert(
+    ("status", "metadata"),
+    {"status": _NEW_STATUS},
+    alias="t",
+    where=f"(EXCLUDED.status <> 'no_result' OR t.status = 'no_result') "
+    f"AND (t.status, t.metadata) IS DISTINCT FROM ({_NEW_STATUS}, EXCLUDED.metadata)",
 )
 
 
@@ -189,6 +245,7 @@ SESSIONS: Final = Table(
     GraphSession,
     key=("id",),
     owner=JOURNAL_WRITER,
+    conflict=_SESSION_UPDATE,
     details={
         "parent_session_id": _TO_SESSION,
         "outcome": "CHECK (outcome IN ('unknown', 'interrupted', 'committed', 'abandoned'))",
@@ -217,6 +274,7 @@ USER_INPUTS: Final = Table(
     UserInput,
     key=("id",),
     owner=JOURNAL_WRITER,
+    conflict=_INPUT_UPDATE,
     details={
         "session_id": _TO_SESSION,
         "ordinal": "CHECK (ordinal >= 0)",
@@ -231,6 +289,7 @@ MODEL_INVOCATIONS: Final = Table(
     ModelInvocation,
     key=("id",),
     owner=JOURNAL_WRITER,
+    conflict=_INVOCATION_UPDATE,
     types=_counts(
         "input_tokens",
         "output_tokens",
@@ -281,6 +340,7 @@ TOOL_USES: Final = Table(
     ToolUse,
     key=("id",),
     owner=JOURNAL_WRITER,
+    conflict=_TOOL_USE_UPDATE,
     details={
         "session_id": _TO_SESSION,
         "user_input_id": _TO_INPUT,

@@ -10,7 +10,10 @@ indexes, the role that owns it and the roles that may read it. From it follow:
   columns a later version added (`added`, `ADD COLUMN IF NOT EXISTS`) and its indexes;
 * `insert_one()` / `insert_bulk()`: the single-row insert (`VALUES ($1::uuid, ...)`) and the bulk one (an
   `unnest` of one typed array per column), both ending in the conflict policy, with `row_args` / `bulk_args`
-  turning Structs into their arguments;
+  turning Structs into their arguments. An `Upsert` may name the stored row (`alias`, for its expressions:
+  `coalesce(EXCLUDED.title, s.title)`) and update only where a condition holds (`where`); a bulk insert
+  cannot update one row twice (PostgreSQL refuses it), so rows that may repeat a key in one batch go one
+  by one (`insert_one` with `executemany`);
 * `grants()`: its block of `deploy/postgres/roles.sql` (owner, privileges taken back, reads granted,
   row-level security), generated for every registered table by `roles_sql` and kept equal to the file by a
   test.
@@ -102,10 +105,15 @@ class Upsert:
     columns: tuple[str, ...]
     #: Expressions for some of them (`greatest(t.updated_at, EXCLUDED.updated_at)`); the rest take EXCLUDED's.
     values: Mapping[str, str] = field(default_factory=dict)
+    #: The stored row's name in the expressions and `where` (`INSERT INTO <table> AS <alias>`).
+    alias: str | None = None
+    #: Update only where this holds (`EXCLUDED.total_tokens > m.total_tokens`); otherwise the row stays.
+    where: str | None = None
 
     def sql(self, table: Table) -> str:
         sets = ", ".join(f"{c} = {self.values.get(c, f'EXCLUDED.{c}')}" for c in self.columns)
-        return f"ON CONFLICT ({', '.join(table.key)}) DO UPDATE SET {sets}"
+        where = f" WHERE {self.where}" if self.where else ""
+        return f"ON CONFLICT ({', '.join(table.key)}) DO UPDATE SET {sets}{where}"
 
 
 @dataclass(frozen=True)
@@ -301,11 +309,16 @@ class Table:
     def _conflict(self) -> str:
         return self.conflict.sql(self)
 
+    def _target(self) -> str:
+        """The table an insert names, with the alias its conflict policy gives the stored row."""
+        alias = self.conflict.alias if isinstance(self.conflict, Upsert) else None
+        return f"{self.name} AS {alias}" if alias else self.name
+
     def insert_one(self) -> str:
         """`INSERT ... VALUES ($1::type, ...) <conflict>`, the arguments being `row_args(row)`."""
         names = ", ".join(c.name for c in self.columns)
         values = ", ".join(_one(c, i) for i, c in enumerate(self.columns, 1))
-        return f"INSERT INTO {self.name} ({names}) VALUES ({values}) {self._conflict()}"
+        return f"INSERT INTO {self._target()} ({names}) VALUES ({values}) {self._conflict()}"
 
     def insert_bulk(self) -> str:
         """`INSERT ... SELECT ... FROM unnest($1::type[], ...) AS u(columns) <conflict>`, one array per column
@@ -315,7 +328,7 @@ class Table:
         values = ", ".join(_from_array(c) for c in self.columns)
         where = self.conflict.where if isinstance(self.conflict, Checked) and self.conflict.where else None
         return (
-            f"INSERT INTO {self.name} ({names}) SELECT {values} FROM unnest({arrays}) AS u({names})"
+            f"INSERT INTO {self._target()} ({names}) SELECT {values} FROM unnest({arrays}) AS u({names})"
             + (f" WHERE {where}" if where else "")
             + f" {self._conflict()}"
         )
