@@ -36,8 +36,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Final
 
-import msgspec
-
 from commonos.importer.model import ImportedSession
 from commonos.importer.parts import (
     GraphRows,

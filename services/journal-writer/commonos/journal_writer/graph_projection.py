@@ -31,11 +31,14 @@ a unique constraint, and the consumer dead-letters the event.
 
 from __future__ import annotations
 
+import types
+import typing
 import uuid
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Final, overload
+from functools import cache
+from typing import TYPE_CHECKING, Any, Final, TypeVar, overload
 
 import msgspec
 
@@ -92,6 +95,7 @@ PROFILE_DELETE: Final = "DELETE FROM graph.sessions WHERE profile_id = $1"
 Rows = dict[Table, list[Any]]
 
 _hunks_encoder: Final = msgspec.json.Encoder()
+_R = TypeVar("_R", bound=msgspec.Struct)
 # Plans checked but not yet applied, by event id; bounded so events that never reach apply cannot pile up.
 _MAX_CACHED_PLANS: Final = 16
 
@@ -129,156 +133,57 @@ def _time(value: datetime | None) -> datetime | None:
     return value.replace(tzinfo=UTC)
 
 
+def _converter(hint: Any) -> Callable[[Any], Any] | None:
+    """How a graph record's value becomes a row's column of type `hint` (None: as it is)."""
+    nullable = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    args = set(typing.get_args(hint)) - {type(None)} if nullable else {hint}
+    if args == {uuid.UUID}:
+        return _opt_id if nullable else _id
+    if args == {datetime}:
+        return _time
+    if args == {Any}:
+        return _json
+    return None
+
+
+@cache
+def _conversions(row: type[msgspec.Struct]) -> tuple[tuple[str, Callable[[Any], Any] | None], ...]:
+    hints = typing.get_type_hints(row)
+    return tuple((name, _converter(hints[name])) for name in row.__struct_fields__)
+
+
+def _row(row: type[_R], record: Any, **given: Any) -> _R:
+    """The row of a graph record: each column the record's field of the same name, converted by the column's
+    type (ids, times, raw JSON), or the value `given` for it."""
+    values = dict(given)
+    for name, convert in _conversions(row):
+        if name not in values:
+            value = getattr(record, name)
+            values[name] = value if convert is None else convert(value)
+    return row(**values)
+
+
 def graph_rows(graph: Graph, profile_id: str | None) -> Rows:
     """The rows of one graph, by table, in the graph's (parents-first) order; its sessions are `profile_id`'s."""
     return {
-        SESSIONS: [
-            GraphSession(
-                id=_id(s.id),
-                parent_session_id=_opt_id(s.parent_session_id),
-                spawned_by_tool_use_id=_opt_id(s.spawned_by_tool_use_id),
-                started_at=_time(s.started_at),
-                ended_at=_time(s.ended_at),
-                title=s.title,
-                working_dir=s.working_dir,
-                git_branch=s.git_branch,
-                outcome=s.outcome,
-                repo_root=s.repo_root,
-                worktree_root=s.worktree_root,
-                profile_id=profile_id,
-            )
-            for s in graph.sessions
-        ],
-        SESSION_ATTRIBUTES: [
-            SessionAttribute(
-                id=_id(a.id),
-                session_id=_id(a.session_id),
-                key=a.key,
-                value=_json(a.value),
-                valid_from=_time(a.valid_from),
-            )
-            for a in graph.attributes
-        ],
-        USER_INPUTS: [
-            UserInput(
-                id=_id(u.id),
-                session_id=_id(u.session_id),
-                ordinal=u.ordinal,
-                text=u.text,
-                triggered_at=_time(u.triggered_at),
-                interrupted=u.interrupted,
-                kind=u.kind,
-                origin=u.origin,
-                metadata=_json(u.metadata),
-            )
-            for u in graph.user_inputs
-        ],
+        SESSIONS: [_row(GraphSession, s, profile_id=profile_id) for s in graph.sessions],
+        SESSION_ATTRIBUTES: [_row(SessionAttribute, a) for a in graph.attributes],
+        USER_INPUTS: [_row(UserInput, u) for u in graph.user_inputs],
         MODEL_INVOCATIONS: [
-            ModelInvocation(
-                id=_id(m.id),
-                session_id=_id(m.session_id),
-                user_input_id=_id(m.user_input_id),
-                parent_model_invocation_id=_opt_id(m.parent_model_invocation_id),
-                model=m.model,
-                input_tokens=m.input_tokens,
-                output_tokens=m.output_tokens,
-                cache_read_tokens=m.cache_read_tokens,
-                cache_write_tokens=m.cache_write_tokens,
-                cache_write_1h_tokens=m.cache_write_1h_tokens,
-                total_tokens=m.total_tokens,
-                token_basis=m.token_basis or None,
-                speed=m.speed,
-                stop_reason=m.stop_reason,
-                started_at=_time(m.started_at),
-                reasoning_tokens=m.reasoning_tokens,
-            )
-            for m in graph.model_invocations
+            _row(ModelInvocation, m, token_basis=m.token_basis or None) for m in graph.model_invocations
         ],
-        ASSISTANT_MESSAGES: [
-            AssistantMessage(
-                id=_id(am.id),
-                session_id=_id(am.session_id),
-                user_input_id=_id(am.user_input_id),
-                model_invocation_id=_id(am.model_invocation_id),
-                text=am.text,
-                content=_json(am.content),
-                timestamp=_time(am.timestamp),
-            )
-            for am in graph.assistant_messages
-        ],
+        ASSISTANT_MESSAGES: [_row(AssistantMessage, am) for am in graph.assistant_messages],
         TOOL_USES: [
-            ToolUse(
-                id=_id(t.id),
-                session_id=_id(t.session_id),
-                user_input_id=_id(t.user_input_id),
-                model_invocation_id=_id(t.model_invocation_id),
-                name=t.name,
-                verb=t.verb,
-                input=_json(t.input) or "null",
-                status=t.status,
-                metadata=_json(t.metadata) or "null",
-                timestamp=_time(t.timestamp),
-            )
+            _row(ToolUse, t, input=_json(t.input) or "null", metadata=_json(t.metadata) or "null")
             for t in graph.tool_uses
         ],
-        TOOL_RESULTS: [
-            ToolResult(
-                id=_id(r.id),
-                tool_use_id=_id(r.tool_use_id),
-                session_id=_id(r.session_id),
-                user_input_id=_id(r.user_input_id),
-                status=r.status,
-                output_text=r.output_text,
-                output=_json(r.output),
-                error_text=r.error_text,
-                timestamp=_time(r.timestamp),
-            )
-            for r in graph.tool_results
-        ],
+        TOOL_RESULTS: [_row(ToolResult, r) for r in graph.tool_results],
         FILE_TOUCHES: [
-            FileTouch(
-                id=_id(f.id),
-                tool_use_id=_opt_id(f.tool_use_id),
-                user_input_id=_id(f.user_input_id),
-                session_id=_id(f.session_id),
-                path=f.path,
-                kind=f.kind,
-                start_line=f.start_line,
-                end_line=f.end_line,
-                hunks=_json(_hunks_encoder.encode(f.hunks)) if f.hunks is not None else None,
-            )
+            _row(FileTouch, f, hunks=_json(_hunks_encoder.encode(f.hunks)) if f.hunks is not None else None)
             for f in graph.file_touches
         ],
-        TOKEN_USAGE: [
-            TokenUsageRow(
-                id=_id(tu.id),
-                session_id=_id(tu.session_id),
-                user_input_id=_opt_id(tu.user_input_id),
-                scope=tu.scope,
-                model=tu.model,
-                input_tokens=tu.input_tokens,
-                output_tokens=tu.output_tokens,
-                cache_read_tokens=tu.cache_read_tokens,
-                cache_write_tokens=tu.cache_write_tokens,
-                total_tokens=tu.total_tokens,
-                api_call_count=tu.api_call_count,
-                token_basis=tu.token_basis or None,
-                speed=tu.speed,
-            )
-            for tu in graph.token_usage
-        ],
-        VENDOR_IDS: [
-            VendorId(
-                our_type=v.our_type,
-                vendor=v.vendor,
-                vendor_id_kind=v.vendor_id_kind,
-                vendor_id=v.vendor_id,
-                our_id=_id(v.our_id),
-                session_id=_id(v.session_id),
-                source_ref=v.source_ref,
-            )
-            for v in graph.vendor_ids
-        ],
+        TOKEN_USAGE: [_row(TokenUsageRow, tu, token_basis=tu.token_basis or None) for tu in graph.token_usage],
+        VENDOR_IDS: [_row(VendorId, v) for v in graph.vendor_ids],
     }
 
 

@@ -243,7 +243,6 @@ class VendorId(msgspec.Struct, frozen=True):
 SESSIONS: Final = Table(
     "graph.sessions",
     GraphSession,
-    key=("id",),
     owner=JOURNAL_WRITER,
     conflict=_SESSION_UPDATE,
     details={
@@ -262,7 +261,6 @@ SESSIONS: Final = Table(
 SESSION_ATTRIBUTES: Final = Table(
     "graph.session_attributes",
     SessionAttribute,
-    key=("id",),
     owner=JOURNAL_WRITER,
     details={"session_id": _TO_SESSION, "key": "CHECK (key <> '')"},
     # The value is hashed so that a long value cannot exceed a btree entry.
@@ -272,7 +270,6 @@ SESSION_ATTRIBUTES: Final = Table(
 USER_INPUTS: Final = Table(
     "graph.user_inputs",
     UserInput,
-    key=("id",),
     owner=JOURNAL_WRITER,
     conflict=_INPUT_UPDATE,
     details={
@@ -287,7 +284,6 @@ USER_INPUTS: Final = Table(
 MODEL_INVOCATIONS: Final = Table(
     "graph.model_invocations",
     ModelInvocation,
-    key=("id",),
     owner=JOURNAL_WRITER,
     conflict=_INVOCATION_UPDATE,
     types=_counts(
@@ -324,7 +320,6 @@ MODEL_INVOCATIONS: Final = Table(
 ASSISTANT_MESSAGES: Final = Table(
     "graph.assistant_messages",
     AssistantMessage,
-    key=("id",),
     owner=JOURNAL_WRITER,
     details={"session_id": _TO_SESSION, "user_input_id": _TO_INPUT, "model_invocation_id": _TO_INVOCATION},
     constraints=("CHECK (text IS NOT NULL OR content IS NOT NULL)",),
@@ -338,7 +333,6 @@ ASSISTANT_MESSAGES: Final = Table(
 TOOL_USES: Final = Table(
     "graph.tool_uses",
     ToolUse,
-    key=("id",),
     owner=JOURNAL_WRITER,
     conflict=_TOOL_USE_UPDATE,
     details={
@@ -359,7 +353,6 @@ TOOL_USES: Final = Table(
 TOOL_RESULTS: Final = Table(
     "graph.tool_results",
     ToolResult,
-    key=("id",),
     owner=JOURNAL_WRITER,
     details={
         "tool_use_id": f"UNIQUE {_TO_TOOL_USE}",
@@ -373,7 +366,6 @@ TOOL_RESULTS: Final = Table(
 FILE_TOUCHES: Final = Table(
     "graph.file_touches",
     FileTouch,
-    key=("id",),
     owner=JOURNAL_WRITER,
     details={
         "tool_use_id": _TO_TOOL_USE,
@@ -394,7 +386,6 @@ FILE_TOUCHES: Final = Table(
 TOKEN_USAGE: Final = Table(
     "graph.token_usage",
     TokenUsageRow,
-    key=("id",),
     owner=JOURNAL_WRITER,
     types=_counts(
         "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "total_tokens", "api_call_count"
