@@ -232,6 +232,13 @@ class ModelInvocation(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=T
     started_at: datetime | None = None
 
 
+_FIELDS = ModelInvocation.__struct_fields__
+#: The fields of an invocation its reported usage fills, in order: a response's usage grows as it streams, so
+#: the most complete copy of an invocation gives them to every other (the importer's ledger), and a copy with a
+#: larger total replaces them where the invocation is stored (the session graph's table).
+USAGE_FIELDS: Final = _FIELDS[_FIELDS.index("input_tokens") : _FIELDS.index("stop_reason") + 1]
+
+
 class AssistantMessage(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """One block of model-visible output from one model invocation (§3.5)."""
 

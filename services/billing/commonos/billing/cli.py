@@ -32,7 +32,7 @@ from commonos.billing.report import (
 )
 from commonos.billing.reprice import RepriceError, render_reprice, reprice
 from commonos.billing.settings import BillingSettings
-from commonos.runtime.args import CliError
+from commonos.runtime.args import CliError, command_group
 from commonos.runtime.cli_support import cli_database, cli_settings
 from commonos.runtime.settings import Settings
 
@@ -111,12 +111,12 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    billing = sub.add_parser(
+    billing_sub = command_group(
+        sub,
         "billing",
-        help="CommonBill: priced model calls, repricing",
-        description="CommonBill prices every model call into the model_calls table.",
+        "CommonBill: priced model calls, repricing",
+        "CommonBill prices every model call into the model_calls table.",
     )
-    billing_sub = billing.add_subparsers(dest="billing_command", metavar="SUBCOMMAND", required=True)
     serve = billing_sub.add_parser(
         "serve", help="run the billing consumer in the foreground (COS_PRICE_FILE, COS_BILLING_CONFIG)"
     )
@@ -136,8 +136,7 @@ def register(sub: Any) -> None:
     rp.add_argument("--format", choices=("table", "json"), default="table")
     rp.set_defaults(handler=_reprice)
 
-    report = sub.add_parser("report", help="reports over the stored data")
-    report_sub = report.add_subparsers(dest="report_command", metavar="REPORT", required=True)
+    report_sub = command_group(sub, "report", "reports over the stored data", metavar="REPORT")
     cost = report_sub.add_parser(
         "cost",
         help="cost of model calls by tag key, model, provider, day or profile",

@@ -18,9 +18,21 @@ from typing import Final
 
 import msgspec
 
+from commonos.accounting.pricing import CostStatus
 from commonos.billing.rows import ModelCallRow
+from commonos.proto.alerts import Period
 from commonos.runtime.owners import owners_table
-from commonos.runtime.tables import ANALYST, BILLING, CONSOLE, Checked, Read, Table, by_profile, positions_table
+from commonos.runtime.tables import (
+    ANALYST,
+    BILLING,
+    CONSOLE,
+    Checked,
+    Read,
+    Table,
+    by_profile,
+    one_of,
+    positions_table,
+)
 from commonos.runtime.tombstones import tombstones_table
 
 _COUNTS: Final = (
@@ -57,7 +69,7 @@ MODEL_CALLS: Final = Table(
         **{c: f"CHECK ({c} >= 0)" for c in _COUNTS[:-1]},
         "reasoning_tokens": "CHECK (reasoning_tokens >= 0 AND reasoning_tokens <= output_tokens)",
         "usage_estimated": "DEFAULT false",
-        "cost_status": "\n        CHECK (cost_status IN ('priced', 'override', 'reported', 'unpriced', 'estimated'))",
+        "cost_status": "\n        " + one_of("cost_status", CostStatus),
         "price_detail": "DEFAULT ''",
         "tags": "DEFAULT '{}'",
     },
@@ -98,7 +110,7 @@ BUDGET_SPEND: Final = Table(
     owner=BILLING,
     types={"calls": "bigint"},
     details={
-        "period": "CHECK (period IN ('day', 'month'))",
+        "period": one_of("period", Period),
         "spent_usd": "DEFAULT 0",
         "calls": "DEFAULT 0",
         "updated_at": "DEFAULT now()",

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from commonos.proto.schemas import schema_files
+from commonos.runtime.args import command_group
 
 
 def render(document: dict[str, Any]) -> str:
@@ -38,8 +39,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    schema = sub.add_parser("schema", help="event contracts")
-    schema_sub = schema.add_subparsers(dest="schema_command", metavar="SUBCOMMAND", required=True)
+    schema_sub = command_group(sub, "schema", "event contracts")
     ex = schema_sub.add_parser(
         "export",
         help="write the JSON Schema of every event, alert and core NATS message type (default: proto/schema)",

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from commonos.runtime.args import CliError
+from commonos.runtime.args import CliError, command_group
 from commonos.runtime.cli_support import cli_settings
 from commonos.runtime.settings import Settings
 
@@ -210,8 +210,7 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    security = sub.add_parser("security", help="check what each NATS identity may do", description=__doc__)
-    security_sub = security.add_subparsers(dest="security_command", metavar="SUBCOMMAND", required=True)
+    security_sub = command_group(sub, "security", "check what each NATS identity may do", __doc__)
     check = security_sub.add_parser(
         "check",
         help="connect as each identity and print what it may and may not do",

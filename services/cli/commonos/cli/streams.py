@@ -14,7 +14,7 @@ from typing import Any
 
 from nats.js.api import StreamConfig
 
-from commonos.runtime.args import CliError
+from commonos.runtime.args import CliError, command_group
 from commonos.runtime.cli_support import cli_connect, cli_settings
 from commonos.runtime.settings import Settings
 
@@ -77,8 +77,7 @@ def _ensure(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    streams = sub.add_parser("streams", help="the JetStream streams (an admin's task)", description=__doc__)
-    streams_sub = streams.add_subparsers(dest="streams_command", metavar="SUBCOMMAND", required=True)
+    streams_sub = command_group(sub, "streams", "the JetStream streams (an admin's task)", __doc__)
     ensure = streams_sub.add_parser(
         "ensure",
         help="create or update COS_EVENTS, COS_DLQ and COS_ALERTS (COS_STREAM_REPLICAS replicas)",

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from commonos.runtime.args import CliError
+from commonos.runtime.args import CliError, command_group
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -131,13 +131,12 @@ def _profile(raw: str) -> str:
 
 
 def register(sub: Any) -> None:
-    console = sub.add_parser(
+    console_sub = command_group(
+        sub,
         "console",
-        help="the web console: sessions, live turns, chat, approvals, costs (serve), its people (user)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "the web console: sessions, live turns, chat, approvals, costs (serve), its people (user)",
+        __doc__,
     )
-    console_sub = console.add_subparsers(dest="console_command", metavar="SUBCOMMAND", required=True)
     serve = console_sub.add_parser(
         "serve",
         help="run the web console in the foreground",
@@ -149,8 +148,7 @@ def register(sub: Any) -> None:
     serve.add_argument("--users", help="the people file (COS_CONSOLE_USERS, default config/console-users.toml)")
     serve.set_defaults(handler=_serve)
 
-    user = console_sub.add_parser("user", help="add or list the people who may sign in")
-    user_sub = user.add_subparsers(dest="user_command", metavar="ACTION", required=True)
+    user_sub = command_group(console_sub, "user", "add or list the people who may sign in", metavar="ACTION")
     add = user_sub.add_parser(
         "add",
         help="add a person (or replace one of that name), asking for the password",

@@ -157,6 +157,32 @@ class GraphBuilder:
             ),
         )
 
+    def result_of(
+        self,
+        tool_use: ToolUse,
+        result_id: str,
+        status: ToolStatus,
+        text: str | None,
+        output: Any,
+        timestamp: datetime | None,
+    ) -> None:
+        """Attach a tool use's result (`add_result`): its text is the output of a use that succeeded and the
+        error of one that did not; `output` is the structured result (JSON), if any."""
+        ok = status == ToolStatus.OK
+        self.add_result(
+            ToolResult(
+                id=result_id,
+                tool_use_id=tool_use.id,
+                session_id=tool_use.session_id,
+                user_input_id=tool_use.user_input_id,
+                status=status,
+                output_text=text if ok else None,
+                output=raw_json(output) if output is not None else None,
+                error_text=None if ok else text,
+                timestamp=timestamp,
+            )
+        )
+
     def add_result(self, result: ToolResult) -> None:
         """Attach the single result of a tool use and copy its status onto the use."""
         if result.tool_use_id in self.tool_results or result.tool_use_id not in self.tool_uses:

@@ -64,7 +64,6 @@ from commonos.proto.graph import (
     Outcome,
     Session,
     TokenBasis,
-    ToolResult,
     ToolStatus,
     ToolUse,
     ToolVerb,
@@ -427,19 +426,7 @@ class _RolloutReader:
         else:
             status = ToolStatus.OK
         result_id = mint_id("tool_result", VENDOR, self.vendor_session, call_id)
-        self.b.add_result(
-            ToolResult(
-                id=result_id,
-                tool_use_id=tool_use_id,
-                session_id=self.session_id,
-                user_input_id=tool_use.user_input_id,
-                status=status,
-                output_text=text if status == ToolStatus.OK else None,
-                output=raw_json(structured) if isinstance(structured, dict) else None,
-                error_text=text if status != ToolStatus.OK else None,
-                timestamp=when,
-            )
-        )
+        self.b.result_of(tool_use, result_id, status, text, structured if isinstance(structured, dict) else None, when)
         self.b.vendor_id(EntityType.TOOL_RESULT, result_id, self.session_id, "call_id", call_id, ref)
         if status == ToolStatus.OK and tool_use.verb == ToolVerb.EDIT:
             self._patch_touches(tool_use)

@@ -32,22 +32,10 @@ import msgspec
 from commonos.importer.events import call_time
 from commonos.importer.model import ImportedSession
 from commonos.proto.graph import Graph, ModelInvocation
+from commonos.proto.graph.model import USAGE_FIELDS
 
 #: Vendor id kinds that name one API response, across every file it is copied into.
 RESPONSE_ID_KINDS = frozenset({"message_id", "response_id"})
-#: The usage fields of an invocation that its most complete copy gives to every other.
-USAGE_FIELDS = (
-    "input_tokens",
-    "output_tokens",
-    "reasoning_tokens",
-    "cache_read_tokens",
-    "cache_write_tokens",
-    "cache_write_1h_tokens",
-    "total_tokens",
-    "token_basis",
-    "speed",
-    "stop_reason",
-)
 
 
 class CallCopy(msgspec.Struct, frozen=True, array_like=True):

@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from commonos.accounting.csv_cells import csv_table
-from commonos.runtime.args import CliError, positive_int
+from commonos.runtime.args import CliError, command_group, positive_int
 from commonos.runtime.cli_support import as_text, cli_jetstream, cli_settings
 from commonos.runtime.settings import Settings
 
@@ -158,8 +158,7 @@ def register(sub: Any) -> None:
     rp.add_argument("--quiet", action="store_true", help="no progress bar")
     rp.set_defaults(handler=_replay)
 
-    dlq = sub.add_parser("dlq", help="dead letters: events that could not be projected")
-    dsub = dlq.add_subparsers(dest="dlq_command", metavar="SUBCOMMAND", required=True)
+    dsub = command_group(sub, "dlq", "dead letters: events that could not be projected")
     ls = dsub.add_parser("list", help="list dead letters with their reasons")
     ls.add_argument("--limit", type=int, default=None, metavar="N")
     ls.add_argument("--format", choices=("table", "json", "csv"), default="table")

@@ -27,6 +27,21 @@ from typing import Any, Final
 
 import msgspec
 
+from commonos.proto.graph.model import (
+    SPEED_FAST,
+    SPEED_STANDARD,
+    SPEED_ULTRAFAST,
+    USAGE_FIELDS,
+    EntityType,
+    InputKind,
+    InputOrigin,
+    Outcome,
+    TokenBasis,
+    ToolStatus,
+    ToolVerb,
+    TouchKind,
+    UsageScope,
+)
 from commonos.runtime.tables import (
     ANALYST,
     CONSOLE,
@@ -35,6 +50,7 @@ from commonos.runtime.tables import (
     Table,
     Upsert,
     by_profile,
+    one_of,
     positions_table,
 )
 from commonos.runtime.tombstones import tombstones_table
@@ -46,8 +62,8 @@ _TO_SESSION: Final = "REFERENCES graph.sessions (id) ON DELETE CASCADE"
 _TO_INPUT: Final = "REFERENCES graph.user_inputs (id) ON DELETE CASCADE"
 _TO_INVOCATION: Final = "REFERENCES graph.model_invocations (id) ON DELETE CASCADE"
 _TO_TOOL_USE: Final = "REFERENCES graph.tool_uses (id) ON DELETE CASCADE"
-_BASIS: Final = "CHECK (token_basis IN ('tokens_reported', 'aggregate_reported', 'estimated', 'unknown'))"
-_SPEED: Final = "CHECK (speed IN ('standard', 'fast', 'ultrafast'))"
+_BASIS: Final = one_of("token_basis", TokenBasis)
+_SPEED: Final = one_of("speed", (SPEED_STANDARD, SPEED_FAST, SPEED_ULTRAFAST))
 #: graph.sessions is itself filtered for an analyst: a row of another table is visible when its session is.
 _READERS: Final = (
     Read(CONSOLE),
@@ -74,18 +90,7 @@ _INPUT_UPDATE: Final = Upsert(
 )
 #: A response's usage grows line by line: a larger total, or the first stop reason, replaces the counts.
 _INVOCATION_UPDATE: Final = Upsert(
-    (
-        "input_tokens",
-        "output_tokens",
-        "reasoning_tokens",
-        "cache_read_tokens",
-        "cache_write_tokens",
-        "cache_write_1h_tokens",
-        "total_tokens",
-        "token_basis",
-        "speed",
-        "stop_reason",
-    ),
+    USAGE_FIELDS,
     {"speed": "coalesce(EXCLUDED.speed, m.speed)", "stop_reason": "coalesce(EXCLUDED.stop_reason, m.stop_reason)"},
     alias="m",
     where="EXCLUDED.total_tokens > m.total_tokens "
@@ -240,6 +245,11 @@ class VendorId(msgspec.Struct, frozen=True):
     source_ref: str | None
 
 
+#: The token counts of a model invocation (bigint, never negative: reasoning's own check says more).
+_INVOCATION_TOKENS: Final = tuple(n for n in ModelInvocation.__struct_fields__ if n.endswith("_tokens"))
+_USAGE_COUNTS: Final = (*(n for n in TokenUsageRow.__struct_fields__ if n.endswith("_tokens")), "api_call_count")
+
+
 SESSIONS: Final = Table(
     "graph.sessions",
     GraphSession,
@@ -247,7 +257,7 @@ SESSIONS: Final = Table(
     conflict=_SESSION_UPDATE,
     details={
         "parent_session_id": _TO_SESSION,
-        "outcome": "CHECK (outcome IN ('unknown', 'interrupted', 'committed', 'abandoned'))",
+        "outcome": one_of("outcome", Outcome),
     },
     constraints=("CHECK ((parent_session_id IS NULL) = (spawned_by_tool_use_id IS NULL))",),
     added=("profile_id",),
@@ -275,8 +285,8 @@ USER_INPUTS: Final = Table(
     details={
         "session_id": _TO_SESSION,
         "ordinal": "CHECK (ordinal >= 0)",
-        "kind": "CHECK (kind IN ('prompt', 'slash_command', 'interrupt', 'other'))",
-        "origin": "CHECK (origin IN ('human', 'agent', 'system', 'unknown'))",
+        "kind": one_of("kind", InputKind),
+        "origin": one_of("origin", InputOrigin),
     },
     constraints=("UNIQUE (session_id, ordinal)",),
     readers=_READERS,
@@ -286,23 +296,12 @@ MODEL_INVOCATIONS: Final = Table(
     ModelInvocation,
     owner=JOURNAL_WRITER,
     conflict=_INVOCATION_UPDATE,
-    types=_counts(
-        "input_tokens",
-        "output_tokens",
-        "cache_read_tokens",
-        "cache_write_tokens",
-        "cache_write_1h_tokens",
-        "total_tokens",
-        "reasoning_tokens",
-    ),
+    types=_counts(*_INVOCATION_TOKENS),
     details={
         "session_id": _TO_SESSION,
         "user_input_id": _TO_INPUT,
         "parent_model_invocation_id": _TO_INVOCATION,
-        **_non_negative(
-            "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "cache_write_1h_tokens"
-        ),
-        "total_tokens": "CHECK (total_tokens >= 0)",
+        **_non_negative(*_INVOCATION_TOKENS),
         "token_basis": _BASIS,
         "speed": _SPEED,
         "reasoning_tokens": "CHECK (reasoning_tokens >= 0 AND reasoning_tokens <= output_tokens)",
@@ -339,8 +338,8 @@ TOOL_USES: Final = Table(
         "session_id": _TO_SESSION,
         "user_input_id": _TO_INPUT,
         "model_invocation_id": _TO_INVOCATION,
-        "verb": "CHECK (verb IN ('read', 'edit', 'search', 'execute', 'spawn_subagent', 'other'))",
-        "status": "CHECK (status IN ('no_result', 'unknown', 'ok', 'error', 'interrupted'))",
+        "verb": one_of("verb", ToolVerb),
+        "status": one_of("status", ToolStatus),
     },
     indexes={
         "tool_uses_session": "(session_id)",
@@ -358,7 +357,7 @@ TOOL_RESULTS: Final = Table(
         "tool_use_id": f"UNIQUE {_TO_TOOL_USE}",
         "session_id": _TO_SESSION,
         "user_input_id": _TO_INPUT,
-        "status": "CHECK (status IN ('unknown', 'ok', 'error', 'interrupted'))",
+        "status": one_of("status", (s for s in ToolStatus if s is not ToolStatus.NO_RESULT)),
     },
     indexes={"tool_results_session": "(session_id)", "tool_results_input": "(user_input_id)"},
     readers=_READERS,
@@ -372,7 +371,7 @@ FILE_TOUCHES: Final = Table(
         "user_input_id": _TO_INPUT,
         "session_id": _TO_SESSION,
         "path": "CHECK (path <> '')",
-        "kind": "CHECK (kind IN ('read', 'edit'))",
+        "kind": one_of("kind", TouchKind),
         **_non_negative("start_line", "end_line"),
     },
     constraints=("UNIQUE (tool_use_id, path, kind)", "CHECK (end_line >= start_line)"),
@@ -387,16 +386,12 @@ TOKEN_USAGE: Final = Table(
     "graph.token_usage",
     TokenUsageRow,
     owner=JOURNAL_WRITER,
-    types=_counts(
-        "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "total_tokens", "api_call_count"
-    ),
+    types=_counts(*_USAGE_COUNTS),
     details={
         "session_id": _TO_SESSION,
         "user_input_id": _TO_INPUT,
-        "scope": "CHECK (scope IN ('input', 'session'))",
-        **_non_negative(
-            "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "total_tokens", "api_call_count"
-        ),
+        "scope": one_of("scope", UsageScope),
+        **_non_negative(*_USAGE_COUNTS),
         "token_basis": _BASIS,
         "speed": _SPEED,
     },
@@ -413,8 +408,7 @@ VENDOR_IDS: Final = Table(
     key=("our_type", "vendor", "vendor_id_kind", "vendor_id"),
     owner=JOURNAL_WRITER,
     details={
-        "our_type": "CHECK (our_type IN ('session', 'user_input', 'model_invocation', 'assistant_message', "
-        "'tool_use', 'tool_result', 'file_touch', 'session_attribute', 'token_usage'))",
+        "our_type": one_of("our_type", EntityType),
         "session_id": _TO_SESSION,
     },
     indexes={"vendor_ids_ours": "(our_id)", "vendor_ids_session": "(session_id)"},

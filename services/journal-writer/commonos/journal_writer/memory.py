@@ -25,7 +25,7 @@ from typing import Any, Final, NamedTuple
 
 import msgspec
 
-from commonos.proto.events import Event, MemoryChanged, MemoryOp, ProfileDeleted, SessionCreated
+from commonos.proto.events import Event, MemoryChanged, MemoryOp, MemoryTarget, ProfileDeleted, SessionCreated
 from commonos.proto.subjects import PROFILES_FILTER, SESSIONS_CREATED_FILTER
 from commonos.proto.text import escape_nul
 from commonos.runtime.errors import EventRejected
@@ -33,7 +33,7 @@ from commonos.runtime.owners import SessionOwners, owners_table
 from commonos.runtime.postgres import Conn
 from commonos.runtime.projection import Projection
 from commonos.runtime.registry import Registration, rebuilt
-from commonos.runtime.tables import ANALYST, JOURNAL_WRITER, Read, Table, by_profile
+from commonos.runtime.tables import ANALYST, JOURNAL_WRITER, Read, Table, by_profile, one_of
 from commonos.runtime.tombstones import ProfileTombstones, check_profile_event, tombstones_table
 
 DELETIONS_TABLE: Final = "memory_profile_deletions"
@@ -60,7 +60,7 @@ ENTRIES: Final = Table(
     MemoryEntry,
     key=("profile_id", "target", "position"),
     owner=JOURNAL_WRITER,
-    details={"target": "CHECK (target IN ('memory', 'user'))", "position": "CHECK (position >= 0)"},
+    details={"target": one_of("target", MemoryTarget), "position": "CHECK (position >= 0)"},
     # Deferred: shifting positions moves rows over each other inside one statement.
     primary_key=(
         "CONSTRAINT memory_entries_pkey PRIMARY KEY (profile_id, target, position) DEFERRABLE INITIALLY DEFERRED"

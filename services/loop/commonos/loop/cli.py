@@ -34,7 +34,7 @@ from commonos.proto.requests import (
 from commonos.proto.subjects import EVENTS_PREFIX
 from commonos.proto.tags import InvalidTag, parse_tag
 from commonos.runtime import nats as cos_nats
-from commonos.runtime.args import CliError, Parser
+from commonos.runtime.args import CliError, command_group
 from commonos.runtime.cli_support import cli_connect, cli_settings
 from commonos.runtime.lifecycle import run
 from commonos.runtime.loop_requests import send_decision
@@ -309,11 +309,9 @@ def register(sub: Any) -> None:
     chat.add_argument("text", nargs="*", help="the message; without it, a conversation on stdin")
     chat.set_defaults(handler=_chat)
 
-    loop = sub.add_parser("loop", help="the agent loop service")
-    loop_sub = loop.add_subparsers(dest="loop_command", metavar="COMMAND", parser_class=Parser)
+    loop_sub = command_group(sub, "loop", "the agent loop service", metavar="COMMAND", required=False)
     serve = loop_sub.add_parser("serve", help="answer chat requests on NATS until SIGTERM")
     serve.set_defaults(handler=serve_command)
-    loop.set_defaults(handler=lambda a: loop.print_help() or 2)
 
     for name, handler, verb in (("approve", _approve, "run"), ("deny", _deny, "not run")):
         p = sub.add_parser(name, help=f"let a waiting risky tool call {verb}")

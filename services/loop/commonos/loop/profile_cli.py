@@ -22,7 +22,7 @@ from typing import Any
 
 from commonos.loop.cli import _tag, _who
 from commonos.proto.tags import InvalidProfileId, check_profile_id
-from commonos.runtime.args import CliError
+from commonos.runtime.args import CliError, command_group
 from commonos.runtime.cli_support import cli_connect, cli_settings
 from commonos.runtime.settings import Settings
 
@@ -263,15 +263,14 @@ def _recreate(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    from commonos.runtime.args import Parser
-
-    profile = sub.add_parser(
+    commands = command_group(
+        sub,
         "profile",
-        help="list profiles and their state, delete one, re-create a deleted one",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "list profiles and their state, delete one, re-create a deleted one",
+        __doc__,
+        metavar="COMMAND",
+        required=False,
     )
-    commands = profile.add_subparsers(dest="profile_command", metavar="COMMAND", parser_class=Parser)
     ls = commands.add_parser("list", help="every profile: configured, folder missing, imported or deleted")
     ls.add_argument("--format", choices=("table", "json"), default="table")
     ls.set_defaults(handler=_list)
@@ -289,4 +288,3 @@ def register(sub: Any) -> None:
         "--tag", type=_tag, action="append", default=[], help="its tags (default: from its folder's config.toml)"
     )
     re.set_defaults(handler=_recreate)
-    profile.set_defaults(handler=lambda a: profile.print_help() or 2)

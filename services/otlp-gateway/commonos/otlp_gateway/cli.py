@@ -17,7 +17,7 @@ import json
 import os
 from typing import Any
 
-from commonos.runtime.args import CliError
+from commonos.runtime.args import CliError, command_group
 from commonos.runtime.cli_support import cli_jetstream, cli_settings
 from commonos.runtime.settings import Settings
 
@@ -129,13 +129,9 @@ def _revoke(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    otlp = sub.add_parser(
-        "otlp",
-        help="the OTLP gateway: OpenTelemetry in (serve), its bearer tokens (token)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    otlp_sub = command_group(
+        sub, "otlp", "the OTLP gateway: OpenTelemetry in (serve), its bearer tokens (token)", __doc__
     )
-    otlp_sub = otlp.add_subparsers(dest="otlp_command", metavar="SUBCOMMAND", required=True)
     serve = otlp_sub.add_parser(
         "serve",
         help="run the OTLP/HTTP gateway in the foreground",
@@ -159,8 +155,9 @@ def register(sub: Any) -> None:
     )
     serve.set_defaults(handler=_serve)
 
-    token = otlp_sub.add_parser("token", help="create, list and revoke the gateway's bearer tokens")
-    token_sub = token.add_subparsers(dest="token_command", metavar="ACTION", required=True)
+    token_sub = command_group(
+        otlp_sub, "token", "create, list and revoke the gateway's bearer tokens", metavar="ACTION"
+    )
     create = token_sub.add_parser(
         "create",
         help="make a token for a profile and print it (once)",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from commonos.proto.errors import ConfigError, DataError, OperationalError
 
@@ -19,6 +19,26 @@ class Parser(argparse.ArgumentParser):
         one_line = " ".join(message.splitlines())
         sys.stderr.write(f"{self.prog}: error: {one_line} (see `{self.prog} --help`)\n")
         raise SystemExit(2)
+
+
+def command_group(
+    sub: Any,
+    name: str,
+    help: str,
+    description: str | None = None,
+    *,
+    metavar: str = "SUBCOMMAND",
+    required: bool = True,
+) -> Any:
+    """`<name> <subcommand> ...`: a command of `sub` whose work is done by its subcommands; returns where to add
+    them. Its `description` (a module's docstring, often) is shown as written; its subcommand is `args.<name>_command`
+    and must be given unless `required` is False (the command alone then prints its help)."""
+    group = sub.add_parser(
+        name, help=help, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    if not required:
+        group.set_defaults(handler=lambda _args: group.print_help() or 2)
+    return group.add_subparsers(dest=f"{name}_command", metavar=metavar, required=required)
 
 
 def positive_int(text: str) -> int:

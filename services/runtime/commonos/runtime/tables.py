@@ -28,7 +28,7 @@ import decimal
 import types
 import typing
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from functools import cached_property
 from typing import Any, Final
@@ -51,6 +51,7 @@ __all__ = [
     "Table",
     "Upsert",
     "by_profile",
+    "one_of",
     "roles_sql",
 ]
 
@@ -218,6 +219,13 @@ def struct_columns(
             continue
         out.append(Column(name, types.get(name, pg), nullable, details.get(name, ""), (name,)))
     return tuple(out)
+
+
+def one_of(column: str, values: Iterable[str]) -> str:
+    """`CHECK (<column> IN ('a', 'b', ...))`: a text column holding one of `values` (an enum's members, in
+    their order: the enum declares them once, the table follows it)."""
+    quoted = ", ".join("'" + str(v).replace("'", "''") + "'" for v in values)
+    return f"CHECK ({column} IN ({quoted}))"
 
 
 # --- the table -----------------------------------------------------------------------------------------------

@@ -29,7 +29,6 @@ from commonos.proto.graph import (
     InputOrigin,
     ModelInvocation,
     TokenBasis,
-    ToolResult,
     ToolStatus,
     ToolUse,
     ToolVerb,
@@ -383,19 +382,7 @@ class SessionReader:
         if isinstance(structured, dict):
             output = {k: v for k, v in structured.items() if k not in BULKY_RESULT_KEYS}
         result_id = mint_id("tool_result", VENDOR, self.top, vendor_tool_id)
-        self.b.add_result(
-            ToolResult(
-                id=result_id,
-                tool_use_id=tool_use_id,
-                session_id=tool_use.session_id,
-                user_input_id=tool_use.user_input_id,
-                status=status,
-                output_text=text if status == ToolStatus.OK else None,
-                output=raw_json(output) if output is not None else None,
-                error_text=text if status != ToolStatus.OK else None,
-                timestamp=parse_time(line.record.get("timestamp")),
-            )
-        )
+        self.b.result_of(tool_use, result_id, status, text, output, parse_time(line.record.get("timestamp")))
         self.b.vendor_id(
             EntityType.TOOL_RESULT,
             result_id,
