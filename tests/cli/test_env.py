@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.test_up_security import RunningUp, clean_env, cos, start_up
+from tests.cli.test_up_security import RunningUp, clean_env, cos, up_running
 from tests.conftest import REPO
-from tests.harness import cleanup, make_temp_root
 
 #: Connects with COS_NATS_* as the example subscriber does and reads COS_EVENTS' state; publishing is refused.
 PROBE = """
@@ -38,13 +37,8 @@ asyncio.run(main())
 
 @pytest.fixture(scope="module")
 def cos_up() -> Iterator[RunningUp]:
-    root = make_temp_root("cos-env-")
-    running = start_up(root)
-    try:
+    with up_running("cos-env-") as running:
         yield running
-    finally:
-        running.stop()
-        cleanup(root)
 
 
 def in_shell(data_dir: Path, script: str) -> subprocess.CompletedProcess[str]:

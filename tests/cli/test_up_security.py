@@ -9,6 +9,7 @@ to PostgreSQL with psql, as someone on the same machine would.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import pwd
@@ -141,16 +142,23 @@ def start_up(root: Path, timeout_s: float = 120) -> RunningUp:
     return running
 
 
-@pytest.fixture(scope="module")
-def cos_up() -> Iterator[RunningUp]:
-    _other_user()
-    root = make_temp_root("cos-up-security-")
+@contextlib.contextmanager
+def up_running(prefix: str) -> Iterator[RunningUp]:
+    """A `cos up` of its own in a new temporary folder, stopped and removed at the end."""
+    root = make_temp_root(prefix)
     running = start_up(root)
     try:
         yield running
     finally:
         running.stop()
         cleanup(root)
+
+
+@pytest.fixture(scope="module")
+def cos_up() -> Iterator[RunningUp]:
+    _other_user()
+    with up_running("cos-up-security-") as running:
+        yield running
 
 
 # -- what another user can read -------------------------------------------------------------------

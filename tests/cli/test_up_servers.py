@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from commonos.runtime.system import alive
-from tests.cli.test_up_security import RunningUp, start_up
-from tests.harness import cleanup, make_temp_root
+from tests.cli.test_up_security import RunningUp, up_running
 
 pytestmark = pytest.mark.slow
 
@@ -22,13 +21,8 @@ NOTICED_WITHIN_S = 5.0
 
 @pytest.fixture
 def up() -> Iterator[RunningUp]:
-    root = make_temp_root("cos-up-servers-")
-    running = start_up(root)
-    try:
+    with up_running("cos-up-servers-") as running:
         yield running
-    finally:
-        running.stop()
-        cleanup(root)
 
 
 def nats_server_pid(up: RunningUp) -> int:

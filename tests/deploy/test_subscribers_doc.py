@@ -16,10 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.test_up_security import RunningUp, clean_env, start_up
+from tests.cli.test_up_security import RunningUp, clean_env, up_running
 from tests.deploy.conftest import DEPLOY, REPO
 from tests.deploy.node_examples import NPM_CACHE, install_node_examples
-from tests.harness import cleanup, make_temp_root
 
 pytestmark = pytest.mark.slow
 
@@ -68,13 +67,8 @@ def missing(expected: list[str], output: list[str]) -> str | None:
 
 @pytest.fixture(scope="module")
 def cos_up() -> Iterator[RunningUp]:
-    root = make_temp_root("cos-subscribers-doc-")
-    running = start_up(root)
-    try:
+    with up_running("cos-subscribers-doc-") as running:
         yield running
-    finally:
-        running.stop()
-        cleanup(root)
 
 
 def test_the_page_has_command_blocks_and_their_outputs() -> None:
