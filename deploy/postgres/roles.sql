@@ -58,6 +58,7 @@ CREATE POLICY analyst_own_grants ON analyst_grants FOR SELECT TO cos_analyst
 -- (tests/deploy/test_roles_generated.py prints the right content when it differs).
 -- BEGIN generated from the table declarations (commonos.runtime.tables.roles_sql)
 DO $$
+DECLARE part regclass;
 BEGIN
     IF to_regnamespace('graph') IS NOT NULL THEN
         ALTER SCHEMA graph OWNER TO cos_journal_writer;
@@ -90,6 +91,10 @@ BEGIN
     IF to_regclass('public.turns') IS NOT NULL THEN
         ALTER TABLE turns OWNER TO cos_journal_writer;
         REVOKE ALL ON turns FROM PUBLIC, cos_billing, cos_loop, cos_console, cos_analyst;
+        FOR part IN SELECT inhrelid::regclass FROM pg_inherits
+                WHERE inhparent = 'turns'::regclass LOOP
+            EXECUTE format('ALTER TABLE %s OWNER TO cos_journal_writer', part);
+        END LOOP;
         GRANT SELECT ON turns TO cos_console;
         GRANT SELECT ON turns TO cos_analyst;
         ALTER TABLE turns ENABLE ROW LEVEL SECURITY;
@@ -101,6 +106,10 @@ BEGIN
     IF to_regclass('public.messages') IS NOT NULL THEN
         ALTER TABLE messages OWNER TO cos_journal_writer;
         REVOKE ALL ON messages FROM PUBLIC, cos_billing, cos_loop, cos_console, cos_analyst;
+        FOR part IN SELECT inhrelid::regclass FROM pg_inherits
+                WHERE inhparent = 'messages'::regclass LOOP
+            EXECUTE format('ALTER TABLE %s OWNER TO cos_journal_writer', part);
+        END LOOP;
         GRANT SELECT ON messages TO cos_console;
         GRANT SELECT ON messages TO cos_analyst;
         GRANT SELECT ON messages TO cos_loop;
@@ -115,6 +124,10 @@ BEGIN
     IF to_regclass('public.tool_calls') IS NOT NULL THEN
         ALTER TABLE tool_calls OWNER TO cos_journal_writer;
         REVOKE ALL ON tool_calls FROM PUBLIC, cos_billing, cos_loop, cos_console, cos_analyst;
+        FOR part IN SELECT inhrelid::regclass FROM pg_inherits
+                WHERE inhparent = 'tool_calls'::regclass LOOP
+            EXECUTE format('ALTER TABLE %s OWNER TO cos_journal_writer', part);
+        END LOOP;
         GRANT SELECT ON tool_calls TO cos_console;
         GRANT SELECT ON tool_calls TO cos_analyst;
         ALTER TABLE tool_calls ENABLE ROW LEVEL SECURITY;
@@ -126,6 +139,10 @@ BEGIN
     IF to_regclass('public.approvals') IS NOT NULL THEN
         ALTER TABLE approvals OWNER TO cos_journal_writer;
         REVOKE ALL ON approvals FROM PUBLIC, cos_billing, cos_loop, cos_console, cos_analyst;
+        FOR part IN SELECT inhrelid::regclass FROM pg_inherits
+                WHERE inhparent = 'approvals'::regclass LOOP
+            EXECUTE format('ALTER TABLE %s OWNER TO cos_journal_writer', part);
+        END LOOP;
         GRANT SELECT ON approvals TO cos_console;
         GRANT SELECT ON approvals TO cos_analyst;
         ALTER TABLE approvals ENABLE ROW LEVEL SECURITY;
@@ -166,6 +183,10 @@ BEGIN
     IF to_regclass('public.model_calls') IS NOT NULL THEN
         ALTER TABLE model_calls OWNER TO cos_billing;
         REVOKE ALL ON model_calls FROM PUBLIC, cos_journal_writer, cos_loop, cos_console, cos_analyst;
+        FOR part IN SELECT inhrelid::regclass FROM pg_inherits
+                WHERE inhparent = 'model_calls'::regclass LOOP
+            EXECUTE format('ALTER TABLE %s OWNER TO cos_billing', part);
+        END LOOP;
         GRANT SELECT ON model_calls TO cos_console;
         GRANT SELECT ON model_calls TO cos_analyst;
         ALTER TABLE model_calls ENABLE ROW LEVEL SECURITY;

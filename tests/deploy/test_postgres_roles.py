@@ -152,9 +152,18 @@ async def test_each_service_writes_only_its_own_tables(secured_database: str) ->
     try:
         rows = await admin.fetch(
             "SELECT c.relname, pg_get_userbyid(c.relowner) AS owner FROM pg_class c "
-            "WHERE c.relkind = 'r' AND c.relnamespace = 'public'::regnamespace"
+            "WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition AND c.relnamespace = 'public'::regnamespace"
         )
+        # each month of a partitioned table is its table's owner's (who drops it)
+        months = await admin.fetch(
+            "SELECT i.inhparent::regclass::text AS parent, pg_get_userbyid(c.relowner) AS owner FROM pg_inherits i "
+            "JOIN pg_class c ON c.oid = i.inhrelid WHERE c.relkind = 'r'"
+        )
+
         owners = {r["relname"]: r["owner"] for r in rows}
+        assert {r["parent"] for r in months} >= {"messages", "turns", "tool_calls", "approvals", "model_calls"}
+        for month in months:
+            assert month["owner"] == owners[month["parent"]], month
         for table in (*CORE_TABLES, "projection_positions", "memory_entries", "memory_changes_applied"):
             assert owners[table] == "cos_journal_writer", table
         for table in BILLING_TABLES:

@@ -52,8 +52,10 @@ from commonos.proto.subjects import (
     PROFILES_FILTER,
     SESSIONS_CREATED_FILTER,
 )
+from commonos.runtime import partitions
 from commonos.runtime.errors import BugError, DataError
 from commonos.runtime.owners import SessionOwners
+from commonos.runtime.postgres import Conn
 from commonos.runtime.projection import Projection
 from commonos.runtime.registry import Registration, rebuilt
 from commonos.runtime.tombstones import ProfileTombstones, check_profile_event
@@ -279,6 +281,12 @@ class BillingProjection(Projection):
         self.deletions = ProfileTombstones(DELETIONS_TABLE)
         #: Rows of the events ``check`` accepted, by the event's identity, until their batch commits.
         self._checked: dict[int, tuple[ModelCallCompleted, ModelCallRow]] = {}
+
+    async def prepare(self, conn: Conn, events: Sequence[Event]) -> None:
+        """Make the monthly partitions of model_calls the batch's calls fall in (a row's month is its call's)."""
+        times = [e.occurred_at for e in events if isinstance(e, ModelCallCompleted)]
+        if times:
+            await partitions.ensure(conn, {MODEL_CALLS.name: times})
 
     def bill(self, event: ModelCallCompleted) -> ModelCallRow:
         """Everything billing does with one call before I/O: check, price, build the row, the budget periods.

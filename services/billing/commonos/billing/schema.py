@@ -83,7 +83,10 @@ MODEL_CALLS: Final = Table(
         "model_calls_request": "(request_id) WHERE request_id IS NOT NULL",
     },
     readers=(Read(CONSOLE), Read(ANALYST, by_profile())),
+    # One partition a month of the calls' own time; an accounting record, so kept unless its own retention is
+    # asked (`cos retention --model-calls-keep-months`).
     partition_by="created_at",
+    accounting=True,
 )
 
 #: Billing's own consumer positions, written in the same transaction as its rows.

@@ -18,12 +18,14 @@ from typing import Any, Final, assert_never, cast
 
 import msgspec
 
+from commonos.journal_writer import schema
 from commonos.proto import events as ev
 from commonos.proto.identity import stored_title, title_from_text
 from commonos.proto.ids import APPROVAL_NAMESPACE
 from commonos.proto.messages import UserMessage
 from commonos.proto.text import escape_nul, escape_nul_in_json
 from commonos.runtime.errors import DataError
+from commonos.runtime.tables import Table
 from commonos.runtime.tombstones import ProfileEventInvalid, check_profile_event
 
 _content_encoder: Final = msgspec.json.Encoder()
@@ -70,21 +72,40 @@ class Insert:
     params: tuple[Param, ...]
     columns: dict[str, str]
     conflict: str
+    #: The param holding the row's id when the first row of an id wins across the table's partitions (which
+    #: the partitioned table's key, `(id, <time>)`, cannot say): a row whose id is stored, at whatever time,
+    #: is skipped, and of a batch's rows of one id the first is written.
+    first_of_id: str | None = None
 
     def _values(self, refs: dict[str, str]) -> str:
         return ", ".join(value.format_map(refs) for value in self.columns.values())
 
+    def _unless_stored(self, ref: str) -> str:
+        return f"WHERE NOT EXISTS (SELECT 1 FROM {self.table} x WHERE x.id = {ref}) "
+
     def one(self) -> str:
         refs = {p.name: p.one(i) for i, p in enumerate(self.params, 1)}
-        return f"INSERT INTO {self.table} ({', '.join(self.columns)}) VALUES ({self._values(refs)}) {self.conflict}"
+        head = f"INSERT INTO {self.table} ({', '.join(self.columns)}) "
+        if self.first_of_id is not None:
+            return f"{head}SELECT {self._values(refs)} {self._unless_stored(refs[self.first_of_id])}{self.conflict}"
+        return f"{head}VALUES ({self._values(refs)}) {self.conflict}"
 
     def bulk(self) -> str:
         refs = {p.name: p.bulk() for p in self.params}
         arrays = ", ".join(p.column(i) for i, p in enumerate(self.params, 1))
         names = ", ".join(p.name for p in self.params)
+        rows = f"unnest({arrays}) AS r({names})"
+        guard = ""
+        if self.first_of_id is not None:
+            key = self.first_of_id
+            rows = (
+                f"(SELECT DISTINCT ON ({key}) * FROM unnest({arrays}) WITH ORDINALITY AS r({names}, n) "
+                f"ORDER BY {key}, n) r"
+            )
+            guard = self._unless_stored(f"r.{key}")
         return (
             f"INSERT INTO {self.table} ({', '.join(self.columns)}) SELECT {self._values(refs)} "
-            f"FROM unnest({arrays}) AS r({names}) {self.conflict}"
+            f"FROM {rows} {guard}{self.conflict}"
         )
 
 
@@ -134,7 +155,10 @@ class Update:
         )
 
 
-_DO_NOTHING: Final = "ON CONFLICT (id) DO NOTHING"
+def _do_nothing(table: Table) -> str:
+    """`ON CONFLICT (<primary key>) DO NOTHING`: `(id)`, `(id, <time>)` for a partitioned table."""
+    return f"ON CONFLICT ({', '.join(table.conflict_key)}) DO NOTHING"
+
 
 #: Statements in the order they run; every one is idempotent (natural keys, ON CONFLICT). Each is written
 #: once: `STATEMENTS` holds their single-row forms, `BULK` the bulk forms of those that have one.
@@ -166,7 +190,7 @@ _SPECS: Final[dict[str, str | Insert | Update]] = {
             "created_at": "{at}",
             "updated_at": "{at}",
         },
-        _DO_NOTHING,
+        _do_nothing(schema.SESSIONS),
     ),
     "turn_insert": Insert(
         "turns",
@@ -180,7 +204,7 @@ _SPECS: Final[dict[str, str | Insert | Update]] = {
             "depth": "{depth}",
             "started_at": "{at}",
         },
-        _DO_NOTHING,
+        _do_nothing(schema.TURNS),
     ),
     "session_snapshot": Update(
         "sessions",
@@ -203,7 +227,7 @@ _SPECS: Final[dict[str, str | Insert | Update]] = {
             "content": "{content}::jsonb",
             "created_at": "{at}",
         },
-        _DO_NOTHING,
+        _do_nothing(schema.MESSAGES),
     ),
     "session_title": Update(
         "sessions", _params("id uuid, title text"), set="title = {title}", where="t.id = {id} AND t.title IS NULL"
@@ -236,7 +260,7 @@ _SPECS: Final[dict[str, str | Insert | Update]] = {
             "started_at": "{started}",
             "finished_at": "{finished}",
         },
-        _DO_NOTHING,
+        _do_nothing(schema.TOOL_CALLS),
     ),
     "approval_insert": Insert(
         "approvals",
@@ -253,7 +277,9 @@ _SPECS: Final[dict[str, str | Insert | Update]] = {
             "decided_by": "{decided_by}",
             "decided_at": "{decided_at}",
         },
-        "ON CONFLICT (tool_call_id) DO NOTHING",
+        # One approval a tool call (its id derives from the tool call's): the first decision stays.
+        _do_nothing(schema.APPROVALS),
+        first_of_id="id",
     ),
     "turn_finish": Update(
         "turns",
@@ -286,6 +312,18 @@ CHECKED: Final[dict[str, str]] = {
         SELECT m FROM unnest($1::uuid[]) AS m
         WHERE NOT EXISTS (SELECT 1 FROM messages WHERE id = m AND session_id = $2)""",
 }
+
+#: The first message of a batch's messages (`$1` ids, `$2` sessions, `$3` seqs) whose session already holds
+#: another message at its seq. `messages` is partitioned by month, so `UNIQUE (session_id, seq)` cannot be a
+#: constraint; the writer keeps it, as it applies a session's events in order. A session's messages are no
+#: older than the session (a day of clock skew between producers allowed): the months before are pruned.
+SEQ_TAKEN: Final = """
+    SELECT r.id, r.session_id, r.seq, m.id AS holder
+    FROM unnest($1::uuid[], $2::uuid[], $3::int[]) AS r(id, session_id, seq)
+    JOIN sessions s ON s.id = r.session_id
+    JOIN messages m ON m.session_id = r.session_id AND m.seq = r.seq AND m.id <> r.id
+        AND m.created_at >= s.created_at - interval '1 day'
+    LIMIT 1"""
 
 #: Columns holding a list (tags), sent to the bulk form as a Postgres array literal.
 ARRAY_COLUMNS: Final[dict[str, int]] = {
@@ -522,6 +560,27 @@ def plan_event(plan: Plan, event: ev.Event) -> None:
         case _:
             # mypy fails here when an event type of the union has no case above.
             assert_never(event)
+
+
+def partition_times(events: Sequence[ev.Event]) -> dict[str, list[datetime]]:
+    """The times the rows of `events` are filed under in the monthly partitions, per table: the values
+    `plan_event` gives the partition columns (`started_at`, `created_at`, `decided_at`)."""
+    out: dict[str, list[datetime]] = {
+        schema.TURNS.name: [],
+        schema.MESSAGES.name: [],
+        schema.TOOL_CALLS.name: [],
+        schema.APPROVALS.name: [],
+    }
+    for event in events:
+        if isinstance(event, ev.TurnStarted):
+            out[schema.TURNS.name].append(event.occurred_at)
+        elif isinstance(event, ev.MessageAppended):
+            out[schema.MESSAGES.name].append(event.occurred_at)
+        elif isinstance(event, ev.ToolCallRecorded):
+            out[schema.TOOL_CALLS.name].append(event.started_at)
+        elif isinstance(event, ev.ApprovalDecided):
+            out[schema.APPROVALS.name].append(event.decided_at)
+    return out
 
 
 def _approval_id(tool_call_id: uuid.UUID) -> uuid.UUID:

@@ -6,6 +6,14 @@ and approvals (a `profile_deleted` event deletes its row; `profile_deletions` re
 approval may be projected before its tool call. Parent links (`parent_session_id`,
 `parent_turn_id`) carry no foreign key either: writers partition the stream by session, so a child
 session may be projected by another writer before its parent; the profile cascade still removes both.
+
+The tables that grow without end, `turns`, `messages`, `tool_calls` and `approvals`, are partitioned by month
+on their time (`Table.partition_by`, `commonos.runtime.partitions`): their primary keys are `(id, <time>)`, a
+month is dropped whole (`cos retention`). A foreign key into a partitioned table must name its whole key, so
+`turn_id` references no row (the writer applies a session's events in order: a turn's start before its
+messages); `UNIQUE (session_id, seq)` and one approval per tool call, which a partitioned table cannot hold
+across months, are kept by the writer (`journal_writer.projection`). `profiles` and `sessions` stay one table
+each: every row references them, and the cascade of a profile's deletion goes through them.
 """
 
 from __future__ import annotations
@@ -25,7 +33,6 @@ DELETIONS_TABLE: Final = "profile_deletions"
 _CASCADE: Final = "ON DELETE CASCADE"
 _TO_PROFILE: Final = f"REFERENCES profiles (id) {_CASCADE}"
 _TO_SESSION: Final = f"REFERENCES sessions (id) {_CASCADE}"
-_TO_TURN: Final = f"REFERENCES turns (id) {_CASCADE}"
 #: Every core table: the console reads all rows, an analyst those of the profiles granted to it.
 _READERS: Final = (Read(CONSOLE), Read(ANALYST, by_profile()))
 
@@ -132,8 +139,13 @@ TURNS: Final = Table(
         "depth": "DEFAULT 0 CHECK (depth >= 0)",
         "status": "DEFAULT 'running'",
     },
-    indexes={"turns_session": "(session_id, started_at)", "turns_started": "(started_at DESC)"},
+    indexes={
+        "turns_session": "(session_id, started_at)",
+        "turns_started": "(started_at DESC)",
+        # A turn is found by its id alone (turn_finished); the primary key's index leads with it too.
+    },
     readers=_READERS,
+    partition_by="started_at",
 )
 MESSAGES: Final = Table(
     "messages",
@@ -141,7 +153,6 @@ MESSAGES: Final = Table(
     owner=JOURNAL_WRITER,
     details={
         "session_id": _TO_SESSION,
-        "turn_id": _TO_TURN,
         "profile_id": _TO_PROFILE,
         "seq": "CHECK (seq >= 1)",
         "active": "DEFAULT true",
@@ -151,17 +162,21 @@ MESSAGES: Final = Table(
         "        to_tsvector('english', coalesce(content ->> 'text', '') || ' ' || coalesce(content ->> 'content', ''))"
         "\n    ) STORED",
     ),
-    constraints=("UNIQUE (session_id, seq)",),
-    indexes={"messages_search": "USING gin (search)", "messages_profile": "(profile_id)"},
+    indexes={
+        # A session's conversation in order; one message a (session, seq), kept by the writer.
+        "messages_session_seq": "(session_id, seq)",
+        "messages_search": "USING gin (search)",
+        "messages_profile": "(profile_id)",
+    },
     # The loop searches every profile's messages (session_search).
     readers=(*_READERS, Read(LOOP, "true", policy="loop_reads_all")),
+    partition_by="created_at",
 )
 TOOL_CALLS: Final = Table(
     "tool_calls",
     ToolCallRow,
     owner=JOURNAL_WRITER,
     details={
-        "turn_id": _TO_TURN,
         "session_id": _TO_SESSION,
         "profile_id": _TO_PROFILE,
         "args": "DEFAULT '{}'",
@@ -169,14 +184,17 @@ TOOL_CALLS: Final = Table(
     },
     indexes={"tool_calls_turn": "(turn_id)"},
     readers=_READERS,
+    partition_by="started_at",
 )
 APPROVALS: Final = Table(
     "approvals",
     ApprovalRow,
     owner=JOURNAL_WRITER,
-    details={"tool_call_id": "UNIQUE", "turn_id": _TO_TURN, "profile_id": _TO_PROFILE},
-    indexes={"approvals_decided": "(decided_at DESC)"},
+    details={"profile_id": _TO_PROFILE},
+    # One approval a tool call, the first decision (its id derives from the tool call's): kept by the writer.
+    indexes={"approvals_tool_call": "(tool_call_id)", "approvals_decided": "(decided_at DESC)"},
     readers=_READERS,
+    partition_by="decided_at",
 )
 POSITIONS: Final = positions_table("projection_positions", JOURNAL_WRITER, (Read(CONSOLE),))
 DELETIONS: Final = tombstones_table(DELETIONS_TABLE, JOURNAL_WRITER)

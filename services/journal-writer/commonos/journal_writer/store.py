@@ -14,15 +14,18 @@ from commonos.journal_writer.projection import (
     BULK_MIN_ROWS,
     CHECKED,
     PROFILE_ENSURE,
+    SEQ_TAKEN,
     SESSION_EVENTS,
     STATEMENTS,
     Plan,
     check_event,
     columns,
+    partition_times,
     plan_segments,
     profiles_mentioned,
 )
 from commonos.proto.events import Event, ProfileDeleted, SessionCreated, event_type
+from commonos.runtime import partitions
 from commonos.runtime.errors import EventRejected
 from commonos.runtime.postgres import Conn
 from commonos.runtime.projection import Projection
@@ -54,6 +57,10 @@ class JournalProjection(Projection):
         self.deletions = ProfileTombstones(schema.DELETIONS_TABLE)
         #: Profiles the batch in flight deleted: their sessions leave the owners cache once it commits.
         self._deleted: set[str] = set()
+
+    async def prepare(self, conn: Conn, events: Sequence[Event]) -> None:
+        """Make the monthly partitions the batch's turns, messages, tool calls and approvals fall in."""
+        await partitions.ensure(conn, partition_times(events))
 
     async def after_commit(self, conn: Conn, events: Sequence[Event]) -> None:
         """Bring each profile's created_at to its earliest mention, when a batch mentions it earlier."""
@@ -125,11 +132,30 @@ async def _run(conn: Conn, plan: Plan) -> None:
         if statement in CHECKED:
             await _checked(conn, statement, rows)
             continue
+        if statement == "message_insert":
+            await _seq_free(conn, rows)
         bulk = BULK.get(statement)
         if bulk is not None and len(rows) >= BULK_MIN_ROWS:
             await conn.execute(bulk, *columns(statement, rows))
         else:
             await conn.executemany(sql, rows)
+
+
+async def _seq_free(conn: Conn, rows: list[tuple[Any, ...]]) -> None:
+    """One message a (session, seq): EventRejected names a message whose seq its session already holds, in
+    the table or earlier in the batch (`SEQ_TAKEN`)."""
+    seen: dict[tuple[uuid.UUID, int], uuid.UUID] = {}
+    for row in rows:
+        message, session, seq = row[0], row[1], row[4]
+        holder = seen.setdefault((session, seq), message)
+        if holder != message:
+            raise EventRejected(f"message_appended: session {session} already holds message {holder} at seq {seq}")
+    taken = await conn.fetchrow(SEQ_TAKEN, [r[0] for r in rows], [r[1] for r in rows], [r[4] for r in rows])
+    if taken is not None:
+        raise EventRejected(
+            f"message_appended: session {taken['session_id']} already holds message {taken['holder']} "
+            f"at seq {taken['seq']}"
+        )
 
 
 async def _checked(conn: Conn, statement: str, rows: list[tuple[Any, ...]]) -> None:

@@ -595,6 +595,7 @@ class BatchConsumer:
         good = [d for d in deliveries if d.event is not None and d.error is None and not d.foreign]
         self.projection.rolled_back()  # whatever an earlier, failed attempt at this batch staged is void
         async with self.pool.acquire() as conn:
+            await self.projection.prepare(conn, [d.event for d in good if d.event is not None])
             try:
                 async with conn.transaction():
                     await self.projection.apply(conn, [d.event for d in good if d.event is not None])

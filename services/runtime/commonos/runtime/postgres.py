@@ -14,11 +14,20 @@ from typing import Any, Final
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
+from commonos.proto.errors import ConfigError
+
 #: A connection of its own or one borrowed from a pool.
 Conn = asyncpg.Connection | PoolConnectionProxy
 
-#: Key of the advisory lock taken while any schema is applied ("cosschem").
+#: Key of the advisory lock taken while any schema is applied ("cosschem"), and while a partition is made.
 SCHEMA_LOCK_KEY: Final = 0x636F737363686D
+#: The SQLSTATE a schema raises for a table left in an older layout (ours: class CS is no PostgreSQL class).
+OLD_LAYOUT_SQLSTATE: Final = "CS001"
+
+
+class OldLayout(ConfigError):
+    """A table the schema partitions exists unpartitioned (made by an older version): the message says how to
+    move it. Waiting does not help: the service does not start."""
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
@@ -49,6 +58,11 @@ async def apply_schemas(conn: asyncpg.Connection, schemas: Sequence[str]) -> Non
     await conn.execute("SELECT pg_advisory_lock($1)", SCHEMA_LOCK_KEY)
     try:
         for script in schemas:
-            await conn.execute(script)
+            try:
+                await conn.execute(script)
+            except asyncpg.PostgresError as exc:
+                if exc.sqlstate == OLD_LAYOUT_SQLSTATE:
+                    raise OldLayout(str(exc)) from None
+                raise
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1)", SCHEMA_LOCK_KEY)

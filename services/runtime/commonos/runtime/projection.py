@@ -28,6 +28,7 @@ MEMBERS: Final = (
     "partitioned",
     "tables",
     "check",
+    "prepare",
     "apply",
     "rolled_back",
     "committed",
@@ -98,6 +99,12 @@ class Projection(ABC):
         dead-letters it (reason `invariant: <message>`) and applies the rest of the batch. Any other
         exception, a plain `ValueError` included, is a bug: it stops the consumer, and no event is lost.
         """
+
+    async def prepare(self, conn: Conn, events: Sequence[Event]) -> None:  # noqa: B027
+        """Run on the batch's connection before its transaction begins, with the events about to be applied:
+        for what must be committed before the rows can be written and must not hold locks for the whole
+        batch (the monthly partitions the rows fall in, `commonos.runtime.partitions`). Idempotent; an
+        error is the batch's (retried, or the event isolated as for `apply`)."""
 
     @abstractmethod
     async def apply(self, conn: Conn, events: Sequence[Event]) -> None:

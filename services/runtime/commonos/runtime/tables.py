@@ -18,7 +18,10 @@ indexes, the role that owns it and the roles that may read it. From it follow:
   row-level security), generated for every registered table by `roles_sql` and kept equal to the file by a
   test.
 
-`partition_by` is room for a partition key (a column); nothing partitions yet.
+`partition_by` names a time column: the table is then partitioned by month on it
+(`commonos.runtime.partitions`), its primary key and every conflict target gain that column (a unique index of a
+partitioned table must hold the partition key), and its DDL refuses an unpartitioned table of the same name left
+by an older version, saying how to move it.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from typing import Any, Final
 import msgspec
 
 from commonos.proto.text import escape_nul
+from commonos.runtime import partitions
 
 __all__ = [
     "ANALYST",
@@ -96,7 +100,7 @@ class DoNothing:
     on: tuple[str, ...] | None = None
 
     def sql(self, table: Table) -> str:
-        return f"ON CONFLICT ({', '.join(self.on or table.key)}) DO NOTHING"
+        return f"ON CONFLICT ({', '.join(self.on or table.conflict_key)}) DO NOTHING"
 
 
 @dataclass(frozen=True)
@@ -114,7 +118,7 @@ class Upsert:
     def sql(self, table: Table) -> str:
         sets = ", ".join(f"{c} = {self.values.get(c, f'EXCLUDED.{c}')}" for c in self.columns)
         where = f" WHERE {self.where}" if self.where else ""
-        return f"ON CONFLICT ({', '.join(table.key)}) DO UPDATE SET {sets}{where}"
+        return f"ON CONFLICT ({', '.join(table.conflict_key)}) DO UPDATE SET {sets}{where}"
 
 
 @dataclass(frozen=True)
@@ -125,7 +129,7 @@ class Checked:
     where: str | None = None
 
     def sql(self, table: Table) -> str:
-        return f"ON CONFLICT ({', '.join(table.key)}) DO NOTHING RETURNING {', '.join(table.key)}"
+        return f"ON CONFLICT ({', '.join(table.conflict_key)}) DO NOTHING RETURNING {', '.join(table.key)}"
 
 
 Conflict = DoNothing | Upsert | Checked
@@ -267,8 +271,12 @@ class Table:
     #: Whether `cos replay` empties and rebuilds it and the contract suite compares it (a record of
     #: operators' runs, such as billing's reprices, is not rebuilt from the stream).
     rebuilt: bool = True
-    #: The column its rows would be partitioned by (time); room for it, unused so far.
+    #: The time column its rows are partitioned by, one partition a month (`commonos.runtime.partitions`);
+    #: None: one table. The key stays the rows' name; the primary key and conflict targets add this column.
     partition_by: str | None = None
+    #: An accounting record (billing's `model_calls`): its months are dropped only by a retention of its own
+    #: (`cos retention --model-calls-keep-months`), never with the rest.
+    accounting: bool = False
     #: A comment written above the table in the DDL.
     doc: str = ""
 
@@ -281,10 +289,20 @@ class Table:
                 raise TypeError(f"{self.name}: the order names {sorted(self.order)}, the columns are {sorted(by_name)}")
             cols = tuple(by_name[name] for name in self.order)
         names = [c.name for c in cols]
-        for name in (*self.key, *self.added, *self.types, *self.details):
+        if self.partition_by is not None and self.partition_by in self.added:
+            raise TypeError(f"{self.name}: the partition column {self.partition_by!r} cannot be an added column")
+        partition = (self.partition_by,) if self.partition_by else ()
+        for name in (*self.key, *self.added, *self.types, *self.details, *partition):
             if name not in names:
                 raise TypeError(f"{self.name}: {name!r} is not a column of {self.row.__name__}")
         return cols
+
+    @property
+    def conflict_key(self) -> tuple[str, ...]:
+        """The primary key's columns: the key, and the partition column of a partitioned table."""
+        if self.partition_by is None or self.partition_by in self.key:
+            return self.key
+        return (*self.key, self.partition_by)
 
     @property
     def schema(self) -> str:
@@ -299,17 +317,24 @@ class Table:
     def ddl(self) -> str:
         created = [c for c in self.columns if c.name not in self.added]
         lines = [c.ddl() for c in created] + list(self.extra)
-        lines.append(self.primary_key or f"PRIMARY KEY ({', '.join(self.key)})")
+        lines.append(self.primary_key or f"PRIMARY KEY ({', '.join(self.conflict_key)})")
         lines += self.constraints
         body = ",\n    ".join(lines)
         out = "".join(f"-- {line}\n" for line in self.doc.splitlines())
-        out += f"CREATE TABLE IF NOT EXISTS {self.name} (\n    {body}\n);\n"
+        if self.partition_by is None:
+            out += f"CREATE TABLE IF NOT EXISTS {self.name} (\n    {body}\n);\n"
+        else:
+            out += partitions.refuse_old_layout_sql(self.name)
+            out += f"CREATE TABLE IF NOT EXISTS {self.name} (\n    {body}\n)"
+            out += f" PARTITION BY RANGE ({self.partition_by});\n"
         for column in self.columns:
             if column.name in self.added:
                 out += f"ALTER TABLE {self.name} ADD COLUMN IF NOT EXISTS {column.ddl()};\n"
         for index, definition in self.indexes.items():
             unique = "UNIQUE " if definition.startswith("UNIQUE ") else ""
             out += f"CREATE {unique}INDEX IF NOT EXISTS {index} ON {self.name} {definition.removeprefix(unique)};\n"
+        if self.partition_by is not None:
+            out += partitions.ahead_sql(self.name)
         return out
 
     # -- writing rows
@@ -377,6 +402,16 @@ class Table:
             f"ALTER TABLE {self.name} OWNER TO {self.owner};",
             f"REVOKE ALL ON {self.name} FROM {', '.join(others)};",
         ]
+        if self.partition_by is not None:
+            # A partition's owner is whoever made it (the schema's applier, a writer); privileges and row-level
+            # security are the parent's, read through it. Its months belong to the table's owner too, so that
+            # the owner's `cos retention` can drop them.
+            lines += [
+                "FOR part IN SELECT inhrelid::regclass FROM pg_inherits",
+                f"        WHERE inhparent = '{self.name}'::regclass LOOP",
+                f"    EXECUTE format('ALTER TABLE %s OWNER TO {self.owner}', part);",
+                "END LOOP;",
+            ]
         for reader in self.readers:
             lines.append(f"GRANT SELECT ON {self.name} TO {reader.role};")
         if any(r.rows is not None for r in self.readers):
@@ -455,7 +490,8 @@ END_GENERATED: Final = "-- END generated"
 def roles_sql(tables: Sequence[Table]) -> str:
     """The generated section of deploy/postgres/roles.sql: each table's owner, privileges and policies, each
     schema other than public owned by the tables' owner and usable by their readers."""
-    out = [BEGIN_GENERATED, "DO $$", "BEGIN"]
+    declare = ["DECLARE part regclass;"] if any(t.partition_by for t in tables) else []
+    out = [BEGIN_GENERATED, "DO $$", *declare, "BEGIN"]
     schemas: dict[str, list[Table]] = {}
     for table in tables:
         if table.schema != "public":

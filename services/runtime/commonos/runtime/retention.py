@@ -1,0 +1,272 @@
+"""Retention by dropping whole months: what `cos retention` and the services' retention setting run.
+
+Keeping `N` months means: a month is dropped once it ended at least `N` whole months ago, so at least `N`
+months of history are always there (between `N` and `N + 1`: on 5 December, `N = 3` keeps September to
+December). A month is a partition (`commonos.runtime.partitions`): it is detached and dropped, no `DELETE`
+and no `VACUUM`, so dropping a month costs the same at a thousand rows as at a hundred million and gives the
+disk back at once.
+
+Before a month is dropped it can be exported (`export_dir`): one Parquet file per partition (pyarrow; every
+column but the ones PostgreSQL generates, such as `messages.search`), written under one `REPEATABLE READ`
+snapshot, its rows counted against the partition's in the same snapshot, and listed in `manifest.json`
+(table, month, file, rows, bytes, SHA-256, columns) before the partition is dropped: DuckDB reads them as
+they are (`SELECT * FROM 'export/messages/*.parquet'`). A month whose export fails is not dropped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, date, datetime
+from pathlib import Path
+from typing import Any, Final
+
+from commonos.proto.errors import ConfigError
+from commonos.runtime import partitions
+from commonos.runtime.partitions import Partition
+from commonos.runtime.postgres import Conn
+from commonos.runtime.settings import env_int, env_path
+
+__all__ = ["Dropped", "RetentionSettings", "cutoff", "due", "export_partition", "run"]
+
+MANIFEST: Final = "manifest.json"
+#: Rows read from PostgreSQL and written to Parquet at a time (one row group each).
+CHUNK_ROWS: Final = 50_000
+
+
+@dataclass(frozen=True, kw_only=True)
+class RetentionSettings:
+    """COS_RETENTION_MONTHS (the core tables; unset: every month kept), COS_MODEL_CALLS_RETENTION_MONTHS
+    (`model_calls`, an accounting record: unset, every month kept), COS_RETENTION_EXPORT_DIR (export each
+    month to Parquet before dropping it)."""
+
+    keep_months: int | None = None
+    model_calls_keep_months: int | None = None
+    export_dir: Path | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> RetentionSettings:
+        env = os.environ if env is None else env
+
+        def months(name: str) -> int | None:
+            return env_int(env, name, 0, 1, 100_000) if env.get(name, "").strip() else None
+
+        return cls(
+            keep_months=months("COS_RETENTION_MONTHS"),
+            model_calls_keep_months=months("COS_MODEL_CALLS_RETENTION_MONTHS"),
+            export_dir=env_path(env, "COS_RETENTION_EXPORT_DIR"),
+        )
+
+
+def tables_kept_by(accounting: bool) -> list[str]:
+    """The registered partitioned tables a retention of the core (`accounting` False) or of the accounting
+    records (True) drops months of."""
+    from commonos.runtime import registry
+
+    return [t.name for t in registry.tables() if t.partition_by is not None and t.accounting == accounting]
+
+
+def cutoff(now: datetime, keep_months: int) -> date:
+    """The first month kept: months before it are dropped."""
+    if keep_months < 1:
+        raise ConfigError(f"months to keep must be 1 or more, not {keep_months}")
+    month = partitions.month_of(now)
+    index = month.year * 12 + month.month - 1 - keep_months
+    return date(index // 12, index % 12 + 1, 1)
+
+
+async def due(conn: Conn, tables: Sequence[str], keep_months: int, now: datetime | None = None) -> list[Partition]:
+    """The partitions of `tables` to drop to keep `keep_months` months, oldest first."""
+    first_kept = cutoff(now or datetime.now(UTC), keep_months)
+    out: list[Partition] = []
+    for table in tables:
+        out += [p for p in await partitions.list_partitions(conn, table) if p.month < first_kept]
+    return sorted(out, key=lambda p: (p.month, p.table))
+
+
+@dataclass(frozen=True)
+class Dropped:
+    table: str
+    partition: str
+    month: str
+    rows: int | None
+    bytes: int
+    seconds: float
+    #: The Parquet file it was exported to, if any.
+    export: str | None = None
+    dry_run: bool = False
+
+
+# --- export ------------------------------------------------------------------------------------------------
+
+
+def _arrow_type(pg: str, scale: int | None) -> Any:
+    import pyarrow as pa
+
+    simple = {
+        "uuid": pa.string(),
+        "text": pa.string(),
+        "jsonb": pa.string(),
+        "json": pa.string(),
+        "integer": pa.int32(),
+        "bigint": pa.int64(),
+        "smallint": pa.int16(),
+        "boolean": pa.bool_(),
+        "double precision": pa.float64(),
+        "real": pa.float32(),
+        "timestamp with time zone": pa.timestamp("us", tz="UTC"),
+        "date": pa.date32(),
+        "text[]": pa.list_(pa.string()),
+    }
+    if pg in simple:
+        return simple[pg]
+    if pg.startswith("numeric"):
+        return pa.decimal128(38, scale if scale is not None else 10)
+    return pa.string()
+
+
+async def _columns(conn: Conn, table: str) -> list[tuple[str, str, int | None]]:
+    """(name, type, numeric scale) of the table's stored columns, generated ones left out."""
+    rows = await conn.fetch(
+        "SELECT a.attname, format_type(a.atttypid, a.atttypmod) AS type, "
+        "CASE WHEN a.atttypid = 'numeric'::regtype AND a.atttypmod > 0 THEN (a.atttypmod - 4) & 65535 END AS scale "
+        "FROM pg_attribute a WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped "
+        "AND a.attgenerated = '' ORDER BY a.attnum",
+        table,
+    )
+    return [(r["attname"], r["type"], r["scale"]) for r in rows]
+
+
+def _select(columns: list[tuple[str, str, int | None]], source: str) -> str:
+    def expr(name: str, pg: str) -> str:
+        quoted = f'"{name}"'
+        if pg in ("uuid", "jsonb", "json") or (not pg.startswith("numeric") and pg not in _NATIVE):
+            return f"{quoted}::text"
+        return quoted
+
+    return f"SELECT {', '.join(expr(n, t) for n, t, _ in columns)} FROM {source}"
+
+
+_NATIVE: Final = frozenset(
+    {"text", "integer", "bigint", "smallint", "boolean", "double precision", "real", "timestamp with time zone", "date"}
+    | {"text[]"}
+)
+
+
+async def export_partition(conn: Conn, partition: Partition, export_dir: Path) -> tuple[Path, int, str]:
+    """Write `partition` to `<export_dir>/<table>/<partition>.parquet`; (file, rows, sha256). The rows are read
+    under one snapshot and counted against the partition's count in it: a mismatch is an error."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    columns = await _columns(conn, partition.name)
+    schema = pa.schema([(n, _arrow_type(t, s)) for n, t, s in columns])
+    folder = export_dir / partition.table
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / f"{partition.name.rpartition('.')[2]}.parquet"
+    partial = target.with_suffix(".parquet.partial")
+    written = 0
+    async with conn.transaction(isolation="repeatable_read", readonly=True):
+        expected = await conn.fetchval(f"SELECT count(*) FROM {partition.name}")
+        with pq.ParquetWriter(partial, schema, compression="zstd") as writer:
+            cursor = conn.cursor(_select(columns, partition.name))
+            chunk: list[Any] = []
+            async for record in cursor:
+                chunk.append(tuple(record))
+                if len(chunk) >= CHUNK_ROWS:
+                    writer.write_table(_table(schema, chunk))
+                    written += len(chunk)
+                    chunk = []
+            if chunk:
+                writer.write_table(_table(schema, chunk))
+                written += len(chunk)
+    if written != expected:
+        partial.unlink(missing_ok=True)
+        raise RuntimeError(f"{partition.name}: exported {written} rows of {expected}; not dropped")
+    os.replace(partial, target)
+    digest = hashlib.sha256(target.read_bytes()).hexdigest()
+    return target, written, digest
+
+
+def _table(schema: Any, rows: list[Any]) -> Any:
+    import pyarrow as pa
+
+    columns: list[Sequence[Any]] = list(zip(*rows, strict=True)) if rows else [[] for _ in schema]
+    return pa.Table.from_arrays(
+        [pa.array(col, type=f.type) for col, f in zip(columns, schema, strict=True)], schema=schema
+    )
+
+
+def _record(export_dir: Path, entry: dict[str, Any]) -> None:
+    """Add `entry` to the export's manifest (written whole to a temporary file, then renamed)."""
+    path = export_dir / MANIFEST
+    manifest: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {"format": "parquet", "exports": []}
+    manifest["exports"].append(entry)
+    partial = path.with_suffix(".json.partial")
+    partial.write_text(json.dumps(manifest, indent=2) + "\n")
+    os.replace(partial, path)
+
+
+# --- the run ----------------------------------------------------------------------------------------------------
+
+
+async def run(
+    conn: Conn,
+    plan: Sequence[Partition],
+    *,
+    export_dir: Path | None = None,
+    dry_run: bool = False,
+    progress: Callable[[Dropped], None] | None = None,
+) -> list[Dropped]:
+    """Drop (after exporting, with `export_dir`) each partition of `plan`; what was done, in order.
+
+    `conn` must not be in a transaction (a partition is detached CONCURRENTLY)."""
+    done: list[Dropped] = []
+    for partition in plan:
+        started = time.perf_counter()
+        exported: str | None = None
+        rows: int | None = None
+        if dry_run:
+            item = Dropped(
+                partition.table, partition.name, partition.month.isoformat()[:7], None, partition.bytes, 0.0, None, True
+            )
+        else:
+            if export_dir is not None:
+                path, rows, digest = await export_partition(conn, partition, export_dir)
+                exported = str(path)
+                _record(
+                    export_dir,
+                    {
+                        "table": partition.table,
+                        "partition": partition.name,
+                        "month": partition.month.isoformat()[:7],
+                        "file": str(path.relative_to(export_dir)),
+                        "rows": rows,
+                        "bytes": path.stat().st_size,
+                        "sha256": digest,
+                        "columns": [{"name": n, "type": t} for n, t, _ in await _columns(conn, partition.name)],
+                        "exported_at": datetime.now(UTC).isoformat(),
+                    },
+                )
+            await partitions.drop(conn, partition)
+            item = Dropped(
+                partition.table,
+                partition.name,
+                partition.month.isoformat()[:7],
+                rows,
+                partition.bytes,
+                time.perf_counter() - started,
+                exported,
+            )
+        done.append(item)
+        if progress is not None:
+            progress(item)
+    return done
+
+
+def as_json(done: Sequence[Dropped]) -> list[dict[str, Any]]:
+    return [asdict(d) for d in done]
