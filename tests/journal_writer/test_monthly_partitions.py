@@ -6,19 +6,31 @@ Real nats-server and PostgreSQL; the journal-writer and billing run as they do i
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from datetime import UTC, date, datetime
 
 import asyncpg
 import pytest
 
+from commonos.journal_writer import schema as core_schema
+from commonos.journal_writer.replay import ReplayError, replay
 from commonos.journal_writer.service import writer_schemas
 from commonos.proto import events as ev
 from commonos.proto.messages import UserMessage
 from commonos.runtime import partitions, registry
 from commonos.runtime.postgres import OldLayout, apply_schemas, connect
+from commonos.runtime.settings import Settings
 from tests.billing.support import billing
-from tests.factories import Clock, SessionBuilder
-from tests.support import journal_writer, publish_all, wait_for_position
+from tests.factories import Clock, SessionBuilder, event_stream
+from tests.harness import PgServer
+from tests.support import (
+    CORE_TABLES,
+    fresh_database,
+    journal_writer,
+    publish_all,
+    table_checksums,
+    wait_for_position,
+)
 
 PARTITIONED = ("turns", "messages", "tool_calls", "approvals", "model_calls")
 
@@ -174,3 +186,53 @@ async def test_a_table_of_the_old_layout_is_refused_with_the_way_to_move_it(data
             await c.fetchval("SELECT count(*) FROM messages")
         finally:
             await c.close()
+
+
+async def test_an_unpartitioned_database_moves_by_a_replay_into_the_new_layout(
+    nats_url: str, database_url: str, pg_server: PgServer
+) -> None:
+    """A database of the older layout (each core table one table) holding what the stream holds: the writer
+    refuses it, `cos replay` without --truncate names the tables, with --truncate rebuilds them partitioned,
+    equal to what the live writer wrote."""
+    stream = list(event_stream(1_500, seed=31))
+    acks = await publish_all(nats_url, stream)
+    async with journal_writer(nats_url, database_url):
+        await wait_for_position(database_url, "journal-writer", acks[-1].seq)
+    want = await table_checksums(database_url, CORE_TABLES)
+    assert want["messages"][0] > 100
+
+    # the older layout: the same tables unpartitioned, holding the same rows
+    old = await fresh_database(pg_server)
+    src, dst = await asyncpg.connect(database_url), await asyncpg.connect(old)  # jsonb as its text
+    try:
+        unpartitioned = [dataclasses.replace(t, partition_by=None) for t in core_schema.TABLES]
+        await dst.execute("\n".join(t.ddl() for t in unpartitioned))
+        assert await dst.fetchval("SELECT relkind::text FROM pg_class WHERE relname = 'messages'") == "r"
+        for table in unpartitioned:
+            names = [c.name for c in table.columns]
+            rows = await src.fetch(f"SELECT {', '.join(names)} FROM {table.name}")
+            await dst.copy_records_to_table(table.name, records=[tuple(r) for r in rows], columns=names)
+    finally:
+        await src.close()
+        await dst.close()
+
+    with pytest.raises(OldLayout, match="made unpartitioned by an older version"):
+        async with journal_writer(nats_url, old):
+            await asyncio.sleep(30)  # the writer stops at once: this is never reached
+    settings = Settings(nats_url=nats_url, database_url=old)
+    with pytest.raises(ReplayError, match=r"turns, messages, tool_calls, approvals: made unpartitioned.*--truncate"):
+        await replay(settings)
+    result = await replay(settings, truncate=True)
+    assert result.last_seq == acks[-1].seq
+    assert await table_checksums(old, CORE_TABLES) == want
+    conn = await connect(old)
+    try:
+        kinds = {
+            r["relname"]: r["k"]
+            for r in await conn.fetch(
+                "SELECT relname, relkind::text AS k FROM pg_class WHERE relname = ANY($1::text[])", list(PARTITIONED)
+            )
+        }
+    finally:
+        await conn.close()
+    assert kinds == {"turns": "p", "messages": "p", "tool_calls": "p", "approvals": "p"}

@@ -153,7 +153,11 @@ def register(sub: Any) -> None:
         description="Rebuild the core tables from COS_EVENTS into empty tables. Stop the live "
         "journal-writer first, or point COS_DATABASE_URL at another database.",
     )
-    rp.add_argument("--truncate", action="store_true", help="empty the core tables first")
+    rp.add_argument(
+        "--truncate",
+        action="store_true",
+        help="empty the tables first (tables of an older, unpartitioned layout are made anew partitioned)",
+    )
     rp.add_argument("--batch-size", type=positive_int, default=1000, metavar="N", help="events per transaction (1000)")
     rp.add_argument("--quiet", action="store_true", help="no progress bar")
     rp.set_defaults(handler=_replay)

@@ -15,6 +15,7 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import asyncpg
 import nats.errors
@@ -25,6 +26,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from commonos.journal_writer.service import writer_projections, writer_schemas
 from commonos.proto.errors import DataError
 from commonos.proto.subjects import EVENTS_STREAM
+from commonos.runtime import registry
 from commonos.runtime.cli_support import cli_connect, cli_database
 from commonos.runtime.consumer import BatchConsumer, ConsumerOptions, Projection
 from commonos.runtime.fetcher import PullFetcher
@@ -50,8 +52,27 @@ class ReplayResult:
         return (self.applied + self.skipped) / self.seconds if self.seconds > 0 else 0.0
 
 
+async def _old_layout(conn: Any, tables: Sequence[str]) -> list[str]:
+    """The tables of `tables` the declarations partition that exist as one table (made by an older version)."""
+    partitioned = [t.name for t in registry.tables() if t.partition_by is not None and t.name in tables]
+    rows = await conn.fetch(
+        "SELECT t FROM unnest($1::text[]) AS t JOIN pg_class c ON c.oid = to_regclass(t) WHERE c.relkind = 'r'",
+        partitioned,
+    )
+    return [r["t"] for r in rows]
+
+
 async def _prepare(dsn: str, projections: Sequence[Projection], truncate: bool) -> None:
     async with cli_database(dsn) as conn:
+        old = await _old_layout(conn, [t for p in projections for t in p.tables])
+        if old:
+            if not truncate:
+                raise ReplayError(
+                    f"{', '.join(old)}: made unpartitioned by an older version; pass --truncate to rebuild them in "
+                    "the partitioned layout from the stream"
+                )
+            # The stream is the truth: the old tables go, the schema makes them partitioned, the replay fills them.
+            await conn.execute(f"DROP TABLE {', '.join(old)} CASCADE")
         await apply_schemas(conn, writer_schemas())
         tables = [t for p in projections for t in p.tables]
         counts = {t: await conn.fetchval(f"SELECT count(*) FROM {t}") for t in tables}
