@@ -104,6 +104,27 @@ def _reprice(args: argparse.Namespace) -> int:
     return 0
 
 
+def _relayout(args: argparse.Namespace) -> int:
+    from commonos.billing.schema import MODEL_CALLS, SCHEMA
+    from commonos.runtime import partitions
+
+    dsn = database_url(Settings.from_env())
+    columns = [c.name for c in MODEL_CALLS.columns] + ["recorded_at", "repriced_at"]
+
+    async def work(conn: Any) -> int:
+        assert MODEL_CALLS.partition_by is not None
+        if await conn.fetchval("SELECT to_regclass($1)", MODEL_CALLS.name) is None:
+            raise asyncpg.UndefinedTableError("model_calls")
+        return await partitions.relayout(conn, MODEL_CALLS.name, MODEL_CALLS.partition_by, columns, [SCHEMA])
+
+    moved = asyncio.run(_with_database(dsn, work))
+    if moved < 0:
+        print("model_calls is partitioned by month already: nothing to do")
+    else:
+        print(f"model_calls moved into monthly partitions: {moved} rows, each as it was")
+    return 0
+
+
 def _serve(args: argparse.Namespace) -> int:
     from commonos.billing.service import main
 
@@ -121,6 +142,14 @@ def register(sub: Any) -> None:
         "serve", help="run the billing consumer in the foreground (COS_PRICE_FILE, COS_BILLING_CONFIG)"
     )
     serve.set_defaults(handler=_serve)
+
+    billing_sub.add_parser(
+        "relayout",
+        help="move a model_calls table of an older version into monthly partitions, every row as it is",
+        description="Older versions kept model_calls as one table; billing refuses to start on it. Stop billing, "
+        "run this once (one transaction: readers wait for it), start billing. Every row is kept as it is, repriced "
+        "costs included.",
+    ).set_defaults(handler=_relayout)
 
     rp = billing_sub.add_parser(
         "reprice",

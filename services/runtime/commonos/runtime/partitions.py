@@ -45,6 +45,7 @@ __all__ = [
     "partition_name",
     "partitioned_tables",
     "refuse_old_layout_sql",
+    "relayout",
 ]
 
 #: Months made ahead by every schema application, after the current one.
@@ -127,7 +128,7 @@ def refuse_old_layout_sql(table: str) -> str:
     message = (
         f"{table} was made unpartitioned by an older version: stop the services and rebuild it in the "
         "partitioned layout from the stream (cos replay --truncate for the core tables and the session graph, "
-        "cos billing rebuild for model_calls; docs/operations.md, Partitions)"
+        "cos billing relayout for model_calls; docs/operations.md, Partitions)"
     )
     return (
         "DO $$\nBEGIN\n"
@@ -232,3 +233,38 @@ async def ensure_range(conn: Conn, start: datetime, end: datetime, tables: Seque
         tables = [t.name for t in registry.tables() if t.partition_by is not None]
     months = months_between(start, end)
     await ensure(conn, {t: [datetime(m.year, m.month, 1, tzinfo=UTC) for m in months] for t in tables})
+
+
+#: Where `relayout` puts a table of the older layout while its rows are copied (dropped at the end).
+_ASIDE: Final = "cos_old_layout"
+
+
+async def relayout(conn: Conn, table: str, partition_by: str, columns: Sequence[str], schemas: Sequence[str]) -> int:
+    """Move `table`, one table of an older layout, into the partitioned layout its declaration gives, keeping
+    every row as it is (for an accounting record such as `model_calls`, whose repriced rows the stream alone
+    cannot give back); the rows moved, or -1 when the table is partitioned already.
+
+    In one transaction: the old table goes aside (another schema, where its index names are free), `schemas`
+    (the DDL that declares it) make the partitioned table, the months its rows need are made, the `columns`
+    are copied, the old table is dropped. Readers and writers of the table wait for it (it holds the table's
+    lock).
+    """
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", SCHEMA_LOCK_KEY)
+        kind = await conn.fetchval("SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)", table)
+        if kind != "r":
+            return -1
+        aside = f"{_ASIDE}.{_split(table)[1]}"
+        await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {_ASIDE}")
+        await conn.execute(f"ALTER TABLE {table} SET SCHEMA {_ASIDE}")
+        for script in schemas:
+            await conn.execute(script)
+        span = await conn.fetchrow(f"SELECT min({partition_by}) AS first, max({partition_by}) AS last FROM {aside}")
+        if span is not None and span["first"] is not None:
+            for month in months_between(span["first"], span["last"] + timedelta(microseconds=1)):
+                await conn.execute(create_sql(table, month))
+        names = ", ".join(columns)
+        moved = await conn.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM {aside}")
+        await conn.execute(f"DROP TABLE {aside}")
+        await conn.execute(f"DROP SCHEMA {_ASIDE}")
+        return int(moved.rsplit(" ", 1)[-1])
