@@ -3,6 +3,7 @@ answer. Real nats-server and PostgreSQL; the rows are written by the journal-wri
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -11,6 +12,8 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 
 import duckdb
+import pytest
+from prometheus_client import REGISTRY
 
 from commonos.proto.messages import UserMessage
 from commonos.runtime import partitions, retention
@@ -185,3 +188,32 @@ def test_retention_without_months_says_what_to_give(database_url: str) -> None:
     assert run.returncode == 2
     assert "--keep-months N (or COS_RETENTION_MONTHS)" in run.stderr
     assert len(run.stderr.strip().splitlines()) == 1
+
+
+async def test_the_services_drop_what_their_retention_settings_no_longer_keep(
+    nats_url: str, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """COS_RETENTION_MONTHS: the journal-writer drops old months of the core tables as it starts (and hourly);
+    billing keeps model_calls until COS_MODEL_CALLS_RETENTION_MONTHS asks."""
+    await _fill(nats_url, database_url, [0, 8])
+    old = partitions.month_of(_months_ago(8))
+    monkeypatch.setenv("COS_RETENTION_MONTHS", "3")
+
+    async def gone(tables: tuple[str, ...]) -> bool:
+        layout = await _counts(database_url)
+        return all(old not in layout[t] for t in tables)
+
+    async with journal_writer(nats_url, database_url), billing(nats_url, database_url):
+        deadline = asyncio.get_running_loop().time() + 30
+        while not await gone(CORE):
+            assert asyncio.get_running_loop().time() < deadline, "the core's old month was not dropped"
+            await asyncio.sleep(0.2)
+    assert old in (await _counts(database_url))["model_calls"], "model_calls kept without its own setting"
+    monkeypatch.setenv("COS_MODEL_CALLS_RETENTION_MONTHS", "3")
+    async with billing(nats_url, database_url):
+        deadline = asyncio.get_running_loop().time() + 30
+        while not await gone(("model_calls",)):
+            assert asyncio.get_running_loop().time() < deadline, "model_calls' old month was not dropped"
+            await asyncio.sleep(0.2)
+    dropped = REGISTRY.get_sample_value("cos_retention_months_dropped_total", {"table": "model_calls"})
+    assert dropped is not None and dropped >= 1

@@ -25,6 +25,8 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any, Final
 
+from prometheus_client import Counter, Gauge
+
 from commonos.proto.errors import ConfigError
 from commonos.runtime import partitions
 from commonos.runtime.partitions import Partition
@@ -34,6 +36,13 @@ from commonos.runtime.settings import env_int, env_path
 __all__ = ["Dropped", "RetentionSettings", "cutoff", "due", "export_partition", "run"]
 
 MANIFEST: Final = "manifest.json"
+
+MONTHS_DROPPED: Final = Counter(
+    "cos_retention_months_dropped_total", "Monthly partitions dropped by the service's retention", ["table"]
+)
+LAST_RUN: Final = Gauge(
+    "cos_retention_last_run_timestamp_seconds", "When the service's retention last ran to its end (Unix time)"
+)
 #: Rows read from PostgreSQL and written to Parquet at a time (one row group each).
 CHUNK_ROWS: Final = 50_000
 
@@ -270,3 +279,57 @@ async def run(
 
 def as_json(done: Sequence[Dropped]) -> list[dict[str, Any]]:
     return [asdict(d) for d in done]
+
+
+# --- the services' own retention --------------------------------------------------------------------------------
+
+#: How often a service with a retention setting looks for months to drop.
+EVERY_S: Final = 3600.0
+
+
+def service_plan(settings: RetentionSettings, tables: Sequence[str]) -> dict[str, int]:
+    """What a service keeps of its own `tables`, those partitioned: table -> months kept (none when unset)."""
+    from commonos.runtime import registry
+
+    declared = {t.name: t for t in registry.tables() if t.partition_by is not None and t.name in tables}
+    out: dict[str, int] = {}
+    for name, table in declared.items():
+        keep = settings.model_calls_keep_months if table.accounting else settings.keep_months
+        if keep is not None:
+            out[name] = keep
+    return out
+
+
+async def run_periodically(
+    dsn: str,
+    plan: Mapping[str, int],
+    export_dir: Path | None,
+    stop: Any,
+    log: Any,
+    every_s: float = EVERY_S,
+) -> None:
+    """Drop the months `plan` no longer keeps, now and every `every_s`, until `stop` (an asyncio.Event) is set.
+    A failure is logged and tried again next time."""
+    import asyncio
+
+    from commonos.runtime.postgres import connect
+
+    while not stop.is_set():
+        try:
+            conn = await connect(dsn, timeout=10)
+            try:
+                due_now: list[Partition] = []
+                for table, keep in plan.items():
+                    due_now += await due(conn, [table], keep)
+                for item in await run(conn, due_now, export_dir=export_dir):
+                    MONTHS_DROPPED.labels(item.table).inc()
+                    log.info("retention: dropped %s (%s) in %.2f s", item.partition, item.month, item.seconds)
+            finally:
+                await conn.close()
+            LAST_RUN.set_to_current_time()
+        except Exception as exc:
+            log.warning("retention: %s: %s; trying again in %.0f s", type(exc).__name__, exc, every_s)
+        try:
+            await asyncio.wait_for(stop.wait(), every_s)
+        except TimeoutError:
+            continue

@@ -39,7 +39,7 @@ from nats.js import JetStreamContext
 from nats.js.api import StreamConfig
 
 from commonos.runtime import nats as cos_nats
-from commonos.runtime import telemetry
+from commonos.runtime import retention, telemetry
 from commonos.runtime.consumer import BatchConsumer, ConsumerOptions, Projection, projection_of
 from commonos.runtime.http import Health, HttpServer
 from commonos.runtime.lifecycle import install_stop_signals
@@ -346,6 +346,7 @@ async def _serve(
         pool = await create_pool(database_url, min_size=1, max_size=pool_size)
         try:
             chosen = projections if isinstance(projections, Sequence) else await projections(ctx, pool)
+            _start_retention(ctx, settings, database_url, chosen, logger)
             consumers = [
                 BatchConsumer(ctx.js, pool, p, ctx.health, consumer_options(settings, p), nc=ctx.nc) for p in chosen
             ]
@@ -354,6 +355,21 @@ async def _serve(
             await pool.close()
     logger.info("%s: stopped after applying %d events", name, applied)
     return 1 if ctx.lost else 0
+
+
+def _start_retention(
+    ctx: ServiceContext, settings: Settings, dsn: str, projections: Sequence[Projection], logger: logging.Logger
+) -> None:
+    """With COS_RETENTION_MONTHS (COS_MODEL_CALLS_RETENTION_MONTHS for model_calls), the first partition's
+    instance drops the months of its projections' tables that are no longer kept, hourly
+    (`commonos.runtime.retention`)."""
+    if settings.partition not in (None, 0):
+        return
+    chosen = retention.RetentionSettings.from_env()
+    plan = retention.service_plan(chosen, [t for p in projections for t in p.tables])
+    if plan:
+        logger.info("retention: keeping %s", ", ".join(f"{t} {n} months" for t, n in sorted(plan.items())))
+        ctx.start_task(retention.run_periodically(dsn, plan, chosen.export_dir, ctx.stop, logger), name="retention")
 
 
 async def run_consumers(ctx: ServiceContext, consumers: Sequence[BatchConsumer], drain_timeout_s: float) -> int:
