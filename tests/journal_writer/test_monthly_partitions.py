@@ -10,12 +10,14 @@ import dataclasses
 from datetime import UTC, date, datetime
 
 import asyncpg
+import msgspec
 import pytest
 
 from commonos.journal_writer import schema as core_schema
 from commonos.journal_writer.replay import ReplayError, replay
 from commonos.journal_writer.service import writer_schemas
 from commonos.proto import events as ev
+from commonos.proto.ids import GATEWAY_NAMESPACE, IMPORT_NAMESPACE, name_id, new_id
 from commonos.proto.messages import UserMessage
 from commonos.runtime import partitions, registry
 from commonos.runtime.postgres import OldLayout, apply_schemas, connect
@@ -236,3 +238,63 @@ async def test_an_unpartitioned_database_moves_by_a_replay_into_the_new_layout(
     finally:
         await conn.close()
     assert kinds == {"turns": "p", "messages": "p", "tool_calls": "p", "approvals": "p"}
+
+
+async def test_a_name_based_id_announced_again_at_another_time_is_stored_once(nats_url: str, database_url: str) -> None:
+    """The OTLP gateway announces a turn in every request that has a record of it, each time at that record's
+    time; a call can arrive by telemetry and again by import, at another time. With the time in the tables'
+    keys, the writer and billing keep the first row of such an id in whatever month it was stored."""
+    session = SessionBuilder("acme", Clock(datetime(2025, 1, 20, tzinfo=UTC))).create()
+    turn_id = name_id(GATEWAY_NAMESPACE, "turn", "a-session", "a-turn")
+    tool_call_id = name_id(GATEWAY_NAMESPACE, "tool", "a-session", "c1")
+    call_id = name_id(IMPORT_NAMESPACE, "call", "a-session", "r1")
+    stream: list[ev.Event] = list(session.events)
+    for at in (datetime(2025, 1, 31, 23, 59, tzinfo=UTC), datetime(2025, 2, 1, 0, 1, tzinfo=UTC)):
+        base = {"profile_id": "acme", "session_id": session.session_id, "occurred_at": at}
+        stream += [
+            ev.TurnStarted(**base, turn_id=turn_id),  # type: ignore[arg-type]
+            ev.ToolCallRecorded(
+                **base,  # type: ignore[arg-type]
+                turn_id=turn_id,
+                tool_call_id=tool_call_id,
+                call_id="c1",
+                name="shell",
+                args={},
+                result="ok",
+                started_at=at,
+                finished_at=at,
+            ),
+            ev.ModelCallCompleted(
+                **base,  # type: ignore[arg-type]
+                event_id=call_id,
+                turn_id=turn_id,
+                provider="openai",
+                model="o4-mini",
+                input_tokens=100,
+                output_tokens=10,
+            ),
+        ]
+    # one batch holding both, and again one at a time after they are stored
+    acks = await publish_all(nats_url, stream)
+    last_call = max(i for i, e in enumerate(stream) if isinstance(e, ev.ModelCallCompleted))
+    async with journal_writer(nats_url, database_url), billing(nats_url, database_url):
+        await wait_for_position(database_url, "journal-writer", acks[-1].seq)
+        await wait_for_position(database_url, "billing", acks[last_call].seq, table="billing_positions")
+    again = [
+        msgspec.structs.replace(e, event_id=new_id()) if not isinstance(e, ev.ModelCallCompleted) else e
+        for e in stream[1:]
+    ]
+    acks = await publish_all(nats_url, again)
+    async with journal_writer(nats_url, database_url, batch_size=1):
+        await wait_for_position(database_url, "journal-writer", acks[-1].seq)
+    conn = await connect(database_url)
+    try:
+        turns = await conn.fetch("SELECT started_at FROM turns WHERE id = $1", turn_id)
+        tools = await conn.fetch("SELECT started_at FROM tool_calls WHERE id = $1", tool_call_id)
+        calls = await conn.fetch("SELECT created_at FROM model_calls WHERE event_id = $1", call_id)
+    finally:
+        await conn.close()
+    first = datetime(2025, 1, 31, 23, 59, tzinfo=UTC)
+    assert [r["started_at"] for r in turns] == [first]
+    assert [r["started_at"] for r in tools] == [first]
+    assert [r["created_at"] for r in calls] == [first]

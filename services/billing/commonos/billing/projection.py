@@ -2,8 +2,9 @@
 
 The first half is pure (event + :class:`Pricer` -> :class:`ModelCallRow`, rows -> column arrays) so the hot
 path can be benchmarked alone. :class:`BillingProjection` runs it inside the consumer's transaction: one
-``INSERT … SELECT FROM unnest(…) ON CONFLICT (event_id) DO NOTHING RETURNING event_id`` per batch (a call whose
-vendor request id is already stored under another event id is not inserted: `same_request_once`), then the
+``INSERT … SELECT FROM unnest(…) ON CONFLICT (event_id, created_at) DO NOTHING RETURNING event_id`` per batch (a
+call whose event id is stored in any month, or whose vendor request id is stored under another event id, is not
+inserted: `same_request_once` and the statement's condition), then the
 budget step for the rows that were really new. Metrics and the budgets' in-memory state are staged and only
 recorded once the consumer has committed (:meth:`BillingProjection.committed`), so a batch that is rolled
 back and retried is not counted twice.
@@ -221,11 +222,16 @@ def same_request_once(rows: Sequence[ModelCallRow]) -> list[ModelCallRow]:
     rest are duplicates, like a second copy of the same event id. The profile is part of the key: a request
     id is the sender's word, and another profile's claim to the same id must not make a profile's own call a
     duplicate. :data:`INSERT_MODEL_CALLS` checks the stored rows; this checks the batch, which that statement
-    cannot see.
+    cannot see. Likewise a second row of an event id: the same call reported again with another time (by
+    telemetry, then by import) would be a second row of `model_calls`, whose key holds the time.
     """
     first: dict[tuple[str, str, str], uuid.UUID] = {}
+    seen: set[uuid.UUID] = set()
     kept: list[ModelCallRow] = []
     for row in rows:
+        if row.event_id in seen:
+            continue
+        seen.add(row.event_id)
         if row.request_id is not None:
             event_id = first.setdefault((row.profile_id, row.provider, row.request_id), row.event_id)
             if event_id != row.event_id:

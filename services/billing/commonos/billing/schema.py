@@ -22,6 +22,7 @@ from commonos.accounting.pricing import CostStatus
 from commonos.billing.rows import ModelCallRow
 from commonos.proto.alerts import Period
 from commonos.runtime.owners import owners_table
+from commonos.runtime.partitions import stored_nowhere
 from commonos.runtime.tables import (
     ANALYST,
     BILLING,
@@ -51,9 +52,12 @@ MODEL_CALLS: Final = Table(
     owner=BILLING,
     # One vendor request of a profile is one call, whichever event id names it (`projection.same_request_once`);
     # the insert returns the event ids it added.
+    # Partitioned by month: a call whose event id is stored under another time (it came by telemetry, then by
+    # import) is that call, not a second one (`partitions.stored_nowhere`).
     conflict=Checked(
-        where="u.request_id IS NULL OR NOT EXISTS (SELECT 1 FROM model_calls m WHERE m.request_id = u.request_id "
-        "AND m.provider = u.provider AND m.profile_id = u.profile_id AND m.event_id <> u.event_id)"
+        where="(u.request_id IS NULL OR NOT EXISTS (SELECT 1 FROM model_calls m WHERE m.request_id = u.request_id "
+        "AND m.provider = u.provider AND m.profile_id = u.profile_id AND m.event_id <> u.event_id)) "
+        f"AND {stored_nowhere('model_calls', 'u.event_id', 'event_id')}"
     ),
     # The call's `TokenUsage` gives the token columns, placed as the table has always had them; no column
     # holds its service tier.

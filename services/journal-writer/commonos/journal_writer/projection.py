@@ -24,6 +24,7 @@ from commonos.proto.identity import stored_title, title_from_text
 from commonos.proto.ids import APPROVAL_NAMESPACE
 from commonos.proto.messages import UserMessage
 from commonos.proto.text import escape_nul, escape_nul_in_json
+from commonos.runtime import partitions
 from commonos.runtime.errors import DataError
 from commonos.runtime.tables import Table
 from commonos.runtime.tombstones import ProfileEventInvalid, check_profile_event
@@ -72,16 +73,16 @@ class Insert:
     params: tuple[Param, ...]
     columns: dict[str, str]
     conflict: str
-    #: The param holding the row's id when the first row of an id wins across the table's partitions (which
-    #: the partitioned table's key, `(id, <time>)`, cannot say): a row whose id is stored, at whatever time,
-    #: is skipped, and of a batch's rows of one id the first is written.
+    #: The param holding the row's id when the table is partitioned by time and the first row of an id wins
+    #: across its months (which its key, `(id, <time>)`, cannot say): a row whose id is stored, at whatever
+    #: time, is skipped (`partitions.stored_nowhere`), and of a batch's rows of one id the first is written.
     first_of_id: str | None = None
 
     def _values(self, refs: dict[str, str]) -> str:
         return ", ".join(value.format_map(refs) for value in self.columns.values())
 
     def _unless_stored(self, ref: str) -> str:
-        return f"WHERE NOT EXISTS (SELECT 1 FROM {self.table} x WHERE x.id = {ref}) "
+        return f"WHERE {partitions.stored_nowhere(self.table, ref)} "
 
     def one(self) -> str:
         refs = {p.name: p.one(i) for i, p in enumerate(self.params, 1)}
@@ -205,6 +206,7 @@ _SPECS: Final[dict[str, str | Insert | Update]] = {
             "started_at": "{at}",
         },
         _do_nothing(schema.TURNS),
+        first_of_id="id",
     ),
     "session_snapshot": Update(
         "sessions",
@@ -228,6 +230,7 @@ _SPECS: Final[dict[str, str | Insert | Update]] = {
             "created_at": "{at}",
         },
         _do_nothing(schema.MESSAGES),
+        first_of_id="id",
     ),
     "session_title": Update(
         "sessions", _params("id uuid, title text"), set="title = {title}", where="t.id = {id} AND t.title IS NULL"
@@ -261,6 +264,7 @@ _SPECS: Final[dict[str, str | Insert | Update]] = {
             "finished_at": "{finished}",
         },
         _do_nothing(schema.TOOL_CALLS),
+        first_of_id="id",
     ),
     "approval_insert": Insert(
         "approvals",
