@@ -108,7 +108,7 @@ class Replicated:
     def dsn(self, database: str, *, standby: bool = False) -> str:
         return (self.standby if standby else self.primary).dsn(database)
 
-    async def _on_standby(self, sql: str) -> Any:
+    async def on_standby(self, sql: str) -> Any:
         conn = await asyncpg.connect(self.standby.url)
         try:
             return await conn.fetchval(sql)
@@ -117,15 +117,15 @@ class Replicated:
 
     async def pause(self) -> None:
         """Stop the standby replaying what it receives (it goes on receiving): it lags from now on."""
-        await self._on_standby("SELECT pg_wal_replay_pause()")
+        await self.on_standby("SELECT pg_wal_replay_pause()")
         for _ in range(200):
-            if await self._on_standby("SELECT pg_get_wal_replay_pause_state()") == "paused":
+            if await self.on_standby("SELECT pg_get_wal_replay_pause_state()") == "paused":
                 return
             await asyncio.sleep(0.025)
         raise AssertionError("the standby's replay did not pause within 5 s")
 
     async def resume(self) -> None:
-        await self._on_standby("SELECT pg_wal_replay_resume()")
+        await self.on_standby("SELECT pg_wal_replay_resume()")
 
     async def caught_up(self, timeout_s: float = 30.0) -> None:
         """Wait until the standby has replayed everything the primary has written until now."""
@@ -147,7 +147,7 @@ class Replicated:
     async def streaming(self, timeout_s: float = 30.0) -> None:
         """Wait until the standby's WAL receiver streams from the primary."""
         for _ in range(int(timeout_s / 0.05)):
-            if await self._on_standby("SELECT status FROM pg_stat_wal_receiver") == "streaming":
+            if await self.on_standby("SELECT status FROM pg_stat_wal_receiver") == "streaming":
                 return
             await asyncio.sleep(0.05)
         raise AssertionError(f"the standby is not streaming from the primary after {timeout_s:.0f} s")
