@@ -206,3 +206,37 @@ async def test_without_a_replica_it_says_so(console: RunningConsole) -> None:
     found = await gauges(olivia)
     assert set(found) == {"cos_database_replica_lag_seconds", "cos_database_replica_lag_bytes"}, found
     assert all(math.isnan(v) for v in found.values()), found
+
+
+async def test_a_replica_that_is_down(
+    replica_console: RunningConsole, replicated_pg: Replicated, loop_service: LoopService
+) -> None:
+    """The pages answer 503 naming the replica, /readyz says why, Operations still answers (its positions are the
+    primary's) with the problem; chat goes on; all is well again once the replica is back."""
+    client, token = await replica_console.signed_in("olivia")
+    replicated_pg.standby.stop()
+    try:
+        async with client.get("/api/sessions") as r:
+            assert r.status == 503, await r.text()
+            assert "the console's replica is unavailable" in await r.text()
+        async with client.get("/readyz") as r:
+            body = await r.json()
+            assert r.status == 503 and "replica" in body["reasons"] and "database" not in body["reasons"], body
+        ops = await operations(client)
+        assert ops["replica"]["configured"] is True and ops["replica"]["state"].startswith("does not answer"), ops
+        assert any("replica is unavailable" in p for p in ops["problems"]), ops["problems"]
+        assert ops["positions"], ops
+        lost = await gauges_until(client, lambda g: math.isnan(g.get("cos_database_replica_lag_seconds", 0)))
+        assert math.isnan(lost["cos_database_replica_lag_seconds"]), lost
+        async with client.post(
+            "/api/chat", json={"text": "hello", "profile_id": "acme"}, headers={"X-CSRF-Token": token}
+        ) as r:
+            assert r.status == 200, await r.text()
+            assert (await r.json())["status"] == "completed"
+    finally:
+        replicated_pg.standby.start()
+        await replicated_pg.streaming()
+    await replicated_pg.caught_up()
+    async with client.get("/readyz") as r:
+        assert r.status == 200, await r.text()
+    assert await listed(client)
