@@ -74,15 +74,21 @@ REPLICA_LAG_INTERVAL_S: Final = 2.0
 
 
 async def watch_replica_lag(db: Database, interval_s: float = REPLICA_LAG_INTERVAL_S) -> None:
-    """Keep the lag gauges current until cancelled (NaN while the replica does not answer)."""
+    """Keep the lag gauges current until cancelled (NaN while the replica does not answer or refuses; why is
+    logged once, when it changes)."""
+    said: str | None = None
     while True:
+        why: str | None = None
         try:
             show_replica_lag(await db.replica_lag())
         except DatabaseUnavailable:
+            show_replica_lag(None)  # /readyz says why
+        except (asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            why = f"{type(exc).__name__}: {exc}"
             show_replica_lag(None)
-        except asyncpg.PostgresError as exc:
-            log.warning("console: cannot measure the replica's lag: %s", exc)
-            show_replica_lag(None)
+        if why is not None and why != said:
+            log.warning("console: cannot measure the replica's lag: %s", why)
+        said = why
         await asyncio.sleep(interval_s)
 
 

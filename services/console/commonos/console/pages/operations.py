@@ -29,6 +29,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Final
 
+import asyncpg
 import nats.errors
 import nats.js.errors
 from fastapi import APIRouter, Depends, Query, Request
@@ -296,6 +297,10 @@ async def read_replica(db: Database) -> tuple[ReplicaView, list[str]]:
     except DatabaseUnavailable as exc:
         show_replica_lag(None)
         return ReplicaView(configured=True, state=f"does not answer: {exc}"), [str(exc)]
+    except (asyncpg.PostgresError, asyncpg.InterfaceError) as exc:  # a login it refuses, ...
+        show_replica_lag(None)
+        why = f"the replica's lag cannot be measured: {type(exc).__name__}: {exc}"
+        return ReplicaView(configured=True, state=why), [why]
     show_replica_lag(lag)
     if lag is None:
         return ReplicaView(configured=False, state="no replica"), []
