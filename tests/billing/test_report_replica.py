@@ -1,7 +1,7 @@
 """`cos report cost` reads the read replica (COS_DATABASE_READ_URL) when there is one: on a real streaming replica
 (tests/conftest.py `replicated_pg`) whose replay is paused, a call billed on the primary since is not in the report
 until the replica replays it, and it is in the primary's (no read URL); a read URL nothing answers is one line
-naming COS_DATABASE_READ_URL."""
+naming COS_DATABASE_READ_URL. `cos billing reprice`, which writes, never uses it."""
 
 from __future__ import annotations
 
@@ -21,13 +21,17 @@ from tests.billing.test_report_cli import call
 from tests.harness import Replicated
 
 
-def report(primary: str, replica: str | None) -> subprocess.CompletedProcess[str]:
+def cos(primary: str, replica: str | None, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("COS_")}
     env |= {"COS_DATABASE_URL": primary, "COS_NATS_URL": "nats://127.0.0.1:1"}
     if replica is not None:
         env["COS_DATABASE_READ_URL"] = replica
-    argv = [sys.executable, "-m", "commonos.cli.main", "report", "cost", "--since", "100000d", "--format", "json"]
+    argv = [sys.executable, "-m", "commonos.cli.main", *args]
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, check=False)
+
+
+def report(primary: str, replica: str | None) -> subprocess.CompletedProcess[str]:
+    return cos(primary, replica, "report", "cost", "--since", "100000d", "--format", "json")
 
 
 async def calls_in_report(primary: str, replica: str | None) -> int:
@@ -68,3 +72,7 @@ async def test_the_report_reads_the_replica(replicated_pg: Replicated, replica_d
     assert done.stderr.count("\n") == 1, done.stderr
     said = f"cos: error: cannot reach PostgreSQL at postgresql://127.0.0.1:{port} (COS_DATABASE_READ_URL): "
     assert done.stderr.startswith(said), done.stderr
+    # Repricing writes: the primary's, whatever the read URL.
+    args = ("billing", "reprice", "--since", "100000d", "--dry-run")
+    done = await asyncio.to_thread(cos, primary, f"postgresql://postgres@127.0.0.1:{port}/commonos", *args)
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
