@@ -17,10 +17,12 @@ from tests.harness import (
     SMALL_MAX_PAYLOAD,
     ExternalServer,
     PgServer,
+    Replicated,
     cleanup,
     make_temp_root,
     new_nats,
     start_pg,
+    start_replicated,
     stop_pg,
 )
 
@@ -158,3 +160,36 @@ def journal(request: pytest.FixtureRequest) -> Any:
     if request.param == "memory":
         return MemoryJournal()
     return NatsJournal(request.getfixturevalue("streams"))
+
+
+@pytest.fixture(scope="session")
+def replicated_pg(server_root: Path) -> Iterator[Replicated]:
+    """A primary and a real streaming replica of it (pg_basebackup -R), of this test process alone: the tests
+    pause its replay. Always local servers, whatever COS_TEST_DATABASE_URL says."""
+    root = server_root / f"replicated-{uuid.uuid4().hex[:8]}"
+    root.mkdir()
+    root.chmod(0o755)
+    replicated = start_replicated(root)
+    yield replicated
+    replicated.stop()
+
+
+@pytest.fixture
+async def replica_database(replicated_pg: Replicated) -> AsyncIterator[tuple[str, str]]:
+    """A fresh, empty database on the replicated primary, there on the replica too: (primary DSN, replica DSN).
+    The replica's replay runs again at the end, if a test paused it."""
+    await replicated_pg.streaming()
+    name = f"test_{uuid.uuid4().hex[:12]}"
+    conn = await asyncpg.connect(replicated_pg.primary.url)
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    await replicated_pg.caught_up()
+    yield replicated_pg.dsn(name), replicated_pg.dsn(name, standby=True)
+    await replicated_pg.resume()
+    conn = await asyncpg.connect(replicated_pg.primary.url)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()

@@ -38,7 +38,8 @@ PUBLIC_IMAGE_ENV = {
     "postgres": {"POSTGRES_DB", "POSTGRES_USER", "POSTGRES_PASSWORD", "PGDATA", "PGHOST", "PGUSER", "PGDATABASE"}
     | {"PGPASSWORD"},
     "prom/prometheus": set(),
-    "grafana/grafana": {"GF_SECURITY_ADMIN_PASSWORD", "GF_USERS_ALLOW_SIGN_UP", "GF_AUTH_ANONYMOUS_ENABLED"},
+    "grafana/grafana": {"GF_SECURITY_ADMIN_PASSWORD", "GF_USERS_ALLOW_SIGN_UP", "GF_AUTH_ANONYMOUS_ENABLED"}
+    | {"GRAFANA_DATABASE_HOST", "GRAFANA_DATABASE_USER", "GRAFANA_DATABASE_PASSWORD"},
 }
 DEFAULT_PORTS = {
     "commonos.loop": 9461,
@@ -657,6 +658,26 @@ def test_grafana_is_provisioned_with_the_dashboard() -> None:
             continue
         assert panel["datasource"]["uid"] == source["uid"], panel["title"]
         assert panel["targets"] and all(t["expr"] and t["datasource"]["uid"] == source["uid"] for t in panel["targets"])
+
+
+def test_grafanas_sql_data_source_reads_postgresql_as_compose_says() -> None:
+    """The SQL data source (the read replica when there is one): every variable it names is set by compose.yaml,
+    whose default host is its PostgreSQL; it reads the database of the services; no panel of the dashboard uses it
+    (the dashboard is Prometheus's)."""
+    text = (DEPLOY / "grafana" / "provisioning" / "datasources" / "postgres.yaml").read_text()
+    [source] = yaml.safe_load(text)["datasources"]
+    assert source["type"] == "grafana-postgresql-datasource" and source["access"] == "proxy"
+    assert source["jsonData"]["database"] == "commonos" and not source["isDefault"] and not source["editable"]
+    grafana_env = COMPOSE["services"]["grafana"]["environment"]
+    named = set(re.findall(r"\$\{([A-Z][A-Z0-9_]*)\}", text))
+    assert named == {"GRAFANA_DATABASE_HOST", "GRAFANA_DATABASE_USER", "GRAFANA_DATABASE_PASSWORD"}
+    assert named <= set(grafana_env), sorted(named - set(grafana_env))
+    assert grafana_env["GRAFANA_DATABASE_HOST"] == "${GRAFANA_DATABASE_HOST:-postgres:5432}"
+    assert "postgres" in COMPOSE["services"]
+    postgres_db = COMPOSE["services"]["postgres"]["environment"]["POSTGRES_DB"]
+    assert source["jsonData"]["database"] == postgres_db
+    dashboard = json.loads((DEPLOY / "grafana" / "dashboards" / "commonos.json").read_text())
+    assert source["uid"] not in json.dumps(dashboard)
 
 
 def test_the_python_files_under_deploy_run() -> None:

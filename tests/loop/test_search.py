@@ -5,10 +5,13 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from commonos.loop.search import PostgresMessageSearch, SearchUnavailable
+from commonos.loop.search import NoSearch, PostgresMessageSearch, SearchUnavailable
+from commonos.loop.service import open_search
 from commonos.proto.ids import new_id
 from commonos.proto.text import escape_nul
 from commonos.runtime.postgres import connect
+from commonos.runtime.settings import Settings
+from tests.harness import Replicated
 
 # The shape of the core table (the journal-writer owns it); 'simple' to check the config is read from it.
 MESSAGES = """
@@ -99,3 +102,52 @@ async def test_search_finds_and_shows_text_stored_escaped(database_url: str) -> 
         assert same.text == hit.text
     finally:
         await search.close()
+
+
+async def test_the_loop_searches_the_read_replica(replicated_pg: Replicated, replica_database: tuple[str, str]) -> None:
+    """With COS_DATABASE_READ_URL the loop service's session_search reads the replica (a real streaming one): a
+    message stored while its replay is paused is found once it has replayed it."""
+    primary, replica = replica_database
+
+    async def store(text: str) -> None:
+        conn = await connect(primary)
+        try:
+            await conn.execute(
+                "INSERT INTO messages (id, session_id, turn_id, profile_id, seq, role, content)"
+                " VALUES ($1, $2, $3, 'default', 1, 'user', $4)",
+                new_id(),
+                new_id(),
+                new_id(),
+                {"role": "user", "text": text},
+            )
+        finally:
+            await conn.close()
+
+    conn = await connect(primary)
+    try:
+        await conn.execute(MESSAGES)
+    finally:
+        await conn.close()
+    await store("the umbrella is in the hall")
+    await replicated_pg.caught_up()
+
+    search = await open_search(Settings(database_url=primary, database_read_url=replica))
+    assert isinstance(search, PostgresMessageSearch)
+    try:
+        assert await search.pool.fetchval("SELECT pg_is_in_recovery()") is True
+        assert [h.text for h in await search.search("default", "umbrella")] == ["the umbrella is in the hall"]
+        await replicated_pg.pause()
+        await store("a bicycle in the shed")
+        assert await search.search("default", "bicycle") == []
+        await replicated_pg.resume()
+        await replicated_pg.caught_up()
+        assert [h.text for h in await search.search("default", "bicycle")] == ["a bicycle in the shed"]
+    finally:
+        await search.close()
+    on_primary = await open_search(Settings(database_url=primary))
+    assert isinstance(on_primary, PostgresMessageSearch)
+    try:
+        assert await on_primary.pool.fetchval("SELECT pg_is_in_recovery()") is False
+    finally:
+        await on_primary.close()
+    assert isinstance(await open_search(Settings()), NoSearch)

@@ -45,3 +45,17 @@ def test_the_consoles_numbers() -> None:
         ConsoleSettings.from_env({"COS_CONSOLE_PORT": "http"}, common)
     with pytest.raises(ConfigError, match=r"COS_CONSOLE_STATEMENT_TIMEOUT_MS=5 is out of range \(100 to 600000\)"):
         ConsoleSettings.from_env({"COS_CONSOLE_STATEMENT_TIMEOUT_MS": "5"}, common)
+
+
+def test_the_read_url() -> None:
+    primary = "postgresql://cos@db:5432/commonos"
+    replica = "postgresql://cos@db-replica:5432/commonos"
+    unset = Settings.from_env({"COS_DATABASE_URL": primary})
+    assert unset.database_read_url is None and unset.read_database_url == primary
+    both = Settings.from_env({"COS_DATABASE_URL": primary, "COS_DATABASE_READ_URL": replica})
+    assert both.database_url == primary and both.read_database_url == replica
+    with pytest.raises(ConfigError) as bad:
+        Settings.from_env({"COS_DATABASE_URL": primary, "COS_DATABASE_READ_URL": "mysql://db-replica/commonos"})
+    assert str(bad.value) == (
+        "COS_DATABASE_READ_URL='mysql://db-replica/commonos' is not a URL of the form postgresql://host:port"
+    )

@@ -60,8 +60,15 @@ def database_url(settings: Settings) -> str:
     return url
 
 
-async def _with_database(dsn: str, work: Callable[[Any], Awaitable[T]]) -> T:
-    async with cli_database(dsn) as conn:
+def read_database_url(settings: Settings) -> str:
+    """Where a report reads: the read replica (COS_DATABASE_READ_URL) when there is one, else COS_DATABASE_URL."""
+    if settings.database_read_url:
+        return settings.database_read_url
+    return database_url(settings)
+
+
+async def _with_database(dsn: str, work: Callable[[Any], Awaitable[T]], variable: str = "COS_DATABASE_URL") -> T:
+    async with cli_database(dsn, variable) as conn:
         try:
             return await work(conn)
         except asyncpg.UndefinedTableError:
@@ -69,14 +76,16 @@ async def _with_database(dsn: str, work: Callable[[Any], Awaitable[T]]) -> T:
 
 
 def _report_cost(args: argparse.Namespace) -> int:
-    dsn = database_url(Settings.from_env())
+    settings = Settings.from_env()
+    dsn = read_database_url(settings)
+    variable = "COS_DATABASE_READ_URL" if settings.database_read_url else "COS_DATABASE_URL"
 
     async def work(conn: Any) -> str:
         report = await cost_report(conn, args.group_by, args.since, args.until)
         return render_report(report, args.format)
 
     # CSV lines end with CRLF (RFC 4180), the last one too.
-    print(asyncio.run(_with_database(dsn, work)), end="" if args.format == "csv" else "\n")
+    print(asyncio.run(_with_database(dsn, work, variable)), end="" if args.format == "csv" else "\n")
     return 0
 
 
@@ -184,4 +193,4 @@ def register(sub: Any) -> None:
     cost.set_defaults(handler=_report_cost)
 
 
-__all__ = ["database_url", "register"]
+__all__ = ["database_url", "read_database_url", "register"]

@@ -1,6 +1,7 @@
 """`cos status`: what is running and how it is doing, in one look.
 
-The servers (NATS and PostgreSQL: where, and whether they answer), each service `cos up` started (its
+The servers (NATS and PostgreSQL: where, and whether they answer; the read replica, COS_DATABASE_READ_URL, and how
+far it is behind its primary, or "no replica"), each service `cos up` started (its
 process, `/healthz`, `/readyz` and version), each consumer of the events stream (where it is and how far
 behind), the dead letters waiting, and when the last event was stored. It exits 1 when anything is
 unhealthy: a server that does not answer, a service not ready, a dead letter waiting, so that a script
@@ -60,6 +61,14 @@ class Status:
     nats: str = "not checked"
     postgres_url: str = ""
     postgres: str = "not checked"
+    #: The read replica (COS_DATABASE_READ_URL), or None; `replica` says how far behind it is, or "no replica".
+    replica_url: str | None = None
+    replica: str = "no replica"
+    #: Seconds since the last transaction it replayed (0 once it has replayed all it received); None: unknown.
+    replica_lag_seconds: float | None = None
+    #: WAL received, not yet replayed; None: unknown.
+    replica_lag_bytes: int | None = None
+    replica_paused: bool = False
     services: list[Service] = field(default_factory=list)
     consumers: list[Consumer] = field(default_factory=list)
     events: int | None = None
@@ -240,6 +249,31 @@ async def _postgres(settings: Settings, status: Status) -> None:
         await conn.close()
 
 
+async def _replica(settings: Settings, status: Status) -> None:
+    import asyncpg
+
+    from commonos.runtime.postgres import replica_lag
+
+    if not settings.database_read_url:
+        return
+    try:
+        conn = await asyncpg.connect(settings.database_read_url, timeout=3)
+    except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+        status.replica = f"no answer ({type(exc).__name__}: {exc})"
+        status.problems.append(f"the read replica does not answer at {status.replica_url} (COS_DATABASE_READ_URL)")
+        return
+    try:
+        lag = await replica_lag(conn)
+    finally:
+        await conn.close()
+    status.replica = str(lag)
+    status.replica_lag_seconds, status.replica_lag_bytes, status.replica_paused = lag.seconds, lag.bytes, lag.paused
+    if not lag.standby:
+        status.problems.append(
+            f"COS_DATABASE_READ_URL ({status.replica_url}) is not a standby: the readers read another primary"
+        )
+
+
 def collect(settings: Settings) -> Status:
     """The status of the system `settings` name (the `cos up` of COS_DATA_DIR, or COS_NATS_URL/COS_DATABASE_URL)."""
     state = running_state(settings)
@@ -250,10 +284,11 @@ def collect(settings: Settings) -> Status:
         cos_up_pid=int(state["owner_pid"]) if state else None,
         nats_url=_hide_password(settings.nats_url),
         postgres_url=_hide_password(settings.database_url),
+        replica_url=_hide_password(settings.database_read_url) if settings.database_read_url else None,
     )
 
     async def servers() -> None:
-        await asyncio.gather(_nats(settings, status), _postgres(settings, status))
+        await asyncio.gather(_nats(settings, status), _postgres(settings, status), _replica(settings, status))
 
     asyncio.run(servers())
     status.services = _services(state)
@@ -277,6 +312,10 @@ def _print(status: Status) -> None:
     if status.nats == "ok":
         console.print(as_text(f"JetStream writes: {status.jetstream_writes}"))
     console.print(as_text(f"PostgreSQL: {status.postgres_url}: {status.postgres}"))
+    if status.replica_url:
+        console.print(as_text(f"PostgreSQL read replica: {status.replica_url}: {status.replica}"))
+    else:
+        console.print(as_text("PostgreSQL read replica: no replica (COS_DATABASE_READ_URL is not set)"))
     if status.services:
         table = Table(title="services")
         for column in ("service", "pid", "address", "health", "ready", "version"):
@@ -327,7 +366,10 @@ def _status(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "status",
-        help="what is running, where, how far behind each consumer is, dead letters (exit 1 when unhealthy)",
+        help=(
+            "what is running, where, how far behind each consumer and the read replica are, dead letters (exit 1 "
+            "when unhealthy)"
+        ),
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

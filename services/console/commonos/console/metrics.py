@@ -4,13 +4,22 @@ cos_console_requests_total{route,method,code}   requests answered, by route temp
 cos_console_request_seconds{route}              request received -> response started
 cos_console_live_watchers                       browsers following live events (SSE, WebSocket)
 cos_console_sign_ins_total{outcome}             ok | refused
+cos_database_replica_lag_seconds                how far the replica the pages read (COS_DATABASE_READ_URL) is
+cos_database_replica_lag_bytes                  behind its primary: seconds since the last transaction it
+                                                replayed (0 once it has replayed all it received), and WAL
+                                                received not yet replayed; NaN without a replica, while it does
+                                                not answer, or while it receives nothing (measured every
+                                                REPLICA_LAG_INTERVAL_S by the console, and at each Operations page)
 """
 
 from __future__ import annotations
 
+import math
 from typing import Final
 
 from prometheus_client import Counter, Gauge, Histogram
+
+from commonos.runtime.postgres import ReplicaLag
 
 REQUESTS: Final = Counter("cos_console_requests_total", "Requests the console answered", ["route", "method", "code"])
 REQUEST_SECONDS: Final = Histogram(
@@ -21,3 +30,21 @@ REQUEST_SECONDS: Final = Histogram(
 )
 LIVE_WATCHERS: Final = Gauge("cos_console_live_watchers", "Browsers following live events")
 SIGN_INS: Final = Counter("cos_console_sign_ins_total", "Sign-in attempts", ["outcome"])
+REPLICA_LAG_SECONDS: Final = Gauge(
+    "cos_database_replica_lag_seconds", "Seconds the console's read replica is behind (NaN: none or unknown)"
+)
+REPLICA_LAG_BYTES: Final = Gauge(
+    "cos_database_replica_lag_bytes", "WAL the console's read replica received, not yet replayed (NaN: unknown)"
+)
+REPLICA_LAG_SECONDS.set(math.nan)
+REPLICA_LAG_BYTES.set(math.nan)
+
+
+def show_replica_lag(lag: ReplicaLag | None) -> None:
+    """The gauges of one measure (None: no replica, or it did not answer)."""
+    if lag is None or not lag.standby:
+        REPLICA_LAG_SECONDS.set(math.nan)
+        REPLICA_LAG_BYTES.set(math.nan)
+        return
+    REPLICA_LAG_SECONDS.set(math.nan if lag.seconds is None else lag.seconds)
+    REPLICA_LAG_BYTES.set(math.nan if lag.bytes is None else lag.bytes)

@@ -4,27 +4,32 @@ until SIGTERM or SIGINT.
 The console's port (COS_CONSOLE_PORT) serves its pages and, as every service's HTTP port does, `/healthz`
 `/readyz` `/metrics`, from the start: NATS, the streams and PostgreSQL (its sign-outs' schema applied under the
 schema lock) are waited for, not ready meanwhile. Ready, it is not ready again while NATS is disconnected or
-the database does not answer `SELECT 1`. Stopping, the live pages' streams end (their responses complete), then
-the requests in flight are given COS_DRAIN_TIMEOUT_S to finish.
+the database (or the replica the pages read, COS_DATABASE_READ_URL) does not answer `SELECT 1`. Stopping, the
+live pages' streams end (their responses complete), then the requests in flight are given COS_DRAIN_TIMEOUT_S to
+finish.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Final
 
+import asyncpg
 from fastapi import FastAPI
 
 from commonos.console.app import create_app
 from commonos.console.db import Database
 from commonos.console.live import Live
+from commonos.console.metrics import show_replica_lag
 from commonos.console.settings import ConsoleSettings
 from commonos.console.sign_outs import SCHEMA as SIGN_OUTS_SCHEMA
-from commonos.console.sign_outs import PgSignOuts
+from commonos.console.sign_outs import DatabaseUnavailable, PgSignOuts
 from commonos.proto.errors import ConfigError
 from commonos.runtime.args import CliError
 from commonos.runtime.asgi import AsgiServer
@@ -52,16 +57,39 @@ class Running:
         return self.server.url
 
 
-def _database_problem(db: Database) -> Callable[[], Awaitable[str | None]]:
+def _database_problem(pool: asyncpg.Pool) -> Callable[[], Awaitable[str | None]]:
     async def problem() -> str | None:
         try:
-            async with db.pool.acquire() as conn:
+            async with pool.acquire() as conn:
                 await conn.fetchval("SELECT 1")
         except Exception as exc:
             return str(exc) or type(exc).__name__
         return None
 
     return problem
+
+
+#: How often the console measures its replica's lag (the metrics' cos_database_replica_lag_*).
+REPLICA_LAG_INTERVAL_S: Final = 2.0
+
+
+async def watch_replica_lag(db: Database, interval_s: float = REPLICA_LAG_INTERVAL_S) -> None:
+    """Keep the lag gauges current until cancelled (NaN while the replica does not answer or refuses; why is
+    logged once, when it changes)."""
+    said: str | None = None
+    while True:
+        why: str | None = None
+        try:
+            show_replica_lag(await db.replica_lag())
+        except DatabaseUnavailable:
+            show_replica_lag(None)  # /readyz says why
+        except (asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            why = f"{type(exc).__name__}: {exc}"
+            show_replica_lag(None)
+        if why is not None and why != said:
+            log.warning("console: cannot measure the replica's lag: %s", why)
+        said = why
+        await asyncio.sleep(interval_s)
 
 
 async def serve(
@@ -95,6 +123,7 @@ async def serve(
     if settings.secret_is_random:
         log.warning("console: COS_CONSOLE_SECRET is not set: sign-ins end when the console restarts")
     db: Database | None = None
+    lag_watch: asyncio.Task[None] | None = None
     try:
         async with service_context(common, NAME, stop, health=health, http=server) as ctx:
             if ctx.stop.is_set():
@@ -105,12 +134,17 @@ async def serve(
                     return 1 if ctx.lost else 0
                 db = await Database.open(
                     common.database_url,
+                    read_dsn=common.database_read_url,
                     max_size=settings.pool_max_size,
                     statement_timeout_ms=settings.statement_timeout_ms,
                 )
+                # Sign-outs are written: the primary's.
                 app.state.auth.sign_outs = PgSignOuts(db.pool)
                 health.set_ready("database", True)
-                health.ask("database", _database_problem(db))
+                health.ask("database", _database_problem(db.pool))
+                if db.read_pool is not None:
+                    health.ask("replica", _database_problem(db.read_pool))
+                    lag_watch = asyncio.create_task(watch_replica_lag(db))
             else:
                 health.set_ready("database", False, "no database configured")
             app.state.db = db
@@ -124,6 +158,11 @@ async def serve(
 
             await ctx.serve(ready=started, stopping=live.close)
     finally:
+        if lag_watch is not None:
+            lag_watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await lag_watch
+        show_replica_lag(None)
         if db is not None:
             await db.close()
     return 1 if ctx.lost else 0

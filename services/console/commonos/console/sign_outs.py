@@ -51,8 +51,9 @@ class DatabaseUnavailable(OperationalError):
     """The database cannot be asked now: pages answer 503 with this reason."""
 
 
-def unavailable(exc: BaseException) -> DatabaseUnavailable:
-    return DatabaseUnavailable(f"the console's database is unavailable: {str(exc) or type(exc).__name__}")
+def unavailable(exc: BaseException, which: str = "database") -> DatabaseUnavailable:
+    """`which`: "database" (COS_DATABASE_URL) or "replica" (COS_DATABASE_READ_URL)."""
+    return DatabaseUnavailable(f"the console's {which} is unavailable: {str(exc) or type(exc).__name__}")
 
 
 class SignOuts(Protocol):

@@ -1,8 +1,9 @@
 """Full-text search over a profile's past messages, for the `session_search` tool.
 
 `PostgresMessageSearch` reads the core `messages` table (written by the journal-writer, never by the
-loop) through its generated `search` tsvector, on read-only connections; the table holds text escaped
-(`commonos.proto.text`), so a query is escaped the same way and a hit shows the original text.
+loop) through its generated `search` tsvector, on read-only connections (the loop service opens them on the read
+replica, COS_DATABASE_READ_URL, when there is one: a message is found once the replica has replayed it); the table
+holds text escaped (`commonos.proto.text`), so a query is escaped the same way and a hit shows the original text.
 `MemoryMessageSearch` does the same over a `MemoryJournal`'s events, for tests.
 """
 

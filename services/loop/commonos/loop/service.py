@@ -333,6 +333,15 @@ class LoopService:
 DEFAULT_HTTP_PORT = 9461
 
 
+async def open_search(settings: Settings) -> MessageSearch:
+    """session_search's: it only reads, so it reads the read replica when there is one (COS_DATABASE_READ_URL),
+    else COS_DATABASE_URL; without a database, none."""
+    url = settings.read_database_url
+    if not url:
+        return NoSearch()
+    return await PostgresMessageSearch.connect(url)
+
+
 async def serve(settings: Settings, *, handle_signals: bool = True, own: LoopSettings | None = None) -> int:
     """`python -m commonos.loop serve`: load and check every profile, connect, serve until SIGTERM (the loop's
     own settings `own`, by default from COS_TURN_*)."""
@@ -364,8 +373,7 @@ async def _serve(
     try:
         async with service_context(settings, "cos-loop", stop) as ctx:
             js = ctx.js
-            if settings.database_url:
-                search = await PostgresMessageSearch.connect(settings.database_url)
+            search = await open_search(settings)
             registry = NatsTurnRegistry(
                 js, default_owner(), stale_after_s=own.turn_stale_s, replicas=settings.stream_replicas
             )

@@ -153,9 +153,10 @@ async def cli_connect(
 
 
 @contextlib.asynccontextmanager
-async def cli_database(dsn: str) -> AsyncIterator[Any]:
+async def cli_database(dsn: str, variable: str = "COS_DATABASE_URL") -> AsyncIterator[Any]:
     """A command's PostgreSQL connection (`commonos.runtime.postgres.connect`), closed after; `CliError`, naming
-    PostgreSQL and its address, when it does not answer within `CONNECT_TIMEOUT_S` or refuses the login."""
+    PostgreSQL, its address and the `variable` it came from, when it does not answer within `CONNECT_TIMEOUT_S` or
+    refuses the login."""
     import asyncpg
 
     from commonos.runtime.postgres import connect
@@ -164,7 +165,7 @@ async def cli_database(dsn: str) -> AsyncIterator[Any]:
         conn = await connect(dsn, timeout=CONNECT_TIMEOUT_S)
     except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         why = "no answer" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
-        raise CliError(f"cannot reach PostgreSQL at {server_address(dsn)} (COS_DATABASE_URL): {why}") from None
+        raise CliError(f"cannot reach PostgreSQL at {server_address(dsn)} ({variable}): {why}") from None
     try:
         yield conn
     finally:

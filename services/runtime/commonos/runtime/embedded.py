@@ -326,7 +326,8 @@ class PostgresCluster(_Server):
     (trust) gets it. Without one, anyone on the machine may connect as `postgres` (the tests' servers).
     """
 
-    _READY: Final = re.compile(r"database system is ready to accept connections")
+    #: A hot standby (a data folder made by pg_basebackup -R) says "ready to accept read-only connections".
+    _READY: Final = re.compile(r"database system is ready to accept (?:read-only )?connections")
 
     def __init__(
         self,

@@ -151,6 +151,9 @@ class Settings:
 
     nats_url: str | None = None
     database_url: str | None = None
+    #: A streaming replica of `database_url` that the read-only consumers read (the console's pages, `cos report
+    #: cost`, the loop's session_search); None: they read `database_url`. Writes never go there.
+    database_read_url: str | None = None
     nats_creds: Path | None = None
     nats_user: str | None = None
     nats_password: str | None = field(default=None, repr=False)
@@ -190,6 +193,7 @@ class Settings:
         return cls(
             nats_url=_url(env, "NATS_URL", ("nats", "tls", "ws", "wss")),
             database_url=_url(env, "DATABASE_URL", ("postgresql", "postgres")),
+            database_read_url=_url(env, "DATABASE_READ_URL", ("postgresql", "postgres")),
             nats_creds=_path(env, "NATS_CREDS"),
             nats_user=env.get(PREFIX + "NATS_USER") or None,
             nats_password=_secret_or_file(env, "NATS_PASSWORD"),
@@ -216,6 +220,11 @@ class Settings:
             events_max_bytes=_size(env, "EVENTS_MAX_BYTES", MIN_EVENTS_MAX_BYTES),
             log_level=level,
         )
+
+    @property
+    def read_database_url(self) -> str | None:
+        """Where the read-only consumers read: the replica (COS_DATABASE_READ_URL), else the primary."""
+        return self.database_read_url or self.database_url
 
     def require_urls(self) -> tuple[str, str]:
         if not self.nats_url:

@@ -7,7 +7,9 @@ default source is `service`).
 Who may chat: chatting is writing (a turn runs tools and costs money), so operators may chat with every profile
 and approvers with the profiles of theirs in the people file (`profiles`); analysts read only. To continue a
 session, the person must also be able to see it (row-level security, as on /sessions/{id}): a session they
-cannot see is "no session", as if it did not exist.
+cannot see is "no session", as if it did not exist. That check reads the primary (COS_DATABASE_URL), not the read
+replica: the session may have been started a moment ago. The turn itself is shown from NATS as it runs (its deltas,
+events and reply), never read back from a table, so a lagging replica does not hold it back.
 
 The socket (JSON text frames; one turn at a time, in the order sent):
 
@@ -163,7 +165,8 @@ async def check_message(
         if profile is None:
             if db is None:
                 raise ChatUnavailable("the console has no database (COS_DATABASE_URL)")
-            async with db.reader(user) as conn:
+            # The primary's: a session started a moment ago (on another page) may not be on the read replica yet.
+            async with db.reader(user, primary=True) as conn:
                 profile = await conn.fetchval("SELECT profile_id FROM sessions WHERE id = $1", message.session_id)
         if profile is None:
             raise ChatRefused(404, f"no session {message.session_id}")

@@ -6,6 +6,10 @@ replay them. /operations and /api/operations.
   last stream sequence delivered and acknowledged; and each projection's committed position in PostgreSQL
   (projection_positions, billing_positions, graph.positions: written in the same transaction as the rows), with
   how far COS_EVENTS' last sequence is past it.
+* The read replica (COS_DATABASE_READ_URL), when the pages read one: how far it is behind its primary (seconds
+  since the last transaction it replayed, 0 once it has replayed all it received; WAL bytes received and not yet
+  replayed; whether its replay is paused), or "no replica". The projections' positions are the primary's (what
+  the projections have done, not what the replica has replayed of it).
 * Dead letters: COS_DLQ, oldest first as `cos dlq list` lists them, a page at a time by dead-letter sequence
   (`$JS.API.STREAM.MSG.GET.COS_DLQ`, next message on `cos.dlq.>` from a sequence): the original subject, the
   reason (Cos-Dlq-Reason), the consumer that refused it, when, and its size.
@@ -25,6 +29,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Final
 
+import asyncpg
 import nats.errors
 import nats.js.errors
 from fastapi import APIRouter, Depends, Query, Request
@@ -33,6 +38,8 @@ from pydantic import BaseModel, Field
 
 from commonos.console.auth import Operator
 from commonos.console.db import Database, get_db
+from commonos.console.metrics import show_replica_lag
+from commonos.console.sign_outs import DatabaseUnavailable
 from commonos.console.templating import render
 from commonos.proto.cloudevents import percent_decode
 from commonos.proto.events import MAX_COUNT
@@ -119,6 +126,18 @@ class ReplayHelp(BaseModel):
     rebuild: str
 
 
+class ReplicaView(BaseModel):
+    #: A read replica is configured (COS_DATABASE_READ_URL).
+    configured: bool
+    #: One line: "no replica", the lag ("0.0 s behind (0 bytes received, not yet replayed)"), or why it is unknown.
+    state: str
+    #: Seconds behind its primary (0 once it has replayed all it received); null: no replica, or unknown.
+    lag_seconds: float | None = None
+    #: WAL received, not yet replayed.
+    lag_bytes: int | None = None
+    replay_paused: bool = False
+
+
 class Operations(BaseModel):
     events: StreamView | None
     dead_letter_stream: StreamView | None
@@ -126,6 +145,8 @@ class Operations(BaseModel):
     positions: list[PositionView]
     dead_letters: DeadLetterPage
     replay: ReplayHelp
+    #: The read replica the pages read, and its lag.
+    replica: ReplicaView
     #: What could not be read (NATS or PostgreSQL), one line each.
     problems: list[str] = Field(default_factory=list)
 
@@ -268,6 +289,30 @@ async def read_positions(conn: Conn, last_seq: int | None) -> tuple[list[Positio
     return positions, problems
 
 
+async def read_replica(db: Database) -> tuple[ReplicaView, list[str]]:
+    """The replica's lag (and the gauges set from it), or "no replica"; a replica that does not answer is a
+    problem line."""
+    try:
+        lag = await db.replica_lag()
+    except DatabaseUnavailable as exc:
+        show_replica_lag(None)
+        return ReplicaView(configured=True, state=f"does not answer: {exc}"), [str(exc)]
+    except (asyncpg.PostgresError, asyncpg.InterfaceError) as exc:  # a login it refuses, ...
+        show_replica_lag(None)
+        why = f"the replica's lag cannot be measured: {type(exc).__name__}: {exc}"
+        return ReplicaView(configured=True, state=why), [why]
+    show_replica_lag(lag)
+    if lag is None:
+        return ReplicaView(configured=False, state="no replica"), []
+    problems = [] if lag.standby else ["COS_DATABASE_READ_URL is not a standby: the pages read another primary"]
+    return (
+        ReplicaView(
+            configured=True, state=str(lag), lag_seconds=lag.seconds, lag_bytes=lag.bytes, replay_paused=lag.paused
+        ),
+        problems,
+    )
+
+
 async def load(request: Request, who: Operator, db: Database, after: int, limit: int) -> Operations:
     nc = request.app.state.nc
     problems: list[str] = []
@@ -277,8 +322,9 @@ async def load(request: Request, who: Operator, db: Database, after: int, limit:
     else:
         found, problems = await read_nats(nc, after, limit)
     events = _stream(found["events"]) if "events" in found else None
-    async with db.reader(who.user) as conn:
+    async with db.reader(who.user, primary=True) as conn:
         positions, db_problems = await read_positions(conn, events.last_seq if events else None)
+    replica, replica_problems = await read_replica(db)
     return Operations(
         events=events,
         dead_letter_stream=_stream(found["dlq"]) if "dlq" in found else None,
@@ -286,7 +332,8 @@ async def load(request: Request, who: Operator, db: Database, after: int, limit:
         positions=positions,
         dead_letters=found.get("letters") or DeadLetterPage(letters=[], next_after=None, total=0),
         replay=REPLAY,
-        problems=problems + db_problems,
+        replica=replica,
+        problems=problems + db_problems + replica_problems,
     )
 
 
@@ -298,7 +345,8 @@ Limit = Annotated[int, Query(ge=1, le=500, description="dead letters per page")]
 async def api_operations(
     request: Request, who: Operator, db: Db, after: After = 0, limit: Limit = PAGE_SIZE
 ) -> Operations:
-    """Consumers' positions and lag, projections' positions, a page of dead letters, and the replay commands."""
+    """Consumers' positions and lag, projections' positions, the read replica's lag, a page of dead letters, and the
+    replay commands."""
     return await load(request, who, db, after, limit)
 
 

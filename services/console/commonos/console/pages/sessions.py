@@ -10,6 +10,10 @@ A session shows its conversation turn by turn, each tool call with its arguments
 approval, each model call with tokens and cost (model_calls), and its delegated child sessions inline under the
 turn that delegated. /sessions/{id}/live streams what happens next (server-sent events, HTML fragments for
 htmx); /api/sessions/{id}/events the same events as JSON.
+
+With a read replica (COS_DATABASE_READ_URL) the list and the sessions are read from it, as of its lag; a session it
+does not have yet is looked for on the primary before it is a 404 (a session started a moment ago from the chat
+page opens at once).
 """
 
 from __future__ import annotations
@@ -711,6 +715,10 @@ SessionView.model_rebuild()
 async def _session_or_404(db: Database, who: SignedIn, session_id: uuid.UUID) -> SessionView:
     async with db.reader(who.user) as conn:
         view = await load_session(conn, session_id)
+    if view is None and db.has_replica:
+        # Not on the read replica (yet): a session started a moment ago is the primary's alone.
+        async with db.reader(who.user, primary=True) as conn:
+            view = await load_session(conn, session_id)
     if view is None:
         raise HTTPException(404, f"no session {session_id}")
     return view
@@ -734,8 +742,12 @@ async def session_page(request: Request, who: SignedIn, db: Db, session_id: uuid
 
 
 async def _visible_profile(db: Database, who: SignedIn, session_id: uuid.UUID) -> str:
+    sql = "SELECT profile_id FROM sessions WHERE id = $1"
     async with db.reader(who.user) as conn:
-        profile = await conn.fetchval("SELECT profile_id FROM sessions WHERE id = $1", session_id)
+        profile = await conn.fetchval(sql, session_id)
+    if profile is None and db.has_replica:
+        async with db.reader(who.user, primary=True) as conn:
+            profile = await conn.fetchval(sql, session_id)
     if profile is None:
         raise HTTPException(404, f"no session {session_id}")
     return str(profile)
