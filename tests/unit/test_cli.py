@@ -31,6 +31,7 @@ COMMANDS = (
     "schema",
     "streams",
     "security",
+    "retention",
     "env",
     "status",
     "otlp",
