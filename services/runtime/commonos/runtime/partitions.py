@@ -7,9 +7,9 @@ is written, made by one of
 
 * the schema (`ahead_sql`, part of the table's DDL): the month before this one, this one and `MONTHS_AHEAD`
   months to come, each time a service applies its schema;
-* the writer (`Partitions.ensure`, from a projection's `prepare`, before the batch's transaction): the months
-  of the batch's rows not known to exist yet: an imported transcript from 2025, a month the service has run
-  into since it started. It takes the schema's advisory lock in a short transaction of its own, so two writers
+* the writer (`ensure`, from a projection's `prepare`, before the batch's transaction): the months of the
+  batch's rows that do not exist: an imported transcript from 2025, a month the service has run into since it
+  started, a month `cos retention` dropped that a late row belongs to. It takes the schema's advisory lock in a short transaction of its own, so two writers
   (or a writer and a starting service) never race to create the same partition.
 
 A month is dropped whole (`drop`: detached, then dropped), never deleted row by row: what costs the same for
@@ -27,11 +27,10 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Final
 
-from commonos.runtime.postgres import OLD_LAYOUT_SQLSTATE, SCHEMA_LOCK_KEY, Conn, OldLayout
+from commonos.runtime.postgres import OLD_LAYOUT_SQLSTATE, SCHEMA_LOCK_KEY, Conn
 
 __all__ = [
     "MONTHS_AHEAD",
-    "OldLayout",
     "Partition",
     "ahead_sql",
     "bounds",
@@ -117,8 +116,8 @@ def ahead_sql(table: str) -> str:
         "        m := (date_trunc('month', now() AT TIME ZONE 'UTC') + make_interval(months => i))::date;\n"
         f"        EXECUTE format('CREATE TABLE IF NOT EXISTS {prefix}%I PARTITION OF {table} "
         "FOR VALUES FROM (%L) TO (%L)',\n"
-        f"            '{bare}_p' || to_char(m, 'YYYY_MM'), m::text || ' 00:00:00+00',\n"
-        "            (m + interval '1 month')::date::text || ' 00:00:00+00');\n"
+        f"            '{bare}_p' || to_char(m, 'YYYY_MM'), to_char(m, 'YYYY-MM-DD') || ' 00:00:00+00',\n"
+        "            to_char(m + interval '1 month', 'YYYY-MM-DD') || ' 00:00:00+00');\n"
         "    END LOOP;\nEND\n$$;\n"
     )
 
@@ -127,8 +126,8 @@ def refuse_old_layout_sql(table: str) -> str:
     """DDL that fails, saying how to move it, when `table` exists as one unpartitioned table."""
     message = (
         f"{table} was made unpartitioned by an older version: stop the services and rebuild it in the "
-        "partitioned layout from the stream (cos replay --truncate for the core tables and the session graph, "
-        "cos billing relayout for model_calls; docs/operations.md, Partitions)"
+        "partitioned layout (cos replay --truncate for the core tables, from the stream; cos billing relayout for "
+        "model_calls; docs/operations.md, The database as it grows)"
     )
     return (
         "DO $$\nBEGIN\n"
