@@ -598,7 +598,12 @@ class ScaleBench:
         path = self.out / "scale.json"
         path.write_text(json.dumps(self.result, indent=2, default=str) + "\n")
         if self.steps:
-            chart(self.result, self.out / "scale.png")
+            try:
+                chart(self.result, self.out / "scale.png")
+            except ImportError:
+                self.say(
+                    "no chart: matplotlib is not installed (make bench-scale installs it: pip install -e '.[bench]')"
+                )
 
     def summary(self) -> None:
         table = Table(title=f"make bench-scale ({self.result['wall_s']:.0f} s)")
