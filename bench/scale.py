@@ -36,12 +36,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import itertools
 import json
 import os
 import random
-import re
 import shutil
 import subprocess
 import sys
@@ -65,7 +63,7 @@ from bench.report import machine_info
 from bench.services import BenchError, ServiceRun, watch_position
 from commonos.console.pages.sessions import PAGE_SIZE, encode_cursor
 from commonos.proto import events as ev
-from commonos.runtime import registry
+from commonos.runtime import partitions, registry, retention
 from commonos.runtime.embedded import NatsServer, PostgresCluster
 from commonos.runtime.nats import connect as nats_connect
 from commonos.runtime.nats import ensure_streams
@@ -119,14 +117,6 @@ WRITER_RATIO_TARGET: Final = 0.9
 DROP_TARGET_S: Final = 1.0
 #: Tables dropped child first (a referenced partition is detached after those that reference it).
 DROP_ORDER: Final = ("approvals", "tool_calls", "messages", "model_calls", "turns", "sessions")
-
-
-def _partitions() -> Any:
-    """`commonos.runtime.partitions` where the tables are partitioned by month, else None."""
-    try:
-        return importlib.import_module("commonos.runtime.partitions")
-    except ModuleNotFoundError:
-        return None
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -241,13 +231,9 @@ class ScaleBench:
         conn = await asyncpg.connect(self.dsn)
         try:
             await apply_schemas(conn, registry.schemas())
+            # Partitioned tables (pg_partitioned_table) are dropped a month at a time; others have their rows deleted.
+            self.partitioned = bool(await partitions.partitioned_tables(conn))
             await self.ensure_partitions(conn)
-            self.partitioned = bool(
-                await conn.fetchval(
-                    "SELECT count(*) FROM pg_partitioned_table pt JOIN pg_class c ON c.oid = pt.partrelid "
-                    "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'public'"
-                )
-            )
             await data.prepare(conn)
         finally:
             await conn.close()
@@ -258,9 +244,9 @@ class ScaleBench:
         )
 
     async def ensure_partitions(self, conn: asyncpg.Connection) -> None:
-        partitions = _partitions()
-        if partitions is not None:
-            # The 18 months, and the next two for the journal-writer's new events.
+        """The monthly partitions of the 18 months and the next two (the journal-writer's new events), made before
+        the rows go in (a month dropped at the last step is made again); nothing on unpartitioned tables."""
+        if self.partitioned:
             await partitions.ensure_range(conn, self.span.start, self.span.end + timedelta(days=62))
 
     # --- 1. growing --------------------------------------------------------------------------------
@@ -506,7 +492,7 @@ class ScaleBench:
             figures: dict[str, Any] = {"month": f"{lo:%Y-%m}", "messages": month_messages}
             try:
                 if self.partitioned:
-                    figures |= await _drop_partitions(conn)
+                    figures |= await _drop_partitions(conn, lo)
                 else:
                     figures |= await _delete_month(conn, lo, hi)
                 self.dropped = (lo, hi)
@@ -571,7 +557,7 @@ class ScaleBench:
                 "writer_events_per_step": self.args.writer_events,
                 "runs_per_case": self.args.runs,
                 "partitioned": self.partitioned,
-                "drop_method": "detach and drop the oldest partitions"
+                "drop_method": "detach and drop the oldest month's partitions (cos retention)"
                 if self.partitioned
                 else "delete the month's rows, then VACUUM",
                 "span": [self.span.start.isoformat(), self.span.end.isoformat()],
@@ -671,37 +657,25 @@ def _seconds(value: float | None) -> str:
     return "failed" if value is None else f"{value:.2f}"
 
 
-async def _drop_partitions(conn: asyncpg.Connection) -> dict[str, Any]:
-    """Detach and drop the oldest partition of each partitioned table (child tables first), timed."""
-    rows = await conn.fetch(
-        """
-        SELECT p.relname AS parent, c.relname AS child, pg_get_expr(c.relpartbound, c.oid) AS bound
-        FROM pg_partitioned_table pt
-        JOIN pg_class p ON p.oid = pt.partrelid AND NOT p.relispartition
-        JOIN pg_namespace n ON n.oid = p.relnamespace AND n.nspname = 'public'
-        JOIN pg_inherits i ON i.inhparent = p.oid
-        JOIN pg_class c ON c.oid = i.inhrelid
-        """
-    )
-    oldest: dict[str, tuple[str, str]] = {}
-    for r in rows:
-        found = re.search(r"FROM \((.*?)\) TO", r["bound"] or "")
-        if found is None:  # DEFAULT
-            continue
-        low = "" if "MINVALUE" in found.group(1) else found.group(1)
-        if r["parent"] not in oldest or low < oldest[r["parent"]][1]:
-            oldest[r["parent"]] = (r["child"], low)
-    order = sorted(oldest, key=lambda t: (DROP_ORDER.index(t) if t in DROP_ORDER else len(DROP_ORDER), t))
-    started = time.monotonic()
-    for parent in order:
-        child = oldest[parent][0]
-        async with conn.transaction():
-            await conn.execute(f'ALTER TABLE "{parent}" DETACH PARTITION "{child}"')
-            await conn.execute(f'DROP TABLE "{child}"')
+async def _drop_partitions(conn: asyncpg.Connection, month: datetime) -> dict[str, Any]:
+    """`cos retention`'s way: the month's partition of every partitioned table (the core's and billing's
+    model_calls) detached and dropped (`commonos.runtime.retention.run`), timed. Unpartitioned tables (sessions)
+    keep their rows, as with `cos retention`."""
+    first = partitions.month_of(month)
+    plan = [
+        p
+        for table in await partitions.partitioned_tables(conn)
+        for p in await partitions.list_partitions(conn, table)
+        if p.month == first
+    ]
+    started = time.perf_counter()
+    done = await retention.run(conn, plan)
+    took = time.perf_counter() - started
     return {
         "method": "detach and drop partitions",
-        "seconds": round(time.monotonic() - started, 3),
-        "partitions": [oldest[p][0] for p in order],
+        "seconds": round(took, 3),
+        "partitions": {d.partition: round(d.seconds, 3) for d in done},
+        "bytes": sum(p.bytes for p in plan),
     }
 
 

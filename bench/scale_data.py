@@ -149,6 +149,8 @@ SELECT st.id, st.profile_id, st.source,
   left((SELECT body FROM {SCHEMA}.texts WHERE i = {SCHEMA}.pick(st.s * {MESSAGES_PER_SESSION}, 7, {SENTENCES})), 60),
   st.tags, NULL, '{{"system_prompt": "Be brief.", "memory": []}}'::jsonb, st.at, st.at + interval '10 ms'
 FROM {SCHEMA}.step st
+-- Sessions are not partitioned: `cos retention` leaves a dropped month's sessions, whose rows come back here.
+ON CONFLICT (id) DO NOTHING
 """
 
 _TURNS: Final = f"""

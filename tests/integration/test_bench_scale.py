@@ -37,7 +37,7 @@ def test_two_tiny_steps_give_every_figure_and_the_chart() -> None:
         assert result["stopped"] is None
         assert result["method"]["drop_method"] in {
             "delete the month's rows, then VACUUM",
-            "detach and drop the oldest partitions",
+            "detach and drop the oldest month's partitions (cos retention)",
         }
         steps = result["steps"]
         assert [s["target_messages"] for s in steps] == [20_000, 40_000]
