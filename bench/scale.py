@@ -465,20 +465,29 @@ class ScaleBench:
         for case, path in paths.items():
             samples = []
             body = b""
-            for n in range(runs + 1):
-                took, body = await timed_get(http, path(n))
-                if n:
-                    samples.append(took)
+            try:
+                for n in range(runs + 1):
+                    took, body = await timed_get(http, path(n))
+                    if n:
+                        samples.append(took)
+            except (BenchError, aiohttp.ClientError, TimeoutError) as exc:
+                # A request the console refused (its statement timeout) or never answered: a figure of its own,
+                # not the end of a run of half an hour.
+                step.figures.setdefault("latency_ms", {})[case] = {
+                    "median": None,
+                    "p95": None,
+                    "runs": len(samples),
+                    "error": f"{type(exc).__name__}: {exc}"[:300],
+                }
+                self.say(f"{CASES[case][0]} FAILED: {type(exc).__name__}: {exc}"[:400])
+                continue
             extra: dict[str, Any] = {}
             if case.startswith(("list", "search")):
                 extra["sessions_on_page"] = len(json.loads(body).get("sessions", []))
             if case == "list_deep_page":
                 extra["page"] = deep_page
             step.latency(case, samples, **extra)
-        lines = [
-            f"{CASES[c][0]}: median {v['median']:.1f} ms, p95 {v['p95']:.1f} ms"
-            for c, v in step.figures["latency_ms"].items()
-        ]
+        lines = [f"{CASES[c][0]}: {_ms(v)}" for c, v in step.figures["latency_ms"].items()]
         self.say("latencies (" + f"{runs} runs each" + "):\n  " + "\n  ".join(lines))
 
     # --- 5. dropping the oldest month ---------------------------------------------------------------------
@@ -534,9 +543,10 @@ class ScaleBench:
         for case, (_, bound) in CASES.items():
             value = last["latency_ms"][case]["p95"]
             if bound is not None:
-                out[f"{case}_p95_ms"] = {"target": f"<= {bound:g}", "value": value, "met": value <= bound}
+                met = value is not None and value <= bound
+                out[f"{case}_p95_ms"] = {"target": f"<= {bound:g}", "value": value, "met": met}
         base, now = first["latency_ms"]["seed_approvals"], last["latency_ms"]["seed_approvals"]
-        time_ratio = now["median"] / base["median"] if base["median"] else None
+        time_ratio = now["median"] / base["median"] if base["median"] and now["median"] is not None else None
         rows_ratio = now["rows"] / base["rows"] if base["rows"] else None
         out["seed_approvals_growth"] = {
             "target": "median time ratio <= result rows ratio",
@@ -636,7 +646,7 @@ class ScaleBench:
         for case, (label, _) in CASES.items():
             add(
                 label + ", median / p95 ms",
-                [f"{f['latency_ms'][case]['median']:.1f} / {f['latency_ms'][case]['p95']:.1f}" for f in steps],
+                [_ms(f["latency_ms"][case], short=True) for f in steps],
                 f"{case}_p95_ms" if f"{case}_p95_ms" in targets else None,
             )
         add(
@@ -654,6 +664,17 @@ class ScaleBench:
         self.say(f"{met} of {len(targets)} targets met; {self.out / 'scale.json'}, {self.out / 'scale.png'}")
         if self.stopped:
             self.say(self.stopped)
+
+
+def _ms(case: dict[str, Any], short: bool = False) -> str:
+    """'median 1.2 ms, p95 3.4 ms' ('1.2 / 3.4'), or that it failed."""
+    if case["median"] is None:
+        return "failed" if short else f"failed ({case.get('error')})"
+    return (
+        f"{case['median']:.1f} / {case['p95']:.1f}"
+        if short
+        else f"median {case['median']:.1f} ms, p95 {case['p95']:.1f} ms"
+    )
 
 
 def _df(path: Path) -> str:
@@ -780,11 +801,21 @@ def chart(result: dict[str, Any], path: Path) -> None:
     rows = (len(panels) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 2.9 * rows), squeeze=False)
     for ax, (title, lines, target) in zip(axes.flat, panels, strict=False):
+        colour = -1
         for label, values in lines:
+            median = label.endswith("median")
+            colour += 0 if median else 1  # a case's median in its p95's colour, dashed
             points = [(a, b) for a, b in zip(x, values, strict=True) if b is not None]
             if points:
-                style = "--" if label.endswith("median") else "-"
-                ax.plot([p[0] for p in points], [p[1] for p in points], style, marker="o", markersize=3, label=label)
+                ax.plot(
+                    [p[0] for p in points],
+                    [p[1] for p in points],
+                    "--" if median else "-",
+                    color=f"C{colour}",
+                    marker="o",
+                    markersize=3,
+                    label=label,
+                )
         if target is not None:
             ax.axhline(target, color="red", linewidth=0.8, linestyle=":", label="target")
         ax.set_xscale("log")
