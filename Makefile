@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # One with a nats-server of your own (COS_TEST_NATS_URL): the tests empty its streams, they cannot share it.
 TEST_WORKERS ?= $(if $(COS_TEST_NATS_URL),1,2)
 
-.PHONY: setup demo up test test-fast lint format schema bench chaos clients clients-gateway clean
+.PHONY: setup demo up test test-fast lint format schema bench bench-scale chaos clients clients-gateway clean
 
 setup: $(STAMP)
 
@@ -51,6 +51,14 @@ schema: setup
 # Every figure of the performance targets from one run (own servers, ~10 min); table + bench/out/summary.json.
 bench: setup
 	$(BIN)/python -m bench.run
+
+# The growth curve (bench/scale.py): a database grown through 1M, 5M and 10M messages, measured at each size;
+# bench/out/scale.json and bench/out/scale.png. Under 60 minutes on 2 cores, about 18 GB of disk (it stops growing
+# before leaving less than 20 GB free). Not part of `make test`. Other sizes: make bench-scale BENCH_SCALE_SIZES=1M,2M
+BENCH_SCALE_SIZES ?= 1000000,5000000,10000000
+bench-scale: setup
+	@$(BIN)/python -c 'import matplotlib' 2>/dev/null || $(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev,bench]'
+	BENCH_SCALE_SIZES=$(BENCH_SCALE_SIZES) $(BIN)/python -m bench.scale
 
 # Ground truth for the importer: the real Claude Code and Codex CLIs (npm, into .cos/clients) against a
 # fake model; writes tests/fixtures/clients/<cli>-<version>/ and prints the format diff to the previous

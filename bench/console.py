@@ -54,7 +54,7 @@ import math
 import random
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -153,12 +153,13 @@ def _vocabulary(rng: random.Random, size: int = 3000) -> list[str]:
 class Text:
     """Sentences of Zipf-distributed words, with the planted search words at their rates.
 
-    The words are drawn once (a pool of `pool` words); a sentence is a slice of it at a random offset.
+    The words are drawn once (a pool of `pool` words); a sentence is a slice of it at a random offset. The
+    vocabulary is the tests' words and made-up ones, `vocabulary` words in all.
     """
 
-    def __init__(self, rng: random.Random, pool: int = 1 << 20) -> None:
+    def __init__(self, rng: random.Random, pool: int = 1 << 20, vocabulary: int = 3000 + len(WORDS)) -> None:
         self.rng = rng
-        self.words = _vocabulary(rng)
+        self.words = _vocabulary(rng, vocabulary - len(WORDS))
         weights = [1.0 / (rank + 1) for rank in range(len(self.words))]
         self.pool = rng.choices(self.words, cum_weights=list(itertools.accumulate(weights)), k=pool)
         planted = [(w, p) for w, p in SEARCH_WORDS.items() if p > 0]
@@ -525,6 +526,57 @@ class Request:
     cursor: str | None
 
 
+async def timed_get(http: aiohttp.ClientSession, path: str) -> tuple[float, bytes]:
+    """GET `path`: (seconds from sending the request to the end of the body, the body); raises unless 200."""
+    started = time.perf_counter()
+    async with http.get(path) as r:
+        body = await r.read()
+        took = time.perf_counter() - started
+        if r.status != 200:
+            raise BenchError(f"GET {path} answered {r.status}: {body[:300]!r}")
+    return took, body
+
+
+@contextlib.asynccontextmanager
+async def signed_in_console(
+    root: Path, logs: Path, nats_url: str, dsn: str
+) -> AsyncIterator[tuple[aiohttp.ClientSession, ServiceRun]]:
+    """The console (`python -m commonos.console`, its own process) on `dsn`, and an HTTP session signed in to it as
+    an operator (POST /api/login, the cookie; keep-alive connections); the console is stopped on leaving."""
+    port = free_port()
+    users = root / "console-users.toml"
+    users.write_text(render_users([User(USER, Role.OPERATOR, password_hash=hash_password(PASSWORD))]))
+    console = ServiceRun(
+        "console",
+        "commonos.console",
+        {
+            "COS_NATS_URL": nats_url,
+            "COS_DATABASE_URL": dsn,
+            "COS_CONSOLE_PORT": str(port),
+            "COS_CONSOLE_USERS": str(users),
+            "COS_CONSOLE_SECRET": "bench-console-secret-0123456789",
+            "COS_CONSOLE_INSECURE_COOKIES": "1",
+            "COS_LOG_LEVEL": "WARNING",
+        },
+        logs / "console.log",
+        http_port=port,
+    )
+    console.start()
+    try:
+        await console.wait_ready()
+        async with aiohttp.ClientSession(
+            base_url=f"http://127.0.0.1:{port}",
+            cookie_jar=aiohttp.CookieJar(unsafe=True),
+            connector=aiohttp.TCPConnector(limit=4),
+        ) as http:
+            async with http.post("/api/login", json={"name": USER, "password": PASSWORD}) as r:
+                if r.status != 200:
+                    raise BenchError(f"console sign-in answered {r.status}: {await r.text()}")
+            yield http, console
+    finally:
+        await console.stop()
+
+
 class ConsolePhase:
     def __init__(
         self,
@@ -564,7 +616,6 @@ class ConsolePhase:
         result = ConsoleResult()
         dsn = await self._fresh_db()
         nats = NatsServer(self.root / "nats-console")
-        console: ServiceRun | None = None
         try:
             started = time.monotonic()
             cpu_before = cpu_seconds()
@@ -590,44 +641,15 @@ class ConsolePhase:
                 await ensure_streams(nc.jetstream())
             finally:
                 await nc.close()
-            port = free_port()
-            users = self.root / "console-users.toml"
-            users.write_text(render_users([User(USER, Role.OPERATOR, password_hash=hash_password(PASSWORD))]))
-            console = ServiceRun(
-                "console",
-                "commonos.console",
-                {
-                    "COS_NATS_URL": nats.url,
-                    "COS_DATABASE_URL": dsn,
-                    "COS_CONSOLE_PORT": str(port),
-                    "COS_CONSOLE_USERS": str(users),
-                    "COS_CONSOLE_SECRET": "bench-console-secret-0123456789",
-                    "COS_CONSOLE_INSECURE_COOKIES": "1",
-                    "COS_LOG_LEVEL": "WARNING",
-                },
-                self.logs / "console.log",
-                http_port=port,
-            )
-            console.start()
-            await console.wait_ready()
-            conn = await asyncpg.connect(dsn)
-            async with aiohttp.ClientSession(
-                base_url=f"http://127.0.0.1:{port}",
-                cookie_jar=aiohttp.CookieJar(unsafe=True),
-                connector=aiohttp.TCPConnector(limit=4),
-            ) as http:
+            async with signed_in_console(self.root, self.logs, nats.url, dsn) as (http, console):
+                conn = await asyncpg.connect(dsn)
                 try:
-                    async with http.post("/api/login", json={"name": USER, "password": PASSWORD}) as r:
-                        if r.status != 200:
-                            raise BenchError(f"console sign-in answered {r.status}: {await r.text()}")
                     await self.measure(http, conn, console, result)
                 finally:
                     await conn.close()
-            console.check_alive()
-            result.figures["console_peak_rss_mb"] = round((console.peak_rss_kb() or 0) / 1024, 1)
+                console.check_alive()
+                result.figures["console_peak_rss_mb"] = round((console.peak_rss_kb() or 0) / 1024, 1)
         finally:
-            if console is not None:
-                await console.stop()
             nats.stop()
             await self._drop_db()
         return result
@@ -682,13 +704,7 @@ class ConsolePhase:
         return lists, searches
 
     async def _get(self, http: aiohttp.ClientSession, path: str) -> tuple[float, bytes]:
-        started = time.perf_counter()
-        async with http.get(path) as r:
-            body = await r.read()
-            took = time.perf_counter() - started
-            if r.status != 200:
-                raise BenchError(f"GET {path} answered {r.status}: {body[:300]!r}")
-        return took, body
+        return await timed_get(http, path)
 
     async def measure(
         self, http: aiohttp.ClientSession, conn: asyncpg.Connection, console: ServiceRun, out: ConsoleResult

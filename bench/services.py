@@ -190,8 +190,10 @@ async def watch_position(
     interval_s: float = 0.05,
     marks: Sequence[int] = (),
     say: Callable[[str], None] = lambda line: None,
+    after: int = 0,
 ) -> Progress:
-    """Poll `consumer`'s committed position until it reaches `target` (raises past the timeout)."""
+    """Poll `consumer`'s committed position until it reaches `target` (raises past the timeout). Its first commit
+    is the first position past `after` (where a restarted consumer had stopped)."""
     progress = Progress()
     conn: asyncpg.Connection = await asyncpg.connect(dsn)
     deadline = time.monotonic() + timeout_s
@@ -208,7 +210,7 @@ async def watch_position(
                 )
             now = time.monotonic()
             progress.position = position
-            if position > 0 and progress.first_at is None:
+            if position > after and progress.first_at is None:
                 progress.first_at, progress.first_position = now, position
             while pending_marks and position >= pending_marks[0]:
                 progress.marks[pending_marks.pop(0)] = now
