@@ -3,7 +3,6 @@ messages; scale.json has every figure at each size and every target, the chart i
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -66,8 +65,7 @@ def test_two_tiny_steps_give_every_figure_and_the_chart() -> None:
             "drop_oldest_month_s",
             *(f"{c}_p95_ms" for c, (_, bound) in CASES.items() if bound is not None),
         } == set(result["targets"])
-        assert "NOT MET" in done.stdout or "met" in done.stdout
-        if importlib.util.find_spec("matplotlib") is not None:
-            assert (out / "scale.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        # the chart: matplotlib is a test dependency, so it is always drawn here
+        assert (out / "scale.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     finally:
         cleanup(out)
