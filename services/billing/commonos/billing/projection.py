@@ -3,10 +3,10 @@
 The first half is pure (event + :class:`Pricer` -> :class:`ModelCallRow`, rows -> column arrays) so the hot
 path can be benchmarked alone. :class:`BillingProjection` runs it inside the consumer's transaction: one
 ``INSERT … SELECT FROM unnest(…) ON CONFLICT (event_id) DO NOTHING RETURNING event_id`` per batch (a call whose
-vendor request id is already stored under another event id is not inserted: `same_request_once`), then the
-budget step for the rows that were really new. Metrics and the budgets' in-memory state are staged and only
-recorded once the consumer has committed (:meth:`BillingProjection.committed`), so a batch that is rolled
-back and retried is not counted twice.
+vendor request id is already stored under another event id is not inserted: `same_request_once`), then, for
+the rows that were really new, their days added to ``model_call_days`` (the rollup the cost reports read) and
+the budget step. Metrics and the budgets' in-memory state are staged and only recorded once the consumer has
+committed (:meth:`BillingProjection.committed`), so a batch that is rolled back and retried is not counted twice.
 
 Token convention (Anthropic, OpenAI and Codex usage alike, see :mod:`commonos.accounting.usage`): the event's
 ``input_tokens`` excludes cache reads and writes and its ``output_tokens`` includes ``reasoning_tokens``; the
@@ -43,9 +43,10 @@ from typing import TYPE_CHECKING, Any, Final
 from commonos.accounting.pricing import Pricer
 from commonos.accounting.usage import TokenUsage
 from commonos.billing.budgets import BudgetStep, BudgetTracker
+from commonos.billing.days import INSERT_MODEL_CALLS, insert_calls
 from commonos.billing.metrics import BillingMetrics, MetricBatch
 from commonos.billing.rows import ModelCallRow
-from commonos.billing.schema import DELETIONS_TABLE, MODEL_CALLS, TABLES
+from commonos.billing.schema import BACKFILL_CALL_DAYS, DELETIONS_TABLE, MODEL_CALLS, TABLES
 from commonos.proto.events import MAX_COUNT, MAX_NAME_CHARS, Event, ModelCallCompleted, SessionCreated
 from commonos.proto.subjects import (
     MODEL_CALLS_FILTER,
@@ -198,12 +199,6 @@ def build_row(event: ModelCallCompleted, pricer: Pricer) -> ModelCallRow:
     )
 
 
-#: One round trip per batch: the columns as arrays (`unnest`), derived from the table's declaration
-#: (`billing.schema.MODEL_CALLS`); a call whose vendor request id is already stored under another event id is
-#: not inserted, and the event ids inserted are returned.
-INSERT_MODEL_CALLS: Final = MODEL_CALLS.insert_bulk()
-
-
 def insert_arguments(rows: Sequence[ModelCallRow]) -> list[list[Any]]:
     """The column arrays of :data:`INSERT_MODEL_CALLS` (a vendor's text, which may hold U+0000, escaped as every
     projection stores it, `proto.text`; tags as array literals)."""
@@ -322,8 +317,8 @@ class BillingProjection(Projection):
         rows = same_request_once([self.row_for(e) for e in events if isinstance(e, ModelCallCompleted)])
         if not rows:
             return
-        records = await conn.fetch(INSERT_MODEL_CALLS, *insert_arguments(rows))
-        fresh = new_rows(rows, {r["event_id"] for r in records})
+        # The new rows, also added to their days (a call delivered again adds nothing to either).
+        fresh = new_rows(rows, set(await insert_calls(conn, rows)))
         step = await self.budgets.apply(conn, fresh) if self.budgets is not None and fresh else None
         # Staged last: an apply that raised staged nothing.
         self._staged.metrics.append(self.metrics.stage(fresh))
@@ -347,4 +342,4 @@ class BillingProjection(Projection):
 
 #: Billing as registered (`commonos.projections` in pyproject.toml); its service builds the projection from its
 #: prices and budgets (`commonos.billing.service`).
-REGISTRATION: Final = Registration("billing", "billing", TABLES)
+REGISTRATION: Final = Registration("billing", "billing", TABLES, postlude=BACKFILL_CALL_DAYS)
