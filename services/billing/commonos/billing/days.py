@@ -1,7 +1,7 @@
 """The daily rollup `model_call_days`, kept equal to the sums of `model_calls` (`billing.schema.MODEL_CALL_DAYS`).
 
 Every writer of `model_calls` keeps it in step in its own transaction: the consumer adds the rows its insert
-really added (:func:`insert_calls`, a redelivered call adds nothing), a reprice moves the calls it changed
+really added (:func:`add_days`, a redelivered call adds nothing), a reprice moves the calls it changed
 (`billing.reprice`), a replay empties both and rebuilds both, and a profile's deletion changes neither
 (its calls stay, an accounting record). A change made to `model_calls` by hand (an operator's ``DELETE``)
 is followed by :func:`rebuild_days` over the days it touched (``cos billing rebuild-days``).
@@ -21,12 +21,22 @@ from commonos.billing.schema import ADD_CALL_DAYS, CLEAR_CALL_DAYS, MODEL_CALLS,
 if TYPE_CHECKING:
     from commonos.runtime.postgres import Conn
 
-__all__ = ["INSERT_MODEL_CALLS", "Rebuilt", "insert_calls", "rebuild_days"]
+__all__ = ["INSERT_MODEL_CALLS", "Rebuilt", "add_days", "insert_calls", "rebuild_days"]
 
 #: One round trip per batch: the columns as arrays (`unnest`), derived from the table's declaration
 #: (`billing.schema.MODEL_CALLS`); a call whose vendor request id is already stored under another event id is
 #: not inserted, and the event ids inserted are returned.
 INSERT_MODEL_CALLS: Final = MODEL_CALLS.insert_bulk()
+
+
+async def add_days(conn: Conn, added: Sequence[uuid.UUID]) -> None:
+    """Add the stored calls of these event ids to their days (the rows an insert has just added).
+
+    Last in a writer's transaction: its row locks on the days come after the budget step's advisory lock and
+    spend rows, the order a reprice takes them in too (`billing.reprice`), so neither waits for the other in
+    a cycle."""
+    if added:
+        await conn.execute(ADD_CALL_DAYS, list(added))
 
 
 async def insert_calls(conn: Conn, rows: Sequence[ModelCallRow]) -> list[uuid.UUID]:
@@ -37,8 +47,7 @@ async def insert_calls(conn: Conn, rows: Sequence[ModelCallRow]) -> list[uuid.UU
             return await insert_calls(conn, rows)
     records = await conn.fetch(INSERT_MODEL_CALLS, *MODEL_CALLS.bulk_args(rows))
     added: list[uuid.UUID] = [r["event_id"] for r in records]
-    if added:
-        await conn.execute(ADD_CALL_DAYS, added)
+    await add_days(conn, added)
     return added
 
 

@@ -4,8 +4,8 @@ The first half is pure (event + :class:`Pricer` -> :class:`ModelCallRow`, rows -
 path can be benchmarked alone. :class:`BillingProjection` runs it inside the consumer's transaction: one
 ``INSERT … SELECT FROM unnest(…) ON CONFLICT (event_id) DO NOTHING RETURNING event_id`` per batch (a call whose
 vendor request id is already stored under another event id is not inserted: `same_request_once`), then, for
-the rows that were really new, their days added to ``model_call_days`` (the rollup the cost reports read) and
-the budget step. Metrics and the budgets' in-memory state are staged and only recorded once the consumer has
+the rows that were really new, the budget step and their days added to ``model_call_days`` (the rollup the
+cost reports read). Metrics and the budgets' in-memory state are staged and only recorded once the consumer has
 committed (:meth:`BillingProjection.committed`), so a batch that is rolled back and retried is not counted twice.
 
 Token convention (Anthropic, OpenAI and Codex usage alike, see :mod:`commonos.accounting.usage`): the event's
@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Final
 from commonos.accounting.pricing import Pricer
 from commonos.accounting.usage import TokenUsage
 from commonos.billing.budgets import BudgetStep, BudgetTracker
-from commonos.billing.days import INSERT_MODEL_CALLS, insert_calls
+from commonos.billing.days import INSERT_MODEL_CALLS, add_days
 from commonos.billing.metrics import BillingMetrics, MetricBatch
 from commonos.billing.rows import ModelCallRow
 from commonos.billing.schema import BACKFILL_CALL_DAYS, DELETIONS_TABLE, MODEL_CALLS, TABLES
@@ -317,9 +317,13 @@ class BillingProjection(Projection):
         rows = same_request_once([self.row_for(e) for e in events if isinstance(e, ModelCallCompleted)])
         if not rows:
             return
-        # The new rows, also added to their days (a call delivered again adds nothing to either).
-        fresh = new_rows(rows, set(await insert_calls(conn, rows)))
+        records = await conn.fetch(INSERT_MODEL_CALLS, *insert_arguments(rows))
+        added = [r["event_id"] for r in records]
+        fresh = new_rows(rows, set(added))
         step = await self.budgets.apply(conn, fresh) if self.budgets is not None and fresh else None
+        # The new rows' days, after the budget step (the lock order a reprice keeps too); a call delivered
+        # again adds nothing.
+        await add_days(conn, added)
         # Staged last: an apply that raised staged nothing.
         self._staged.metrics.append(self.metrics.stage(fresh))
         if step is not None:

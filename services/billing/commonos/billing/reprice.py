@@ -4,12 +4,12 @@ Every ``model_calls`` row from ``since`` (to ``until``, exclusive) is priced aga
 fresh :class:`Pricer`. A row changes when its cost, cost status or price source would change; it then gets the
 new ``price_version`` and ``price_detail`` and ``repriced_at = now()``. Rows whose cost is the same keep the
 version that priced them, so a second run with the same prices changes nothing (idempotent), and a price-file
-edit changes exactly the rows it affects. The daily rollup (``model_call_days``) is adjusted by what changed:
-each changed call leaves its day's row of its old cost and status for the row of its new ones, in one statement
-once every chunk is updated (so its row locks are taken in one order, as the consumer's are). Budget spend of
-the periods in range is recomputed, and a run that changed rows is logged in ``billing_reprices``. Everything
-happens in one transaction: a row whose new cost ``model_calls.cost_usd`` cannot hold stops the run with a
-:class:`RepriceError` and nothing changes.
+edit changes exactly the rows it affects. Budget spend of the periods in range is recomputed, then the daily
+rollup (``model_call_days``) is adjusted by what changed: each changed call leaves its day's row of its old cost
+and status for the row of its new ones, in one statement (its row locks taken last and in key order, as the
+consumer takes them). A run that changed rows is logged in ``billing_reprices``. Everything happens in one
+transaction: a row whose new cost ``model_calls.cost_usd`` cannot hold stops the run with a :class:`RepriceError`
+and nothing changes.
 
 The running billing service keeps the prices it started with: restart it after changing the price file, or
 new calls are priced with the old file (a reprice later fixes them too).
@@ -195,12 +195,13 @@ async def reprice(
         result.usd_before = sum((c.usd_before for c in result.changes.values()), _ZERO)
         result.usd_after = sum((c.usd_after for c in result.changes.values()), _ZERO)
         if result.changed and not dry_run:
-            await conn.execute(MOVE_REPRICED_CALL_DAYS, *moved)
-            await conn.execute(DELETE_EMPTY_CALL_DAYS)
             # Writers that already added a delta to these rows commit first; the recompute, a later statement,
             # then sees their calls. Writers after it add their delta to the recomputed value.
             await conn.execute(_LOCK_SPEND, since, until)
             await conn.execute(_RECOMPUTE_SPEND, since, until)
+            # Last, as the consumer adds its days last: the days' row locks after the spend rows'.
+            await conn.execute(MOVE_REPRICED_CALL_DAYS, *moved)
+            await conn.execute(DELETE_EMPTY_CALL_DAYS)
             await conn.execute(
                 _LOG,
                 since,
