@@ -15,7 +15,7 @@ the one the queries over `model_calls` give, to the digit.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
@@ -194,6 +194,26 @@ DAYS_SOURCE: Final = """(
     WHERE (created_at >= $1 AND created_at < $3) OR (created_at >= $4 AND created_at < $2)
 ) AS c"""
 
+_SUMS: Final = (
+    "calls",
+    "unpriced_calls",
+    "usd",
+    "input_tokens",
+    "output_tokens",
+    "cache_read_tokens",
+    "cache_write_5m_tokens",
+    "cache_write_1h_tokens",
+    "reasoning_tokens",
+)
+
+#: `DAYS_SOURCE` summed per tag set first: what a grouping by the tags alone reads (far fewer rows to unnest or
+#: to look into than the days' rows).
+DAYS_BY_TAGS: Final = f"""(
+    SELECT tags, {", ".join(f"sum({c}) AS {c}" for c in _SUMS)}
+    FROM {DAYS_SOURCE}
+    GROUP BY tags
+) AS t"""
+
 #: `AGGREGATES` over `DAYS_SOURCE`: the USD is null when no call of the group is priced.
 DAYS_AGGREGATES: Final = """
     CASE WHEN sum(calls) > sum(unpriced_calls) THEN sum(usd) END AS usd,
@@ -211,27 +231,31 @@ DAYS_GROUP_EXPRESSIONS: Final = {**GROUP_EXPRESSIONS, "day": "to_char(day, 'YYYY
 DAYS_TOTAL_SQL: Final = f"SELECT {DAYS_AGGREGATES} FROM {DAYS_SOURCE}"
 #: The calls without a tag of the key ($5).
 DAYS_UNTAGGED_SQL: Final = f"""
-    SELECT {DAYS_AGGREGATES} FROM {DAYS_SOURCE}
+    SELECT {DAYS_AGGREGATES} FROM {DAYS_BY_TAGS}
     WHERE NOT EXISTS (SELECT 1 FROM unnest(tags) AS tag WHERE starts_with(tag, $5))"""
 #: How many calls the range holds and the UTC day of the first (null when none).
 DAYS_CALLS_SQL: Final = f"SELECT coalesce(sum(calls), 0)::bigint AS calls, min(day) AS first FROM {DAYS_SOURCE}"
 
 
 def days_grouped_sql(
-    kind: str, expressions: Mapping[str, str] = DAYS_GROUP_EXPRESSIONS, limit: int | None = None
+    kind: str,
+    expressions: Mapping[str, str] = DAYS_GROUP_EXPRESSIONS,
+    limit: int | None = None,
+    of_tags: Collection[str] = (),
 ) -> str:
-    """`grouped_sql` over `DAYS_SOURCE` (the tag prefix is $5): the same groups, in the same order."""
+    """`grouped_sql` over `DAYS_SOURCE` (the tag prefix is $5): the same groups, in the same order. `tag` and
+    the kinds of `of_tags` (an expression of `tags` alone) read the sums per tag set (`DAYS_BY_TAGS`)."""
     cut = f"\n            LIMIT {limit}" if limit is not None else ""
     if kind == "tag":
         return f"""
             SELECT tag AS grp, {DAYS_AGGREGATES}
-            FROM {DAYS_SOURCE}, unnest(tags) AS tag
+            FROM {DAYS_BY_TAGS}, unnest(tags) AS tag
             WHERE starts_with(tag, $5)
             GROUP BY tag
             ORDER BY usd DESC NULLS LAST, grp{cut}"""
     order = "grp" if kind == "day" else "usd DESC NULLS LAST, grp"
     return f"""
             SELECT {expressions[kind]} AS grp, {DAYS_AGGREGATES}
-            FROM {DAYS_SOURCE}
+            FROM {DAYS_BY_TAGS if kind in of_tags else DAYS_SOURCE}
             GROUP BY grp
             ORDER BY {order}{cut}"""

@@ -158,7 +158,7 @@ STATUS_SQL: Final = f"""
 
 async def _table(conn: Conn, kind: str, times: list[datetime], tag_key: str) -> CostTable:
     args: list[Any] = [*times, f"{tag_key}:"] if kind == "tag" else list(times)
-    records = await conn.fetch(days_grouped_sql(kind, GROUP_EXPRESSIONS, MAX_GROUPS + 1), *args)
+    records = await conn.fetch(days_grouped_sql(kind, GROUP_EXPRESSIONS, MAX_GROUPS + 1, of_tags=("origin",)), *args)
     rows = [CostRow.from_record(r, r["grp"], str(r["grp"])) for r in records[:MAX_GROUPS]]
     untagged: CostRow | None = None
     if kind == "tag":
