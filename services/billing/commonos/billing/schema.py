@@ -6,6 +6,10 @@ buckets are disjoint (`input_tokens` excludes cache reads and writes) and `outpu
 `reasoning_tokens`. `created_at` is the call's own time (the event's `occurred_at`), not the insert
 time, which is `recorded_at`. `cost_usd` is exact (numeric, 1e-10 USD) and NULL only when `unpriced`.
 
+`model_call_days` holds the sums of `model_calls` per UTC day, profile, provider, model, cost status and tag set,
+changed only in the transactions that change `model_calls` (`commonos.billing.days`): the cost reports read it
+for whole days.
+
 The core never reads these tables, and billing reads no core table.
 """
 
@@ -175,7 +179,7 @@ moves AS (
     FROM model_calls m JOIN old ON m.event_id = old.event_id
 )
 {_INTO}
-SELECT (m.created_at AT TIME ZONE 'UTC')::date, m.profile_id, m.provider, m.model, m.cost_status, {_SORTED_TAGS},
+SELECT {_DAY_OF_CALL}, m.profile_id, m.provider, m.model, m.cost_status, {_SORTED_TAGS},
        sum(m.sign), coalesce(sum(m.sign) FILTER (WHERE m.cost_usd IS NULL), 0),
        sum(m.sign * coalesce(m.cost_usd, 0)),
        {", ".join(f"sum(m.sign * m.{c})" for c in _TOKENS)}
