@@ -1,11 +1,12 @@
 """The daily rollup `model_call_days` is the sums of `model_calls`, always, and the reports that read it give
 what the queries over `model_calls` alone give, to the digit, over any range.
 
-Billing itself (the real service, a real nats-server and PostgreSQL) bills the calls: calls at and around UTC
-midnights, priced, unpriced and reported, with two tags of a key, none, the same tags in another order, and
-delivered twice. Each test then checks the invariant (`model_call_days` summed again in Python from every
-`model_calls` row) and compares every grouping of the rollup's queries with the raw ones over random ranges:
-partial days at both ends, within one day, whole days, open-ended, reaching the years 1 and 9999.
+Billing itself (the real service on a real nats-server and PostgreSQL, and a replay of the stream) bills the
+calls: calls at and around UTC midnights, priced, unpriced and reported, with two tags of a key, none, the same
+tags in another order, and delivered twice. Each test then checks the invariant (`model_call_days` summed again
+in Python from every `model_calls` row) and compares every grouping of the rollup's queries with the raw ones
+over random ranges: partial days at both ends, within one day, whole days, open-ended, reaching the years 1 and
+9999.
 """
 
 from __future__ import annotations
@@ -30,18 +31,22 @@ from commonos.accounting.cost_queries import (
 )
 from commonos.accounting.pricing import Pricer, load_price_file
 from commonos.billing.days import INSERT_MODEL_CALLS, rebuild_days
-from commonos.billing.projection import build_row, insert_arguments
+from commonos.billing.metrics import BillingMetrics
+from commonos.billing.projection import BillingProjection, build_row, insert_arguments
 from commonos.billing.report import GroupBy, cost_report, render_report
 from commonos.billing.reprice import reprice
 from commonos.billing.service import billing_schemas
 from commonos.console.pages.costs import ORIGIN
 from commonos.console.pages.costs import STATUS_SQL as DAYS_STATUS_SQL
+from commonos.journal_writer.replay import replay
 from commonos.proto import events as ev
 from commonos.runtime.postgres import Conn, apply_schemas, connect
+from commonos.runtime.settings import Settings
 from tests.billing.raw_costs import STATUS_SQL, days_of_calls, raw_grouped, raw_report, stored_days
 from tests.billing.support import POSITIONS, billing, publish_copies
 from tests.billing.test_report_cli import acos
-from tests.support import publish_all, wait_for_position
+from tests.harness import PgServer
+from tests.support import fresh_database, publish_all, wait_for_position
 
 #: The first of the days the calls fall on (UTC); they span DAYS days.
 START = datetime(2026, 10, 3, tzinfo=UTC)
@@ -248,6 +253,34 @@ async def test_a_deleted_profiles_calls_stay_in_the_rollup_and_later_ones_are_re
         assert await conn.fetchval("SELECT sum(calls) FROM model_call_days WHERE profile_id = 'ops'") == ops
         assert await conn.fetchval("SELECT sum(calls) FROM model_call_days") == len(first)
         await assert_rollup_is_raw(conn, rng)
+    finally:
+        await conn.close()
+
+
+async def test_a_replay_rebuilds_the_rollup_with_the_calls(
+    nats_url: str, database_url: str, pg_server: PgServer
+) -> None:
+    rng = random.Random(19)
+    billed = calls(rng, 200)
+    await bill(nats_url, database_url, list(billed))
+    await publish_copies(nats_url, billed, copy=2)  # each call twice in the stream: a replay counts it once
+    rebuilt = await fresh_database(pg_server)
+    conn = await connect(rebuilt)
+    try:
+        await apply_schemas(conn, billing_schemas())
+        for truncate in (False, True):  # into an empty database, then over the rebuilt one (emptied first)
+            settings = Settings(nats_url=nats_url, database_url=rebuilt)
+            done = await replay(
+                settings, truncate=truncate, projections=[BillingProjection(Pricer(), BillingMetrics())]
+            )
+            assert done.applied >= len(billed)
+            assert await conn.fetchval("SELECT sum(calls) FROM model_call_days") == len(billed)
+            await assert_rollup_is_raw(conn, rng, 10)
+        live = await connect(database_url)
+        try:
+            assert await stored_days(conn) == await stored_days(live)
+        finally:
+            await live.close()
     finally:
         await conn.close()
 
