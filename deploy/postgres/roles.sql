@@ -195,6 +195,17 @@ BEGIN
         DROP POLICY IF EXISTS analyst_by_profile ON model_calls;
         CREATE POLICY analyst_by_profile ON model_calls FOR SELECT TO cos_analyst USING (profile_id IN (SELECT profile_id FROM analyst_grants WHERE role_name = current_user));
     END IF;
+    IF to_regclass('public.model_call_days') IS NOT NULL THEN
+        ALTER TABLE model_call_days OWNER TO cos_billing;
+        REVOKE ALL ON model_call_days FROM PUBLIC, cos_journal_writer, cos_loop, cos_console, cos_analyst;
+        GRANT SELECT ON model_call_days TO cos_console;
+        GRANT SELECT ON model_call_days TO cos_analyst;
+        ALTER TABLE model_call_days ENABLE ROW LEVEL SECURITY;
+        DROP POLICY IF EXISTS console_reads_all ON model_call_days;
+        CREATE POLICY console_reads_all ON model_call_days FOR SELECT TO cos_console USING (true);
+        DROP POLICY IF EXISTS analyst_by_profile ON model_call_days;
+        CREATE POLICY analyst_by_profile ON model_call_days FOR SELECT TO cos_analyst USING (profile_id IN (SELECT profile_id FROM analyst_grants WHERE role_name = current_user));
+    END IF;
     IF to_regclass('public.billing_positions') IS NOT NULL THEN
         ALTER TABLE billing_positions OWNER TO cos_billing;
         REVOKE ALL ON billing_positions FROM PUBLIC, cos_journal_writer, cos_loop, cos_console, cos_analyst;

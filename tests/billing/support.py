@@ -17,14 +17,12 @@ from nats.js.errors import NotFoundError
 from commonos.accounting.pricing import Pricer
 from commonos.billing.cli import register
 from commonos.billing.config import BillingConfig
-from commonos.billing.rows import ModelCallRow
 from commonos.billing.service import serve
 from commonos.proto.cloudevents import MSG_ID, event_headers, percent_decode
 from commonos.proto.events import ModelCallCompleted, encode_event
 from commonos.proto.subjects import ALERTS_STREAM, EVENTS_STREAM, subject_for
 from commonos.runtime.args import Parser
 from commonos.runtime.nats import ensure_streams
-from commonos.runtime.postgres import Conn
 from commonos.runtime.settings import Settings
 from tests.support import InProcess
 
@@ -139,12 +137,3 @@ def run_cli(argv: list[str]) -> int:
     register(parser.add_subparsers(dest="command", parser_class=Parser))
     args = parser.parse_args(argv)
     return int(args.handler(args))
-
-
-async def store_rows(conn: Conn, rows: Sequence[ModelCallRow]) -> None:
-    """Write billed rows straight into model_calls, as billing's batch does, their months' partitions first."""
-    from commonos.billing.projection import INSERT_MODEL_CALLS, insert_arguments
-    from commonos.runtime import partitions
-
-    await partitions.ensure(conn, {"model_calls": [r.created_at for r in rows]})
-    await conn.fetch(INSERT_MODEL_CALLS, *insert_arguments(list(rows)))

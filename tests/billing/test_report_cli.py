@@ -22,12 +22,13 @@ from typing import Any
 import pytest
 
 from commonos.accounting.pricing import Pricer
+from commonos.billing.days import insert_calls, rebuild_days
 from commonos.billing.projection import build_row
 from commonos.billing.service import billing_schemas
 from commonos.proto import events as ev
 from commonos.proto.ids import new_id
 from commonos.runtime.postgres import apply_schemas, connect
-from tests.billing.support import POSITIONS, billing, store_rows
+from tests.billing.support import POSITIONS, billing
 from tests.support import publish_all, wait_for_position
 
 BIG = 2**62
@@ -129,7 +130,7 @@ async def three_calls(database_url: str) -> str:
     conn = await connect(database_url)
     try:
         await apply_schemas(conn, billing_schemas())
-        await store_rows(conn, rows)
+        await insert_calls(conn, rows)
     finally:
         await conn.close()
     return database_url
@@ -212,7 +213,7 @@ async def test_a_reprice_whose_new_cost_cannot_be_stored_is_one_line_and_changes
     conn = await connect(database_url)
     try:
         await apply_schemas(conn, billing_schemas())
-        await store_rows(conn, rows)
+        await insert_calls(conn, rows)
         before = [dict(r) for r in await conn.fetch("SELECT * FROM model_calls ORDER BY event_id")]
     finally:
         await conn.close()
@@ -262,9 +263,10 @@ async def test_csv_cells_a_spreadsheet_would_run_are_quoted_and_numbers_stay_num
     conn = await connect(database_url)
     try:
         await apply_schemas(conn, billing_schemas())
-        await store_rows(conn, rows)
+        await insert_calls(conn, rows)
         # A negative cost (a credit an operator's price file gives, say) is a number, not a formula.
         await conn.execute("UPDATE model_calls SET cost_usd = -1.5, cost_status = 'override' WHERE model = 'o4-mini'")
+        await rebuild_days(conn)  # a change by hand: its days are computed again
     finally:
         await conn.close()
     env = {**os.environ, "COS_DATABASE_URL": database_url}

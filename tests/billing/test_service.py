@@ -37,6 +37,7 @@ from commonos.proto.ids import new_id
 from commonos.proto.subjects import ALERTS_BUDGET, ALERTS_STREAM, DLQ_STREAM, subject_for
 from commonos.runtime.nats import alerts_stream_config, ensure_stream
 from commonos.runtime.postgres import apply_schemas, connect
+from tests.billing.raw_costs import days_of_calls, stored_days
 from tests.billing.support import (
     POSITIONS,
     billing,
@@ -538,6 +539,9 @@ async def test_budget_spend_stays_exact_with_two_partitions_and_concurrent_repri
             assert (spend["spent_usd"], spend["calls"]) == (actual["usd"], actual["n"])
         # Every call costs $3 per million x 1000 tokens after the last reprice.
         assert await conn.fetchval("SELECT sum(cost_usd) FROM model_calls") == Decimal("0.003") * len(calls)
+        # The daily rollup too, though writers and reprices moved the same rows at once.
+        assert await stored_days(conn) == await days_of_calls(conn)
+        assert await conn.fetchval("SELECT sum(usd) FROM model_call_days") == Decimal("0.003") * len(calls)
         assert await conn.fetchval("SELECT count(*) FROM budget_alerts WHERE budget = 'p-month'") == 1
     finally:
         await conn.close()

@@ -155,10 +155,10 @@ async def test_status_prints_consumer_names_and_filters_as_text(nats_url: str, d
 
 async def test_report_cost_prints_model_names_and_tags_as_text(database_url: str) -> None:
     from commonos.accounting.pricing import Pricer
+    from commonos.billing.days import insert_calls
     from commonos.billing.projection import build_row
     from commonos.billing.service import billing_schemas
     from commonos.runtime.postgres import apply_schemas, connect
-    from tests.billing.support import store_rows
 
     call = ModelCallCompleted(
         profile_id="default",
@@ -171,7 +171,7 @@ async def test_report_cost_prints_model_names_and_tags_as_text(database_url: str
     conn = await connect(database_url)
     try:
         await apply_schemas(conn, billing_schemas())
-        await store_rows(conn, [build_row(call, Pricer())])
+        await insert_calls(conn, [build_row(call, Pricer())])
     finally:
         await conn.close()
     for group_by, expected in (("model", "[red]m\\x1b[2J"), ("tag:client", "client:[bold]\\x1b]0;owned\\x07")):

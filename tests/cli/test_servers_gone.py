@@ -56,6 +56,7 @@ POSTGRES_COMMANDS: dict[str, list[str]] = {
     "status": ["status"],
     "report cost": ["report", "cost"],
     "billing reprice": ["billing", "reprice", "--since", "2020-01-01"],
+    "billing rebuild-days": ["billing", "rebuild-days"],
     "replay": ["replay"],
 }
 

@@ -2,7 +2,8 @@
 function and the CLI, on the same database), the specification's cost per client query too; unpriced calls
 counted and shown; the loop's own calls and imported Claude Code work side by side; budgets and their alerts;
 an accessible SVG chart with escaped labels; CSV export without formula injection; an analyst sees its own
-profiles' calls only (row-level security) and no budget."""
+profiles' calls only (row-level security) and no budget; over random ranges, every table is what the queries
+over `model_calls` alone give (the page reads billing's daily rollup for whole days)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import csv
 import dataclasses
 import io
 import json
+import random
+import urllib.parse
 import uuid
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -20,12 +23,14 @@ from typing import Any
 import aiohttp
 import pytest
 
+from commonos.accounting.cost_queries import GROUP_EXPRESSIONS, TOTAL_SQL
 from commonos.accounting.csv_cells import cost_csv, safe_cell
 from commonos.billing.config import BillingConfig, Budget, Period
 from commonos.billing.report import GroupBy, cost_report
-from commonos.console.pages.costs import bar_chart
+from commonos.console.pages.costs import ORIGIN, bar_chart
 from commonos.proto import events as ev
 from commonos.runtime.postgres import connect
+from tests.billing.raw_costs import STATUS_SQL, raw_grouped
 from tests.billing.support import billing, run_cli
 from tests.billing.test_service import COST_PER_CLIENT
 from tests.console.conftest import RunningConsole, Seeded
@@ -306,6 +311,47 @@ async def test_an_analyst_sees_its_profiles_calls_only(
     async with client.get("/costs") as r:
         html = await r.text()
     assert "operators see them" in html and "globex" not in html
+
+
+async def test_every_table_is_the_raw_queries_over_random_ranges(
+    console: RunningConsole, console_db: Seeded, billed: list[ev.ModelCallCompleted]
+) -> None:
+    """The page reads the rollup for whole UTC days and model_calls for the rest: over random ranges (partial
+    days at both ends, within a day, open-ended), each table, the total and the statuses are the raw queries'."""
+    client, _ = await console.signed_in("olivia")
+    rng = random.Random(17)
+    now = datetime.now(UTC)
+    first = datetime(2026, 10, 25, tzinfo=UTC)
+    span = int((now - first).total_seconds())
+    ranges: list[tuple[datetime, datetime | None]] = [(first, None), (first + timedelta(hours=30), now)]
+    for _ in range(12):
+        since = first + timedelta(seconds=rng.randrange(span), microseconds=rng.randrange(10**6))
+        until = rng.choice([None, since + timedelta(hours=rng.randrange(1, 24 * 40), seconds=rng.randrange(3600))])
+        ranges.append((since, until))
+    expressions = {**GROUP_EXPRESSIONS, "origin": ORIGIN}
+    tables = {"tag": "by_tag", "model": "by_model", "provider": "by_provider", "profile": "by_profile"}
+    tables |= {"day": "by_day", "origin": "by_origin"}
+    conn = await connect(console_db.dsn)
+    try:
+        compared = 0
+        for since, until in ranges:
+            query = {"since": since.isoformat(), "tag": "client"} | ({"until": until.isoformat()} if until else {})
+            page = await get_json(client, "/api/costs?" + urllib.parse.urlencode(query))
+            # Decimal sums compare equal to the page's numbers (ints, and USD as exact strings made Decimal).
+            assert _as_report(page["total"])[1:] == tuple(await conn.fetchrow(TOTAL_SQL, since, until) or ()), query
+            statuses = [(s["cost_status"], s["calls"], s["usd"] and Decimal(s["usd"])) for s in page["by_status"]]
+            assert statuses == [tuple(r) for r in await conn.fetch(STATUS_SQL, since, until)], query
+            for kind, key in tables.items():
+                raw = await raw_grouped(conn, kind, since, until, "client", expressions)
+                if kind == "tag":
+                    *raw, untagged = raw
+                    have = page[key]["untagged"]
+                    assert (_as_report(have)[1:] if have else None) == (untagged if untagged[1] else None), query
+                assert [_as_report(r) for r in page[key]["rows"]] == raw, (kind, query)
+            compared += page["total"]["calls"] > 0
+        assert compared >= 8
+    finally:
+        await conn.close()
 
 
 def test_safe_cells_and_chart_escaping() -> None:

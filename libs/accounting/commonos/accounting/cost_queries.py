@@ -1,17 +1,23 @@
-"""The SQL of cost by group over `model_calls`, the times of its range and the row it gives (`CostRow`): `cos
-report cost` and the console's Costs page run the same queries on the same range, so that their tables agree
-call for call (no I/O).
+"""The SQL of cost by group, the times of its range and the row it gives (`CostRow`): `cos report cost` and the
+console's Costs page run the same queries on the same range, so that their tables agree call for call (no I/O).
 
-Every query takes ``$1`` since, ``$2`` until (NULL: open) and, where it groups or filters by a tag key,
-``$3`` the tag prefix (``client:``).
+Two sets of the same queries. Over `model_calls` alone (`TOTAL_SQL`, `UNTAGGED_SQL`, `grouped_sql`): each
+takes ``$1`` since, ``$2`` until (NULL: open) and, where it groups or filters by a tag key, ``$3`` the tag
+prefix (``client:``). And over the daily rollup (`DAYS_TOTAL_SQL`, `DAYS_UNTAGGED_SQL`, `days_grouped_sql`),
+which the reports run: billing keeps `model_call_days` (the sums of each UTC day's calls per profile, provider,
+model, cost status and tag set) in the same transaction as the calls, so its rows are the calls' exact sums.
+A range of arbitrary times reads the rollup for the whole UTC days it covers and `model_calls` for the parts
+of days at its ends (`days_args` splits it: ``$1`` since, ``$2`` until, ``$3`` the first whole day's start,
+``$4`` the end of the last one, and ``$5`` the tag prefix); the two never hold the same call, so every sum is
+the one the queries over `model_calls` give, to the digit.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any, Final
 
@@ -144,5 +150,112 @@ def grouped_sql(kind: str, expressions: Mapping[str, str] = GROUP_EXPRESSIONS, l
             SELECT {expressions[kind]} AS grp, {AGGREGATES}
             FROM model_calls
             WHERE {RANGE}
+            GROUP BY grp
+            ORDER BY {order}{cut}"""
+
+
+# --- the same queries over the daily rollup ------------------------------------------------------------------
+
+#: The first and last instants: asyncpg sends them as -infinity and infinity.
+FIRST_INSTANT: Final = datetime.min.replace(tzinfo=UTC)
+LAST_INSTANT: Final = datetime.max.replace(tzinfo=UTC)
+
+
+def days_args(since: datetime, until: datetime | None) -> list[datetime]:
+    """The range's four times for the rollup queries: since, until (the last instant when open), the start of
+    the first whole UTC day in it and the end of the last (both until, when it holds no whole day). The calls
+    from since to the first, and from the end to until, are read from `model_calls`; the days between from
+    `model_call_days`. Pure."""
+    since = since.astimezone(UTC)
+    end = LAST_INSTANT if until is None else until.astimezone(UTC)
+    midnight = datetime.combine(since.date(), time(), UTC)
+    if midnight < since:
+        try:
+            midnight += timedelta(days=1)
+        except OverflowError:  # a time on the last day there is: no whole day follows it
+            midnight = LAST_INSTANT
+    last = LAST_INSTANT if end == LAST_INSTANT else datetime.combine(end.date(), time(), UTC)
+    if midnight >= last:
+        midnight = last = end
+    return [since, end, midnight, last]
+
+
+#: One row per call of the range's partial days, one per rollup row of its whole days: the same columns.
+DAYS_SOURCE: Final = """(
+    SELECT day, profile_id, provider, model, cost_status, tags, calls, unpriced_calls, usd, input_tokens,
+           output_tokens, cache_read_tokens, cache_write_5m_tokens, cache_write_1h_tokens, reasoning_tokens
+    FROM model_call_days
+    WHERE day >= ($3::timestamptz AT TIME ZONE 'UTC')::date AND day < ($4::timestamptz AT TIME ZONE 'UTC')::date
+    UNION ALL
+    SELECT (created_at AT TIME ZONE 'UTC')::date, profile_id, provider, model, cost_status, tags, 1,
+           (cost_usd IS NULL)::int, coalesce(cost_usd, 0), input_tokens, output_tokens, cache_read_tokens,
+           cache_write_5m_tokens, cache_write_1h_tokens, reasoning_tokens
+    FROM model_calls
+    WHERE (created_at >= $1 AND created_at < $3) OR (created_at >= $4 AND created_at < $2)
+) AS c"""
+
+_SUMS: Final = (
+    "calls",
+    "unpriced_calls",
+    "usd",
+    "input_tokens",
+    "output_tokens",
+    "cache_read_tokens",
+    "cache_write_5m_tokens",
+    "cache_write_1h_tokens",
+    "reasoning_tokens",
+)
+
+#: `DAYS_SOURCE` summed per tag set first: what a grouping by the tags alone reads (far fewer rows to unnest or
+#: to look into than the days' rows).
+DAYS_BY_TAGS: Final = f"""(
+    SELECT tags, {", ".join(f"sum({c}) AS {c}" for c in _SUMS)}
+    FROM {DAYS_SOURCE}
+    GROUP BY tags
+) AS t"""
+
+#: `AGGREGATES` over `DAYS_SOURCE`: the USD is null when no call of the group is priced.
+DAYS_AGGREGATES: Final = """
+    CASE WHEN sum(calls) > sum(unpriced_calls) THEN sum(usd) END AS usd,
+    coalesce(sum(calls), 0)::bigint AS calls,
+    coalesce(sum(unpriced_calls), 0)::bigint AS unpriced_calls,
+    coalesce(sum(input_tokens), 0) AS input_tokens,
+    coalesce(sum(output_tokens), 0) AS output_tokens,
+    coalesce(sum(cache_read_tokens), 0) AS cache_read_tokens,
+    coalesce(sum(cache_write_5m_tokens), 0) + coalesce(sum(cache_write_1h_tokens), 0) AS cache_write_tokens,
+    coalesce(sum(reasoning_tokens), 0) AS reasoning_tokens"""
+
+#: `GROUP_EXPRESSIONS` over `DAYS_SOURCE` (its `day` is the UTC date already).
+DAYS_GROUP_EXPRESSIONS: Final = {**GROUP_EXPRESSIONS, "day": "to_char(day, 'YYYY-MM-DD')"}
+
+DAYS_TOTAL_SQL: Final = f"SELECT {DAYS_AGGREGATES} FROM {DAYS_SOURCE}"
+#: The calls without a tag of the key ($5).
+DAYS_UNTAGGED_SQL: Final = f"""
+    SELECT {DAYS_AGGREGATES} FROM {DAYS_BY_TAGS}
+    WHERE NOT EXISTS (SELECT 1 FROM unnest(tags) AS tag WHERE starts_with(tag, $5))"""
+#: How many calls the range holds and the UTC day of the first (null when none).
+DAYS_CALLS_SQL: Final = f"SELECT coalesce(sum(calls), 0)::bigint AS calls, min(day) AS first FROM {DAYS_SOURCE}"
+
+
+def days_grouped_sql(
+    kind: str,
+    expressions: Mapping[str, str] = DAYS_GROUP_EXPRESSIONS,
+    limit: int | None = None,
+    of_tags: Collection[str] = (),
+) -> str:
+    """`grouped_sql` over `DAYS_SOURCE` (the tag prefix is $5): the same groups, in the same order. `tag` and
+    the kinds of `of_tags` (an expression of `tags` alone) read the sums per tag set (`DAYS_BY_TAGS`)."""
+    cut = f"\n            LIMIT {limit}" if limit is not None else ""
+    if kind == "tag":
+        return f"""
+            SELECT tag AS grp, {DAYS_AGGREGATES}
+            FROM {DAYS_BY_TAGS}, unnest(tags) AS tag
+            WHERE starts_with(tag, $5)
+            GROUP BY tag
+            ORDER BY usd DESC NULLS LAST, grp{cut}"""
+    order = "grp" if kind == "day" else "usd DESC NULLS LAST, grp"
+    return f"""
+            SELECT {expressions[kind]} AS grp, {DAYS_AGGREGATES}
+            FROM {DAYS_BY_TAGS if kind in of_tags else DAYS_SOURCE}
             GROUP BY grp
             ORDER BY {order}{cut}"""

@@ -1,8 +1,9 @@
-"""``cos billing serve|reprice`` and ``cos report cost``.
+"""``cos billing serve|reprice|rebuild-days`` and ``cos report cost``.
 
     cos billing serve
     cos billing reprice --since 2026-11-01 [--until 2026-12-01] [--price-file prices.toml] [--dry-run]
                         [--format table|json]
+    cos billing rebuild-days [--since 2026-11-01] [--until 2026-11-30]
     cos report cost [--since 2026-11-01|7d] [--until DATE] [--group-by tag:client|model|provider|day|profile]
                     [--format table|json|csv]
 
@@ -14,13 +15,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 from collections.abc import Awaitable, Callable
-from datetime import datetime
+from datetime import date, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 import asyncpg
 
 from commonos.accounting.pricing import PriceFile, PriceFileError, load_price_file
+from commonos.billing.days import rebuild_days
 from commonos.billing.report import (
     FORMATS,
     GroupBy,
@@ -114,7 +116,7 @@ def _reprice(args: argparse.Namespace) -> int:
 
 
 def _relayout(args: argparse.Namespace) -> int:
-    from commonos.billing.schema import MODEL_CALLS, SCHEMA
+    from commonos.billing.schema import BACKFILL_CALL_DAYS, MODEL_CALLS, SCHEMA
     from commonos.runtime import partitions
 
     dsn = database_url(Settings.from_env())
@@ -124,13 +126,37 @@ def _relayout(args: argparse.Namespace) -> int:
         assert MODEL_CALLS.partition_by is not None
         if await conn.fetchval("SELECT to_regclass($1)", MODEL_CALLS.name) is None:
             raise asyncpg.UndefinedTableError("model_calls")
-        return await partitions.relayout(conn, MODEL_CALLS.name, MODEL_CALLS.partition_by, columns, [SCHEMA])
+        return await partitions.relayout(
+            conn, MODEL_CALLS.name, MODEL_CALLS.partition_by, columns, [SCHEMA], after=[BACKFILL_CALL_DAYS]
+        )
 
     moved = asyncio.run(_with_database(dsn, work))
     if moved < 0:
         print("model_calls is partitioned by month already: nothing to do")
     else:
         print(f"model_calls moved into monthly partitions: {moved} rows, each as it was")
+    return 0
+
+
+def _day(text: str) -> date:
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a date (2026-11-01)") from None
+
+
+def _rebuild_days(args: argparse.Namespace) -> int:
+    dsn = database_url(Settings.from_env())
+    first: date = args.since or date.min
+    last: date = args.until or date.max
+    if last < first:
+        raise CliError("--until must not be before --since")
+
+    async def work(conn: Any) -> str:
+        done = await rebuild_days(conn, first, last)
+        return f"model_call_days {done.first} .. {done.last}: {done.before} row(s) replaced by {done.after}"
+
+    print(asyncio.run(_with_database(dsn, work)))
     return 0
 
 
@@ -173,6 +199,17 @@ def register(sub: Any) -> None:
     rp.add_argument("--dry-run", action="store_true", help="print the changes, write nothing")
     rp.add_argument("--format", choices=("table", "json"), default="table")
     rp.set_defaults(handler=_reprice)
+
+    rd = billing_sub.add_parser(
+        "rebuild-days",
+        help="compute the daily cost rollup again from model_calls (after changing model_calls by hand)",
+        description="Billing keeps model_call_days (what cost reports read for whole days) equal to the sums of "
+        "model_calls in the same transactions. After deleting or editing model_calls rows by hand, rebuild the UTC "
+        "days that changed (default: every day).",
+    )
+    rd.add_argument("--since", type=_day, help="first UTC day (default: the first there is)")
+    rd.add_argument("--until", type=_day, help="last UTC day, inclusive (default: the last there is)")
+    rd.set_defaults(handler=_rebuild_days)
 
     report_sub = command_group(sub, "report", "reports over the stored data", metavar="REPORT")
     cost = report_sub.add_parser(

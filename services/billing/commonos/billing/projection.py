@@ -4,10 +4,10 @@ The first half is pure (event + :class:`Pricer` -> :class:`ModelCallRow`, rows -
 path can be benchmarked alone. :class:`BillingProjection` runs it inside the consumer's transaction: one
 ``INSERT … SELECT FROM unnest(…) ON CONFLICT (event_id, created_at) DO NOTHING RETURNING event_id`` per batch (a
 call whose event id is stored in any month, or whose vendor request id is stored under another event id, is not
-inserted: `same_request_once` and the statement's condition), then the
-budget step for the rows that were really new. Metrics and the budgets' in-memory state are staged and only
-recorded once the consumer has committed (:meth:`BillingProjection.committed`), so a batch that is rolled
-back and retried is not counted twice.
+inserted: `same_request_once` and the statement's condition), then, for the rows that were really new, the
+budget step and their days added to ``model_call_days`` (the rollup the cost reports read). Metrics and the
+budgets' in-memory state are staged and only recorded once the consumer has committed
+(:meth:`BillingProjection.committed`), so a batch that is rolled back and retried is not counted twice.
 
 Token convention (Anthropic, OpenAI and Codex usage alike, see :mod:`commonos.accounting.usage`): the event's
 ``input_tokens`` excludes cache reads and writes and its ``output_tokens`` includes ``reasoning_tokens``; the
@@ -44,9 +44,10 @@ from typing import TYPE_CHECKING, Any, Final
 from commonos.accounting.pricing import Pricer
 from commonos.accounting.usage import TokenUsage
 from commonos.billing.budgets import BudgetStep, BudgetTracker
+from commonos.billing.days import INSERT_MODEL_CALLS, add_days
 from commonos.billing.metrics import BillingMetrics, MetricBatch
 from commonos.billing.rows import ModelCallRow
-from commonos.billing.schema import DELETIONS_TABLE, MODEL_CALLS, TABLES
+from commonos.billing.schema import BACKFILL_CALL_DAYS, DELETIONS_TABLE, MODEL_CALLS, TABLES
 from commonos.proto.events import MAX_COUNT, MAX_NAME_CHARS, Event, ModelCallCompleted, SessionCreated
 from commonos.proto.subjects import (
     MODEL_CALLS_FILTER,
@@ -201,12 +202,6 @@ def build_row(event: ModelCallCompleted, pricer: Pricer) -> ModelCallRow:
     )
 
 
-#: One round trip per batch: the columns as arrays (`unnest`), derived from the table's declaration
-#: (`billing.schema.MODEL_CALLS`); a call whose vendor request id is already stored under another event id is
-#: not inserted, and the event ids inserted are returned.
-INSERT_MODEL_CALLS: Final = MODEL_CALLS.insert_bulk()
-
-
 def insert_arguments(rows: Sequence[ModelCallRow]) -> list[list[Any]]:
     """The column arrays of :data:`INSERT_MODEL_CALLS` (a vendor's text, which may hold U+0000, escaped as every
     projection stores it, `proto.text`; tags as array literals)."""
@@ -337,8 +332,12 @@ class BillingProjection(Projection):
         if not rows:
             return
         records = await conn.fetch(INSERT_MODEL_CALLS, *insert_arguments(rows))
-        fresh = new_rows(rows, {r["event_id"] for r in records})
+        added = [r["event_id"] for r in records]
+        fresh = new_rows(rows, set(added))
         step = await self.budgets.apply(conn, fresh) if self.budgets is not None and fresh else None
+        # The new rows' days, after the budget step (the lock order a reprice keeps too); a call delivered
+        # again adds nothing.
+        await add_days(conn, added)
         # Staged last: an apply that raised staged nothing.
         self._staged.metrics.append(self.metrics.stage(fresh))
         if step is not None:
@@ -361,4 +360,4 @@ class BillingProjection(Projection):
 
 #: Billing as registered (`commonos.projections` in pyproject.toml); its service builds the projection from its
 #: prices and budgets (`commonos.billing.service`).
-REGISTRATION: Final = Registration("billing", "billing", TABLES)
+REGISTRATION: Final = Registration("billing", "billing", TABLES, postlude=BACKFILL_CALL_DAYS)

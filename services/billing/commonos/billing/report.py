@@ -7,6 +7,9 @@ query does the same), so the groups can add up to more than the total; calls wit
 (``created_at``); ``since`` defaults to the start of the current month as the database sees it
 (``date_trunc('month', now())``, like the seed's query) and ``until`` is exclusive.
 
+The queries read the daily rollup (``model_call_days``) for the whole UTC days of the range and ``model_calls``
+for the rest (`commonos.accounting.cost_queries.days_args`): the sums are those of ``model_calls`` alone, exactly.
+
 The SQL and the rendering are here; the CLI only parses arguments.
 """
 
@@ -21,15 +24,17 @@ from decimal import Decimal
 from typing import Any, Final
 
 from commonos.accounting.cost_queries import (
+    DAYS_CALLS_SQL,
+    DAYS_TOTAL_SQL,
+    DAYS_UNTAGGED_SQL,
+    FIRST_INSTANT,
     GROUP_EXPRESSIONS,
-    RANGE,
     TOTAL_LABEL,
-    TOTAL_SQL,
     UNTAGGED_LABEL,
-    UNTAGGED_SQL,
     CostRow,
     ReportError,
-    grouped_sql,
+    days_args,
+    days_grouped_sql,
     parse_when,
 )
 from commonos.accounting.csv_cells import cost_csv
@@ -103,13 +108,6 @@ class CostReport:
     notes: list[str] = field(default_factory=list)
 
 
-#: The calls outside the range: how many before it and after it, and the first one's time.
-_OUTSIDE_SQL: Final = f"""
-    SELECT count(*) FILTER (WHERE created_at < $1) AS before, min(created_at) AS first,
-           count(*) FILTER (WHERE $2::timestamptz IS NOT NULL AND created_at >= $2) AS after
-    FROM model_calls WHERE NOT ({RANGE})"""
-
-
 async def cost_report(
     conn: Conn, group_by: GroupBy, since: datetime | None = None, until: datetime | None = None
 ) -> CostReport:
@@ -118,14 +116,15 @@ async def cost_report(
         # Only the default is asked of the database: a given time read back could be asyncpg's naive
         # datetime.min/max, which is how it reads -infinity/infinity (what it sends for the first/last instant).
         resolved = since if since is not None else await conn.fetchval("SELECT date_trunc('month', now())")
-        args: list[Any] = [resolved, until]
-        if group_by.kind == "tag":
-            args.append(f"{group_by.tag_key}:")
-        records = await conn.fetch(grouped_sql(group_by.kind), *args)
-        total = await conn.fetchrow(TOTAL_SQL, resolved, until)
-        untagged = await conn.fetchrow(UNTAGGED_SQL, *args) if group_by.kind == "tag" else None
-        outside = await conn.fetchrow(_OUTSIDE_SQL, resolved, until)
-    assert total is not None and outside is not None
+        times = days_args(resolved, until)
+        args: list[Any] = [*times, f"{group_by.tag_key}:"] if group_by.kind == "tag" else times
+        records = await conn.fetch(days_grouped_sql(group_by.kind), *args)
+        total = await conn.fetchrow(DAYS_TOTAL_SQL, *times)
+        untagged = await conn.fetchrow(DAYS_UNTAGGED_SQL, *args) if group_by.kind == "tag" else None
+        # The calls outside the range: how many before it (and the first one's day) and after it.
+        before = await conn.fetchrow(DAYS_CALLS_SQL, *days_args(FIRST_INSTANT, resolved))
+        after = await conn.fetchval(DAYS_CALLS_SQL, *days_args(until, None)) if until is not None else 0
+    assert total is not None and before is not None
     groups = [CostRow.from_record(r, r["grp"], r["grp"] or "") for r in records]
     total_row = CostRow.from_record(total, None, TOTAL_LABEL)
     untagged_row = (
@@ -137,14 +136,14 @@ async def cost_report(
             f"Each call is counted once in every {group_by.tag_key}: group it carries, so groups can add up to "
             "more than the total; the total counts each call once."
         )
-    if outside["before"]:
-        first = outside["first"].date().isoformat()
+    if before["calls"]:
+        first = before["first"].isoformat()
         notes.append(
-            f"{outside['before']:,} call(s) are before this range (the first on {first}, by the calls' own times): "
+            f"{before['calls']:,} call(s) are before this range (the first on {first}, by the calls' own times): "
             f"`--since {first}` shows them."
         )
-    if outside["after"]:
-        notes.append(f"{outside['after']:,} call(s) are after this range: leave out `--until` to show them.")
+    if after:
+        notes.append(f"{after:,} call(s) are after this range: leave out `--until` to show them.")
     if total_row.unpriced_calls:
         notes.append(
             f"{total_row.unpriced_calls} call(s) have no price (cost_status unpriced): they count as calls, not "

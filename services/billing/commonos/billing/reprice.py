@@ -4,9 +4,12 @@ Every ``model_calls`` row from ``since`` (to ``until``, exclusive) is priced aga
 fresh :class:`Pricer`. A row changes when its cost, cost status or price source would change; it then gets the
 new ``price_version`` and ``price_detail`` and ``repriced_at = now()``. Rows whose cost is the same keep the
 version that priced them, so a second run with the same prices changes nothing (idempotent), and a price-file
-edit changes exactly the rows it affects. Budget spend of the periods in range is recomputed, and a run that
-changed rows is logged in ``billing_reprices``. Everything happens in one transaction: a row whose new cost
-``model_calls.cost_usd`` cannot hold stops the run with a :class:`RepriceError` and nothing changes.
+edit changes exactly the rows it affects. Budget spend of the periods in range is recomputed, then the daily
+rollup (``model_call_days``) is adjusted by what changed: each changed call leaves its day's row of its old cost
+and status for the row of its new ones, in one statement (its row locks taken last and in key order, as the
+consumer takes them). A run that changed rows is logged in ``billing_reprices``. Everything happens in one
+transaction: a row whose new cost ``model_calls.cost_usd`` cannot hold stops the run with a :class:`RepriceError`
+and nothing changes.
 
 The running billing service keeps the prices it started with: restart it after changing the price file, or
 new calls are priced with the old file (a reprice later fixes them too).
@@ -29,6 +32,7 @@ from commonos.accounting.usage import TokenUsage
 from commonos.billing.budgets import BUDGET_LOCK_KEY
 from commonos.billing.projection import MAX_COST_USD
 from commonos.billing.report import columns
+from commonos.billing.schema import DELETE_EMPTY_CALL_DAYS, MOVE_REPRICED_CALL_DAYS
 from commonos.proto.errors import DataError
 from commonos.runtime.postgres import Conn
 
@@ -152,6 +156,8 @@ async def reprice(
         dry_run=dry_run,
     )
     after: tuple[datetime, uuid.UUID] = (since, uuid.UUID(int=0))
+    #: The changed calls' event ids, and their cost and status before the run (for the rollup's moves).
+    moved: tuple[list[uuid.UUID], list[Decimal | None], list[str]] = ([], [], [])
     async with conn.transaction():
         if not dry_run:
             # Held to the end: no spend row is created meanwhile from costs this run is changing.
@@ -180,6 +186,9 @@ async def reprice(
                 change.usd_before += row["cost_usd"] or _ZERO
                 change.usd_after += new.cost_usd or _ZERO
                 update.append((row["event_id"], new.cost_usd, new.status.value, new.source, new.version, new.detail))
+                moved[0].append(row["event_id"])
+                moved[1].append(row["cost_usd"])
+                moved[2].append(row["cost_status"])
             result.changed += len(update)
             if update and not dry_run:
                 await conn.execute(_UPDATE, *(list(column) for column in zip(*update, strict=True)))
@@ -190,6 +199,9 @@ async def reprice(
             # then sees their calls. Writers after it add their delta to the recomputed value.
             await conn.execute(_LOCK_SPEND, since, until)
             await conn.execute(_RECOMPUTE_SPEND, since, until)
+            # Last, as the consumer adds its days last: the days' row locks after the spend rows'.
+            await conn.execute(MOVE_REPRICED_CALL_DAYS, *moved)
+            await conn.execute(DELETE_EMPTY_CALL_DAYS)
             await conn.execute(
                 _LOG,
                 since,

@@ -6,13 +6,17 @@ buckets are disjoint (`input_tokens` excludes cache reads and writes) and `outpu
 `reasoning_tokens`. `created_at` is the call's own time (the event's `occurred_at`), not the insert
 time, which is `recorded_at`. `cost_usd` is exact (numeric, 1e-10 USD) and NULL only when `unpriced`.
 
+`model_call_days` holds the sums of `model_calls` per UTC day, profile, provider, model, cost status and tag set,
+changed only in the transactions that change `model_calls` (`commonos.billing.days`): the cost reports read it
+for whole days.
+
 The core never reads these tables, and billing reads no core table.
 """
 
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
+from datetime import date, datetime
 from decimal import Decimal
 from typing import Final
 
@@ -92,6 +96,116 @@ MODEL_CALLS: Final = Table(
     partition_by="created_at",
     accounting=True,
 )
+
+
+class CallDayRow(msgspec.Struct, frozen=True):
+    """The totals of one UTC day's calls of a profile, provider, model, cost status and tag set: the sums the
+    cost reports show (`commonos.accounting.cost_queries`), kept in step with `model_calls` in the same
+    transaction (the consumer adds its new rows, a reprice moves the rows it changes)."""
+
+    day: date
+    profile_id: str
+    provider: str
+    model: str
+    cost_status: str
+    #: The calls' tags, sorted (byte order): calls with the same set share a row whatever order they gave.
+    tags: tuple[str, ...]
+    calls: int
+    unpriced_calls: int
+    #: The priced calls' exact cost (0 when none is priced: `calls - unpriced_calls` says whether any is).
+    usd: Decimal
+    input_tokens: Decimal
+    output_tokens: Decimal
+    cache_read_tokens: Decimal
+    cache_write_5m_tokens: Decimal
+    cache_write_1h_tokens: Decimal
+    reasoning_tokens: Decimal
+
+
+#: The key of a `model_call_days` row, in the order every writer locks rows in (no deadlock between writers).
+DAY_KEY: Final = ("day", "profile_id", "provider", "model", "cost_status", "tags")
+
+MODEL_CALL_DAYS: Final = Table(
+    "model_call_days",
+    CallDayRow,
+    key=DAY_KEY,
+    owner=BILLING,
+    # Token sums are numeric: each count is a bigint, their sum need not be. The cost keeps model_calls' scale.
+    types={"calls": "bigint", "unpriced_calls": "bigint", "usd": "numeric(38, 10)"},
+    # A reprice can empty a row (its calls moved to another cost status): it deletes the empty rows. No CHECK
+    # on the sums: an upsert's proposed row (a reprice's negative differences) is checked before its conflict.
+    indexes={"model_call_days_empty": "(day) WHERE calls = 0"},
+    readers=(Read(CONSOLE), Read(ANALYST, by_profile())),
+)
+
+_DAY_COLUMNS: Final = ", ".join(c.name for c in MODEL_CALL_DAYS.columns)
+_DAY_SUMS: Final = [c.name for c in MODEL_CALL_DAYS.columns if c.name not in DAY_KEY]
+
+
+_DAY_OF_CALL: Final = "(m.created_at AT TIME ZONE 'UTC')::date"
+_SORTED_TAGS: Final = 'ARRAY(SELECT t FROM unnest(m.tags) AS t ORDER BY t COLLATE "C")'
+_KEYS: Final = ", ".join(str(i) for i in range(1, len(DAY_KEY) + 1))
+
+
+def _days_of(source: str, where: str) -> str:
+    """The `model_call_days` rows of the `model_calls` rows (`source`, as m) where `where` holds, in key order."""
+    return f"""
+SELECT {_DAY_OF_CALL}, m.profile_id, m.provider, m.model, m.cost_status, {_SORTED_TAGS},
+       count(*), count(*) FILTER (WHERE m.cost_usd IS NULL), coalesce(sum(m.cost_usd), 0),
+       {", ".join(f"coalesce(sum(m.{c}), 0)" for c in _DAY_SUMS[3:])}
+FROM {source} m
+WHERE {where}
+GROUP BY {_KEYS}
+ORDER BY {_KEYS}"""
+
+
+_ADD_SUMS: Final = "ON CONFLICT ({}) DO UPDATE SET {}".format(
+    ", ".join(DAY_KEY), ", ".join(f"{c} = d.{c} + EXCLUDED.{c}" for c in _DAY_SUMS)
+)
+_INTO: Final = f"INSERT INTO model_call_days AS d ({_DAY_COLUMNS})"
+
+#: Add the calls of these event ids ($1) to their days: the consumer runs it on the rows its insert added.
+ADD_CALL_DAYS: Final = f"{_INTO}{_days_of('model_calls', 'm.event_id = ANY($1::uuid[])')}\n{_ADD_SUMS}"
+
+_TOKENS: Final = _DAY_SUMS[3:]
+
+#: Move repriced calls: $1 their event ids, $2 and $3 their cost and status before the update (which has run).
+#: Each call leaves its old row (its sums subtracted) for its new one (added); where its cost status stayed,
+#: that adds the cost's difference. Then `DELETE_EMPTY_CALL_DAYS`.
+MOVE_REPRICED_CALL_DAYS: Final = f"""
+WITH old AS (
+    SELECT * FROM unnest($1::uuid[], $2::numeric(24, 10)[], $3::text[]) AS o(event_id, cost_usd, cost_status)
+),
+moves AS (
+    SELECT m.created_at, m.profile_id, m.provider, m.model, m.tags, m.cost_status, m.cost_usd, 1 AS sign,
+           {", ".join(f"m.{c}" for c in _TOKENS)}
+    FROM model_calls m JOIN old ON m.event_id = old.event_id
+    UNION ALL
+    SELECT m.created_at, m.profile_id, m.provider, m.model, m.tags, old.cost_status, old.cost_usd, -1,
+           {", ".join(f"m.{c}" for c in _TOKENS)}
+    FROM model_calls m JOIN old ON m.event_id = old.event_id
+)
+{_INTO}
+SELECT {_DAY_OF_CALL}, m.profile_id, m.provider, m.model, m.cost_status, {_SORTED_TAGS},
+       sum(m.sign), coalesce(sum(m.sign) FILTER (WHERE m.cost_usd IS NULL), 0),
+       sum(m.sign * coalesce(m.cost_usd, 0)),
+       {", ".join(f"sum(m.sign * m.{c})" for c in _TOKENS)}
+FROM moves m
+GROUP BY {_KEYS}
+ORDER BY {_KEYS}
+{_ADD_SUMS}"""
+
+#: The rows a reprice emptied.
+DELETE_EMPTY_CALL_DAYS: Final = "DELETE FROM model_call_days WHERE calls = 0"
+
+#: Rebuild the days from $1 to $2 (dates, inclusive) from `model_calls` (after a change made by hand): clear
+#: them, then fill them again, in one transaction.
+CLEAR_CALL_DAYS: Final = "DELETE FROM model_call_days WHERE day BETWEEN $1::date AND $2::date"
+REBUILD_CALL_DAYS: Final = f"{_INTO}{_days_of('model_calls', _DAY_OF_CALL + ' BETWEEN $1::date AND $2::date')}"
+
+#: Fill the days from `model_calls` when they are empty and it is not: a database that had calls before the
+#: table came to be. Part of the schema, run under the schema lock before billing consumes anything.
+BACKFILL_CALL_DAYS: Final = f"{_INTO}{_days_of('model_calls', 'NOT EXISTS (SELECT 1 FROM model_call_days)')};\n"
 
 #: Billing's own consumer positions, written in the same transaction as its rows.
 POSITIONS: Final = positions_table("billing_positions", BILLING, (Read(CONSOLE),))
@@ -186,12 +300,23 @@ OWNERS: Final = owners_table("billing_session_owners", BILLING)
 DELETIONS_TABLE: Final = "billing_profile_deletions"
 DELETIONS: Final = tombstones_table(DELETIONS_TABLE, BILLING)
 
-TABLES: Final = (MODEL_CALLS, POSITIONS, BUDGET_SPEND, BUDGET_ALERTS, BILLING_REPRICES, OWNERS, DELETIONS)
-SCHEMA: Final = "\n".join(t.ddl() for t in TABLES)
+TABLES: Final = (
+    MODEL_CALLS,
+    MODEL_CALL_DAYS,
+    POSITIONS,
+    BUDGET_SPEND,
+    BUDGET_ALERTS,
+    BILLING_REPRICES,
+    OWNERS,
+    DELETIONS,
+)
+#: The tables' DDL, then the days filled from the calls where they are empty (a database upgraded to them).
+SCHEMA: Final = "\n".join(t.ddl() for t in TABLES) + BACKFILL_CALL_DAYS
 
 #: Tables of this plugin, for tests and tools.
 BILLING_TABLES: Final = (
     "model_calls",
+    "model_call_days",
     "billing_positions",
     "budget_spend",
     "budget_alerts",

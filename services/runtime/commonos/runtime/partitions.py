@@ -9,8 +9,9 @@ is written, made by one of
   months to come, each time a service applies its schema;
 * the writer (`ensure`, from a projection's `prepare`, before the batch's transaction): the months of the
   batch's rows that do not exist: an imported transcript from 2025, a month the service has run into since it
-  started, a month `cos retention` dropped that a late row belongs to. It takes the schema's advisory lock in a short transaction of its own, so two writers
-  (or a writer and a starting service) never race to create the same partition.
+  started, a month `cos retention` dropped that a late row belongs to. It takes the schema's advisory lock in a
+  short transaction of its own, so two writers (or a writer and a starting service) never race to create the
+  same partition.
 
 A month is dropped whole (`drop`: detached, then dropped), never deleted row by row: what costs the same for
 a thousand rows as for a hundred million, and returns the disk at once (`cos retention`).
@@ -238,15 +239,17 @@ async def ensure_range(conn: Conn, start: datetime, end: datetime, tables: Seque
 _ASIDE: Final = "cos_old_layout"
 
 
-async def relayout(conn: Conn, table: str, partition_by: str, columns: Sequence[str], schemas: Sequence[str]) -> int:
+async def relayout(
+    conn: Conn, table: str, partition_by: str, columns: Sequence[str], schemas: Sequence[str], after: Sequence[str] = ()
+) -> int:
     """Move `table`, one table of an older layout, into the partitioned layout its declaration gives, keeping
     every row as it is (for an accounting record such as `model_calls`, whose repriced rows the stream alone
     cannot give back); the rows moved, or -1 when the table is partitioned already.
 
     In one transaction: the old table goes aside (another schema, where its index names are free), `schemas`
     (the DDL that declares it) make the partitioned table, the months its rows need are made, the `columns`
-    are copied, the old table is dropped. Readers and writers of the table wait for it (it holds the table's
-    lock).
+    are copied, the statements `after` run (what derives from the rows: billing's daily sums), the old table is
+    dropped. Readers and writers of the table wait for it (it holds the table's lock).
     """
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock($1)", SCHEMA_LOCK_KEY)
@@ -264,6 +267,8 @@ async def relayout(conn: Conn, table: str, partition_by: str, columns: Sequence[
                 await conn.execute(create_sql(table, month))
         names = ", ".join(columns)
         moved = await conn.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM {aside}")
+        for statement in after:
+            await conn.execute(statement)
         await conn.execute(f"DROP TABLE {aside}")
         await conn.execute(f"DROP SCHEMA {_ASIDE}")
         return int(moved.rsplit(" ", 1)[-1])

@@ -40,11 +40,13 @@ class Registration:
     single: bool = False
     #: SQL run before the tables' DDL (`CREATE SCHEMA IF NOT EXISTS graph`).
     prelude: str = ""
+    #: SQL run after it (billing fills a summary table that a new version adds from its existing rows).
+    postlude: str = ""
 
     @property
     def schema(self) -> str:
         """The DDL `cos up`, the services and replay apply (idempotent)."""
-        return self.prelude + "\n".join(t.ddl() for t in self.tables)
+        return self.prelude + "\n".join(t.ddl() for t in self.tables) + self.postlude
 
 
 _extra: list[tuple[str, Registration]] = []

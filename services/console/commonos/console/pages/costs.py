@@ -6,8 +6,11 @@ default open), grouped by a tag key (each call counted once in every `<key>:` gr
 without one form the "(none)" row), by model, provider, profile, day (UTC) and origin (the loop's own calls, or
 the vendor of imported Claude Code / Codex work: the `vendor:` tag). The sums are PostgreSQL's exact numeric
 sums, as `cos report cost` makes them (services/billing/commonos/billing/report.py): the same SQL shapes, the
-same grouping and ordering, the total counting each call once. Unpriced calls (`cost_status` unpriced) are
-counted in every row (`unpriced_calls`) and never hidden; a group of unpriced calls only has no USD (null).
+same grouping and ordering, the total counting each call once. Like it, the page reads billing's daily rollup
+(`model_call_days`) for the range's whole UTC days and `model_calls` for the parts of days at its ends
+(`commonos.accounting.cost_queries.days_args`): the same sums as `model_calls` alone, read from far fewer rows.
+Unpriced calls (`cost_status` unpriced) are counted in every row (`unpriced_calls`) and never hidden; a group of
+unpriced calls only has no USD (null).
 
 Budgets are billing's: the running spend per budgeted tag and period (`budget_spend`), the alerts sent
 (`budget_alerts`), and the limits of the budgets file (COS_BILLING_CONFIG, when the console can read it). Both
@@ -32,16 +35,17 @@ from fastapi.responses import HTMLResponse, Response
 from markupsafe import Markup, escape
 from pydantic import BaseModel, Field
 
-from commonos.accounting.cost_queries import GROUP_EXPRESSIONS as REPORT_GROUPS
+from commonos.accounting.cost_queries import DAYS_GROUP_EXPRESSIONS as REPORT_GROUPS
 from commonos.accounting.cost_queries import (
-    RANGE,
+    DAYS_SOURCE,
+    DAYS_TOTAL_SQL,
+    DAYS_UNTAGGED_SQL,
     TOTAL_LABEL,
-    TOTAL_SQL,
     UNTAGGED_LABEL,
-    UNTAGGED_SQL,
     CostRow,
     ReportError,
-    grouped_sql,
+    days_args,
+    days_grouped_sql,
     parse_when,
 )
 from commonos.accounting.csv_cells import cost_csv
@@ -62,7 +66,7 @@ ORIGIN: Final = (
     "coalesce((SELECT substr(t, 8) FROM unnest(tags) AS t WHERE starts_with(t, 'vendor:') ORDER BY t LIMIT 1), "
     f"'{LOOP_ORIGIN}')"
 )
-#: Group expressions over model_calls (`cos report cost`'s, and origin).
+#: Group expressions over the rollup's rows and the calls of partial days (`cos report cost`'s, and origin).
 GROUP_EXPRESSIONS: Final = {**REPORT_GROUPS, "origin": ORIGIN}
 GROUPINGS: Final = ("tag", *GROUP_EXPRESSIONS)
 #: The most groups a table shows (a tag key with more values than this is cut, and says so).
@@ -144,20 +148,21 @@ class CostReport(BaseModel):
 # Queries.
 
 
+#: Calls and USD per cost status (the USD null for unpriced calls).
 STATUS_SQL: Final = f"""
-    SELECT cost_status, count(*) AS calls, sum(cost_usd) AS usd FROM model_calls WHERE {RANGE}
+    SELECT cost_status, coalesce(sum(calls), 0)::bigint AS calls,
+           CASE WHEN sum(calls) > sum(unpriced_calls) THEN sum(usd) END AS usd
+    FROM {DAYS_SOURCE}
     GROUP BY cost_status ORDER BY cost_status"""
 
 
-async def _table(conn: Conn, kind: str, since: datetime, until: datetime | None, tag_key: str) -> CostTable:
-    args: list[Any] = [since, until]
-    if kind == "tag":
-        args.append(f"{tag_key}:")
-    records = await conn.fetch(grouped_sql(kind, GROUP_EXPRESSIONS, MAX_GROUPS + 1), *args)
+async def _table(conn: Conn, kind: str, times: list[datetime], tag_key: str) -> CostTable:
+    args: list[Any] = [*times, f"{tag_key}:"] if kind == "tag" else list(times)
+    records = await conn.fetch(days_grouped_sql(kind, GROUP_EXPRESSIONS, MAX_GROUPS + 1, of_tags=("origin",)), *args)
     rows = [CostRow.from_record(r, r["grp"], str(r["grp"])) for r in records[:MAX_GROUPS]]
     untagged: CostRow | None = None
     if kind == "tag":
-        found = await conn.fetchrow(UNTAGGED_SQL, *args)
+        found = await conn.fetchrow(DAYS_UNTAGGED_SQL, *args)
         if found is not None and found["calls"]:
             untagged = CostRow.from_record(found, None, UNTAGGED_LABEL)
     name = f"tag:{tag_key}" if kind == "tag" else kind
@@ -293,10 +298,11 @@ async def load(conn: Conn, since: datetime | None, until: datetime | None, tag_k
     await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
     resolved: datetime = since if since is not None else await conn.fetchval("SELECT date_trunc('month', now())")
     now: datetime = await conn.fetchval("SELECT now()")
-    tables = {kind: await _table(conn, kind, resolved, until, tag_key) for kind in GROUPINGS}
-    total = await conn.fetchrow(TOTAL_SQL, resolved, until)
+    times = days_args(resolved, until)
+    tables = {kind: await _table(conn, kind, times, tag_key) for kind in GROUPINGS}
+    total = await conn.fetchrow(DAYS_TOTAL_SQL, *times)
     assert total is not None
-    statuses = [StatusRow(**dict(r)) for r in await conn.fetch(STATUS_SQL, resolved, until)]
+    statuses = [StatusRow(**dict(r)) for r in await conn.fetch(STATUS_SQL, *times)]
     total_row = CostRow.from_record(total, None, TOTAL_LABEL)
     notes = [
         f"Each call is counted once in every {tag_key}: group it carries, so those groups can add up to more than "

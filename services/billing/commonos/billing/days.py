@@ -1,0 +1,77 @@
+"""The daily rollup `model_call_days`, kept equal to the sums of `model_calls` (`billing.schema.MODEL_CALL_DAYS`).
+
+Every writer of `model_calls` keeps it in step in its own transaction: the consumer adds the rows its insert
+really added (:func:`add_days`, a redelivered call adds nothing), a reprice moves the calls it changed
+(`billing.reprice`), a replay empties both and rebuilds both, and a profile's deletion changes neither
+(its calls stay, an accounting record). A change made to `model_calls` by hand (an operator's ``DELETE``)
+is followed by :func:`rebuild_days` over the days it touched (``cos billing rebuild-days``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import date
+from typing import TYPE_CHECKING, Final
+
+from commonos.billing.rows import ModelCallRow
+from commonos.billing.schema import ADD_CALL_DAYS, CLEAR_CALL_DAYS, MODEL_CALLS, REBUILD_CALL_DAYS
+from commonos.runtime import partitions
+
+if TYPE_CHECKING:
+    from commonos.runtime.postgres import Conn
+
+__all__ = ["INSERT_MODEL_CALLS", "Rebuilt", "add_days", "insert_calls", "rebuild_days"]
+
+#: One round trip per batch: the columns as arrays (`unnest`), derived from the table's declaration
+#: (`billing.schema.MODEL_CALLS`); a call whose vendor request id is already stored under another event id is
+#: not inserted, and the event ids inserted are returned.
+INSERT_MODEL_CALLS: Final = MODEL_CALLS.insert_bulk()
+
+
+async def add_days(conn: Conn, added: Sequence[uuid.UUID]) -> None:
+    """Add the stored calls of these event ids to their days (the rows an insert has just added).
+
+    Last in a writer's transaction: its row locks on the days come after the budget step's advisory lock and
+    spend rows, the order a reprice takes them in too (`billing.reprice`), so neither waits for the other in
+    a cycle."""
+    if added:
+        await conn.execute(ADD_CALL_DAYS, list(added))
+
+
+async def insert_calls(conn: Conn, rows: Sequence[ModelCallRow]) -> list[uuid.UUID]:
+    """Insert priced rows and add the new ones to their days, in the caller's transaction (or in one of its own
+    when there is none, after making the months of `model_calls` the rows fall in: within a transaction that is
+    the caller's to do first, `partitions.ensure`); returns the event ids added (a row already stored adds
+    nothing, to its day neither)."""
+    if not conn.is_in_transaction():
+        await partitions.ensure(conn, {MODEL_CALLS.name: [r.created_at for r in rows]})
+        async with conn.transaction():
+            return await insert_calls(conn, rows)
+    records = await conn.fetch(INSERT_MODEL_CALLS, *MODEL_CALLS.bulk_args(rows))
+    added: list[uuid.UUID] = [r["event_id"] for r in records]
+    await add_days(conn, added)
+    return added
+
+
+@dataclass(frozen=True, slots=True)
+class Rebuilt:
+    first: date
+    last: date
+    #: Rows of those days before and after.
+    before: int
+    after: int
+
+
+async def rebuild_days(conn: Conn, first: date = date.min, last: date = date.max) -> Rebuilt:
+    """Compute the days from `first` to `last` (UTC dates, inclusive) again from `model_calls`, in one transaction.
+
+    The rollup is locked against writers meanwhile (readers go on): the lock waits for a batch that has added
+    calls to commit, and the rebuild then counts them; a batch that comes after waits for the rebuild and adds
+    its calls to the rebuilt rows."""
+    async with conn.transaction():
+        await conn.execute("LOCK TABLE model_call_days IN EXCLUSIVE MODE")
+        before = await conn.execute(CLEAR_CALL_DAYS, first, last)
+        after = await conn.execute(REBUILD_CALL_DAYS, first, last)
+    return Rebuilt(first, last, int(before.split()[-1]), int(after.split()[-1]))
