@@ -40,6 +40,7 @@ from commonos.console.pages.costs import ORIGIN
 from commonos.console.pages.costs import STATUS_SQL as DAYS_STATUS_SQL
 from commonos.journal_writer.replay import replay
 from commonos.proto import events as ev
+from commonos.runtime import partitions
 from commonos.runtime.postgres import Conn, apply_schemas, connect
 from commonos.runtime.settings import Settings
 from tests.billing.raw_costs import STATUS_SQL, days_of_calls, raw_grouped, raw_report, stored_days
@@ -293,6 +294,7 @@ async def test_a_change_by_hand_is_rebuilt_and_an_upgraded_database_is_filled(da
     try:
         # A database billed before the rollup existed: its calls are there, the rollup is empty...
         await apply_schemas(conn, billing_schemas())
+        await partitions.ensure(conn, {"model_calls": [r.created_at for r in rows]})
         await conn.fetch(INSERT_MODEL_CALLS, *insert_arguments(rows))
         assert await conn.fetchval("SELECT count(*) FROM model_call_days") == 0
         # ...until billing's schema is applied again (every start does): it fills it from the calls.

@@ -13,7 +13,8 @@ import sys
 from datetime import UTC, datetime, timedelta
 
 from commonos.accounting.pricing import Pricer
-from commonos.billing.projection import INSERT_MODEL_CALLS, build_row, insert_arguments
+from commonos.billing.days import insert_calls
+from commonos.billing.projection import build_row
 from commonos.billing.service import billing_schemas
 from commonos.runtime.embedded import free_port
 from commonos.runtime.postgres import apply_schemas, connect
@@ -46,7 +47,7 @@ async def bill(dsn: str, *ats: datetime) -> None:
     conn = await connect(dsn)
     try:
         await apply_schemas(conn, billing_schemas())
-        await conn.fetch(INSERT_MODEL_CALLS, *insert_arguments(rows))
+        await insert_calls(conn, rows)  # as billing writes them: the calls and their days
     finally:
         await conn.close()
 
