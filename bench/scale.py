@@ -62,6 +62,7 @@ from bench.console import pct, signed_in_console, timed_get
 from bench.load import publish_stream
 from bench.report import machine_info
 from bench.services import BenchError, ServiceRun, watch_position
+from commonos.billing.days import rebuild_days
 from commonos.console.pages.sessions import PAGE_SIZE, encode_cursor
 from commonos.proto import events as ev
 from commonos.runtime import partitions, registry, retention
@@ -291,7 +292,13 @@ class ScaleBench:
                 f"({last - first:,} new, {planned - (last - first):,} of the month dropped before)"
             )
             await data.fill_step(conns)
+            # billing keeps the calls' daily sums in the calls' own transactions; rows made here get theirs at once
+            await rebuild_days(conns[0], self.span.start.date(), self.span.end.date())
             took = time.monotonic() - started
+            days = await conns[0].fetchval("SELECT coalesce(sum(calls), 0) FROM model_call_days")
+            calls = await conns[0].fetchval("SELECT count(*) FROM model_calls")
+            if days != calls:
+                raise BenchError(f"model_call_days counts {days} calls, model_calls holds {calls}")
         finally:
             for c in conns:
                 await c.close()
