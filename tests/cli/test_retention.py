@@ -12,6 +12,7 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 
 import duckdb
+import msgspec
 import pytest
 from prometheus_client import REGISTRY
 
@@ -217,3 +218,113 @@ async def test_the_services_drop_what_their_retention_settings_no_longer_keep(
             await asyncio.sleep(0.2)
     dropped = REGISTRY.get_sample_value("cos_retention_months_dropped_total", {"table": "model_calls"})
     assert dropped is not None and dropped >= 1
+
+
+GRAPH_ROWS = (
+    "graph.sessions",
+    "graph.user_inputs",
+    "graph.model_invocations",
+    "graph.assistant_messages",
+    "graph.tool_uses",
+    "graph.tool_results",
+    "graph.file_touches",
+    "graph.vendor_ids",
+)
+
+
+async def _graph_counts(dsn: str) -> dict[str, int]:
+    conn = await connect(dsn)
+    try:
+        return {t: int(await conn.fetchval(f"SELECT count(*) FROM {t}")) for t in GRAPH_ROWS}
+    finally:
+        await conn.close()
+
+
+async def test_the_graph_keeps_the_same_months_its_old_sessions_go_whole_with_their_nested_ones(
+    nats_url: str, database_url: str, tmp_path: Path
+) -> None:
+    """Imported sessions (the session graph) are kept for the months the core keeps: a session that started
+    before them goes with its nested session and every row of both, exported first when asked; a session of a
+    month kept is untouched, and the core's months are dropped in the same run."""
+    from commonos.journal_writer.service import serve, writer_projections, writer_schemas
+    from commonos.runtime.settings import Settings
+    from tests.console.test_imported import claude_session
+    from tests.support import InProcess, wait_caught_up
+
+    old, kept = _months_ago(7), _months_ago(1)
+    old_tree, _ = claude_session("acme", "old work", old)
+    # its nested session started in a month kept: it goes with its parent all the same
+    root, nested = old_tree.graph.sessions
+    old_tree = msgspec.structs.replace(
+        old_tree,
+        graph=msgspec.structs.replace(
+            old_tree.graph, sessions=[root, msgspec.structs.replace(nested, started_at=_months_ago(0))]
+        ),
+    )
+    kept_tree, _ = claude_session("acme", "recent work", kept)
+    await _fill(nats_url, database_url, [0, 7])
+    await publish_all(nats_url, [old_tree, kept_tree])
+    settings = Settings(nats_url=nats_url, database_url=database_url, http_port=0)
+    running = InProcess()
+    running.task = asyncio.create_task(
+        serve(settings, writer_projections(), writer_schemas(), "journal-writer", stop=running.stop)
+    )
+    import nats
+
+    nc = await nats.connect(nats_url)
+    try:
+        await wait_caught_up(nc.jetstream(), database_url, "graph-writer", table="graph.positions")
+    finally:
+        await nc.close()
+        assert await running.close() == 0
+    before = await _graph_counts(database_url)
+    assert before["graph.sessions"] == 4 and before["graph.file_touches"] == 2
+
+    dry = _cos(database_url, "--keep-months", "3", "--dry-run", "--format", "json")
+    assert dry.returncode == 0, dry.stderr
+    planned = [d for d in json.loads(dry.stdout)["dropped"] if d["deleted"]]
+    assert [(d["table"], d["month"], d["rows"]) for d in planned] == [
+        ("graph.sessions", partitions.month_of(old).isoformat()[:7], 1)
+    ], "the dry run counts the month's own sessions"
+    assert await _graph_counts(database_url) == before, "a dry run deletes nothing"
+
+    export = tmp_path / "archive"
+    run = _cos(database_url, "--keep-months", "3", "--export", str(export))
+    assert run.returncode == 0, run.stderr
+    assert f"deleted graph.sessions of {partitions.month_of(old).isoformat()[:7]}" in run.stdout, run.stdout
+    after = await _graph_counts(database_url)
+    assert after == {t: n // 2 for t, n in before.items()}, "exactly the old tree went, every row of it"
+    conn = await connect(database_url)
+    try:
+        titles = [r["title"] for r in await conn.fetch("SELECT title FROM graph.sessions ORDER BY started_at")]
+        old_core = partitions.partition_name("messages", partitions.month_of(old))
+        assert await conn.fetchval("SELECT to_regclass($1)", old_core) is None, "the core's month dropped too"
+    finally:
+        await conn.close()
+    assert titles == ["recent work", "subagent: look around"]
+
+    # what was deleted is in the export, table by table, as DuckDB reads it
+    manifest = json.loads((export / "manifest.json").read_text())
+    graph_entries = {e["table"]: e for e in manifest["exports"] if e["table"].startswith("graph.")}
+    assert set(GRAPH_ROWS) <= set(graph_entries), "every table whose rows cascade from a session is exported"
+    for table in GRAPH_ROWS:
+        assert graph_entries[table]["rows"] == before[table] - after[table], table
+        rows = duckdb.sql(f"SELECT count(*) FROM '{export / graph_entries[table]['file']}'").fetchall()[0][0]
+        assert rows == before[table] - after[table], table
+    exported = duckdb.sql(f"SELECT title FROM '{export}/graph.sessions/*.parquet' ORDER BY started_at").fetchall()
+    # (the nested session started this month, after its parent)
+    assert [t[0] for t in exported] == ["old work", "subagent: look around"]
+
+    again = _cos(database_url, "--keep-months", "3")
+    assert again.returncode == 0 and "nothing to drop" in again.stdout, again.stdout
+
+
+def test_the_journal_writer_keeps_the_graph_for_the_months_of_the_core() -> None:
+    """COS_RETENTION_MONTHS covers the graph the journal-writer writes; COS_MODEL_CALLS_RETENTION_MONTHS does not."""
+    from commonos.journal_writer.service import writer_projections
+
+    tables = [t for p in writer_projections() for t in p.tables]
+    plan = retention.service_plan(retention.RetentionSettings(keep_months=3), tables)
+    assert plan["graph.sessions"] == 3 and plan["messages"] == 3
+    assert retention.tables_expiring()["graph.sessions"] == ("id", "started_at")
+    assert retention.service_plan(retention.RetentionSettings(model_calls_keep_months=3), tables) == {}

@@ -3,8 +3,11 @@
 The core tables `turns`, `messages`, `tool_calls` and `approvals` are partitioned by month. A month is dropped
 once it ended at least N whole months ago (N = 3 on 5 December keeps September to December): its partitions are
 detached and dropped, with no DELETE and no VACUUM, so it takes the same time however many rows it holds and the
-disk comes back at once. `sessions` and `profiles` stay. `model_calls` is an accounting record: its months
-are dropped only with --model-calls-keep-months (or COS_MODEL_CALLS_RETENTION_MONTHS).
+disk comes back at once. `sessions` and `profiles` stay. The session graph (imported transcripts) keeps the
+same months: its sessions that started before them are deleted with every row of theirs (its ids are minted
+from identities, not times, so it is not partitioned; a delete, the one retention that is not a drop).
+`model_calls` is an accounting record: its months are dropped only with --model-calls-keep-months (or
+COS_MODEL_CALLS_RETENTION_MONTHS).
 
 With --export DIR each month is first written to DIR/<table>/<partition>.parquet and listed in
 DIR/manifest.json (rows, SHA-256, columns); a month whose export fails is not dropped. DuckDB reads the files
@@ -52,6 +55,11 @@ def _plan_and_run(args: argparse.Namespace) -> int:
     def show(item: Any) -> None:
         if table:
             what = "would drop" if item.dry_run else "dropped"
+            if item.deleted:
+                what = "would delete" if item.dry_run else "deleted"
+                rows = f"{item.rows} rows" + (f", exported with theirs to {item.export}" if item.export else "")
+                print(f"{what} {item.table} of {item.month} and every row of theirs ({rows}) in {item.seconds:.2f} s")
+                return
             rows = "" if item.rows is None else f", {item.rows} rows exported to {item.export}"
             print(f"{what} {item.partition} ({item.month}, {item.bytes / 1e6:.1f} MB{rows}) in {item.seconds:.2f} s")
 
@@ -62,9 +70,21 @@ def _plan_and_run(args: argparse.Namespace) -> int:
                 plan += await retention.due(conn, retention.tables_kept_by(False), keep, now)
             if keep_calls is not None:
                 plan += await retention.due(conn, retention.tables_kept_by(True), keep_calls, now)
-            if not plan and table:
+            expiring = []
+            if keep is not None:
+                for name, (key, column) in retention.tables_expiring().items():
+                    if await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", name):
+                        expiring += [
+                            (m, key, column) for m in await retention.expiring_due(conn, name, column, keep, now)
+                        ]
+            if not plan and not expiring and table:
                 print("nothing to drop: every month is within the months kept")
-            return await retention.run(conn, plan, export_dir=export_dir, dry_run=args.dry_run, progress=show)
+            done = await retention.run(conn, plan, export_dir=export_dir, dry_run=args.dry_run, progress=show)
+            for month, key, column in expiring:
+                item = await retention.expire(conn, month, key, column, export_dir=export_dir, dry_run=args.dry_run)
+                show(item)
+                done.append(item)
+            return done
 
     done = asyncio.run(go())
     if not table:

@@ -267,6 +267,10 @@ SESSIONS: Final = Table(
         "sessions_started": "(started_at DESC)",
     },
     readers=(Read(CONSOLE), Read(ANALYST, by_profile())),
+    # Retention keeps the months of the core tables for the graph too: a session that started before them
+    # goes with its nested sessions and every row of theirs (the graph's ids are minted from identities,
+    # not times, so its tables are not partitioned by month).
+    expires_by="started_at",
 )
 SESSION_ATTRIBUTES: Final = Table(
     "graph.session_attributes",

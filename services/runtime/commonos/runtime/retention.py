@@ -33,7 +33,17 @@ from commonos.runtime.partitions import Partition
 from commonos.runtime.postgres import Conn
 from commonos.runtime.settings import env_int, env_path
 
-__all__ = ["Dropped", "RetentionSettings", "cutoff", "due", "export_partition", "run"]
+__all__ = [
+    "Dropped",
+    "Expiring",
+    "RetentionSettings",
+    "cutoff",
+    "due",
+    "expire",
+    "expiring_due",
+    "export_partition",
+    "run",
+]
 
 MANIFEST: Final = "manifest.json"
 
@@ -108,6 +118,10 @@ class Dropped:
     #: The Parquet file it was exported to, if any.
     export: str | None = None
     dry_run: bool = False
+    #: Rows deleted by their month (a table that expires by a time column: `expire`), not a partition dropped;
+    #: `rows` counts the table's own rows (those that went with them, such as nested sessions, included), the
+    #: export's manifest each table's.
+    deleted: bool = False
 
 
 # --- export ------------------------------------------------------------------------------------------------
@@ -169,36 +183,47 @@ _NATIVE: Final = frozenset(
 async def export_partition(conn: Conn, partition: Partition, export_dir: Path) -> tuple[Path, int, str]:
     """Write `partition` to `<export_dir>/<table>/<partition>.parquet`; (file, rows, sha256). The rows are read
     under one snapshot and counted against the partition's count in it: a mismatch is an error."""
+    async with conn.transaction(isolation="repeatable_read", readonly=True):
+        return await _export(conn, partition.name, partition.name, "", (), export_dir / partition.table)
+
+
+async def _export(
+    conn: Conn, table: str, file_stem: str, where: str, args: Sequence[Any], folder: Path
+) -> tuple[Path, int, str]:
+    """Write the rows of `table` `where` holds to `<folder>/<file_stem>.parquet`, counted against a count(*)
+    of the same rows; (file, rows, sha256). Run it in a REPEATABLE READ transaction: one snapshot."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    columns = await _columns(conn, partition.name)
+    columns = await _columns(conn, table)
     schema = pa.schema([(n, _arrow_type(t, s)) for n, t, s in columns])
-    folder = export_dir / partition.table
-    folder.mkdir(parents=True, exist_ok=True)
-    target = folder / f"{partition.name.rpartition('.')[2]}.parquet"
+    target = _target(folder, file_stem)
     partial = target.with_suffix(".parquet.partial")
     written = 0
-    async with conn.transaction(isolation="repeatable_read", readonly=True):
-        expected = await conn.fetchval(f"SELECT count(*) FROM {partition.name}")
-        with pq.ParquetWriter(partial, schema, compression="zstd") as writer:
-            cursor = conn.cursor(_select(columns, partition.name))
-            chunk: list[Any] = []
-            async for record in cursor:
-                chunk.append(tuple(record))
-                if len(chunk) >= CHUNK_ROWS:
-                    writer.write_table(_table(schema, chunk))
-                    written += len(chunk)
-                    chunk = []
-            if chunk:
+    expected = await conn.fetchval(f"SELECT count(*) FROM {table} {where}", *args)
+    with pq.ParquetWriter(partial, schema, compression="zstd") as writer:
+        cursor = conn.cursor(_select(columns, table) + f" {where}", *args)
+        chunk: list[Any] = []
+        async for record in cursor:
+            chunk.append(tuple(record))
+            if len(chunk) >= CHUNK_ROWS:
                 writer.write_table(_table(schema, chunk))
                 written += len(chunk)
+                chunk = []
+        if chunk:
+            writer.write_table(_table(schema, chunk))
+            written += len(chunk)
     if written != expected:
         partial.unlink(missing_ok=True)
-        raise RuntimeError(f"{partition.name}: exported {written} rows of {expected}; not dropped")
+        raise RuntimeError(f"{table}: exported {written} rows of {expected}; not dropped")
     os.replace(partial, target)
     digest = hashlib.sha256(target.read_bytes()).hexdigest()
     return target, written, digest
+
+
+def _target(folder: Path, file_stem: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"{file_stem.rpartition('.')[2]}.parquet"
 
 
 def _table(schema: Any, rows: list[Any]) -> Any:
@@ -281,6 +306,122 @@ def as_json(done: Sequence[Dropped]) -> list[dict[str, Any]]:
     return [asdict(d) for d in done]
 
 
+# --- tables that expire row by row -----------------------------------------------------------------------------
+
+
+def tables_expiring() -> dict[str, tuple[str, str]]:
+    """The registered tables that expire by a time column (`Table.expires_by`): name -> (key column, time)."""
+    from commonos.runtime import registry
+
+    return {t.name: (t.key[0], t.expires_by) for t in registry.tables() if t.expires_by is not None}
+
+
+@dataclass(frozen=True)
+class Expiring:
+    """A month of rows of a table that expires by a time column, with what references them."""
+
+    table: str
+    month: date
+    #: The rows of the month themselves (not counting the rows that go with them).
+    rows: int
+
+
+async def expiring_due(
+    conn: Conn, table: str, time_column: str, keep_months: int, now: datetime | None = None
+) -> list[Expiring]:
+    """The months of `table`'s rows (by `time_column`, in UTC) that keeping `keep_months` months expires."""
+    first_kept = cutoff(now or datetime.now(UTC), keep_months)
+    rows = await conn.fetch(
+        f"SELECT date_trunc('month', {time_column} AT TIME ZONE 'UTC')::date AS month, count(*) AS n "
+        f"FROM {table} WHERE {time_column} < $1::date::timestamp AT TIME ZONE 'UTC' GROUP BY 1 ORDER BY 1",
+        first_kept,
+    )
+    return [Expiring(table, r["month"], r["n"]) for r in rows]
+
+
+async def _cascades(conn: Conn, table: str) -> list[tuple[str, str]]:
+    """(table, column) of each single-column foreign key that references `table` ON DELETE CASCADE."""
+    rows = await conn.fetch(
+        "SELECT c.conrelid::regclass::text AS child, a.attname FROM pg_constraint c "
+        "JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = c.conkey[1] "
+        "WHERE c.contype = 'f' AND c.confrelid = to_regclass($1) AND c.confdeltype = 'c' "
+        "AND array_length(c.conkey, 1) = 1 ORDER BY 1, 2",
+        table,
+    )
+    return [(r["child"], r["attname"]) for r in rows]
+
+
+async def expire(
+    conn: Conn,
+    item: Expiring,
+    key: str,
+    time_column: str,
+    *,
+    export_dir: Path | None = None,
+    dry_run: bool = False,
+) -> Dropped:
+    """Delete the rows of `item`'s month, and with them (ON DELETE CASCADE) every row that references them:
+    rows of the same table that point at them (a nested session goes with its parent) and the tables whose
+    foreign keys cascade from it. With `export_dir`, every one of those rows is first written to
+    `<export_dir>/<table>/<name>_pYYYY_MM.parquet` and listed in the manifest, in the same REPEATABLE READ
+    transaction as the delete: what is exported is exactly what is deleted, or nothing is."""
+    started = time.perf_counter()
+    month = item.month.isoformat()[:7]
+    name = f"{item.table}_p{item.month:%Y_%m}"
+    if dry_run:
+        return Dropped(item.table, name, month, item.rows, 0, 0.0, None, True, deleted=True)
+    following = "(date_trunc('month', $1::date) + interval '1 month')::date::timestamp AT TIME ZONE 'UTC'"
+    exported: str | None = None
+    async with conn.transaction(isolation="repeatable_read"):
+        cascades = await _cascades(conn, item.table)
+        inward = [column for child, column in cascades if child == item.table]
+        closure = "SELECT {key} FROM {table} WHERE {time} >= $1::date::timestamp AT TIME ZONE 'UTC' AND {time} < {end}"
+        ids_sql = closure.format(key=key, table=item.table, time=time_column, end=following)
+        if inward:
+            links = " OR ".join(f"t.{c} = r.{key}" for c in inward)
+            ids_sql = (
+                f"WITH RECURSIVE r AS ({ids_sql} UNION SELECT t.{key} FROM {item.table} t JOIN r ON {links}) "
+                f"SELECT {key} FROM r"
+            )
+        ids = [r[0] for r in await conn.fetch(ids_sql, item.month)]
+        if export_dir is not None and ids:
+            files = []
+            for table, column in [(item.table, key), *[(c, col) for c, col in cascades if c != item.table]]:
+                stem = f"{table.rpartition('.')[2]}_p{item.month:%Y_%m}"
+                path, rows, digest = await _export(
+                    conn, table, stem, f"WHERE {column} = ANY($1::uuid[])", (ids,), export_dir / table
+                )
+                files.append((table, path, rows, digest, await _columns(conn, table)))
+            for table, path, rows, digest, columns in files:
+                _record(
+                    export_dir,
+                    {
+                        "table": table,
+                        "partition": None,
+                        "expired_with": f"{item.table} {month}",
+                        "month": month,
+                        "file": str(path.relative_to(export_dir)),
+                        "rows": rows,
+                        "bytes": path.stat().st_size,
+                        "sha256": digest,
+                        "columns": [{"name": n, "type": t} for n, t, _ in columns],
+                        "exported_at": datetime.now(UTC).isoformat(),
+                    },
+                )
+            exported = str(export_dir / item.table)
+        await conn.execute(f"DELETE FROM {item.table} WHERE {key} = ANY($1::uuid[])", ids)
+    return Dropped(
+        item.table,
+        name,
+        month,
+        len(ids),
+        0,
+        time.perf_counter() - started,
+        exported,
+        deleted=True,
+    )
+
+
 # --- the services' own retention --------------------------------------------------------------------------------
 
 #: How often a service with a retention setting looks for months to drop.
@@ -288,10 +429,15 @@ EVERY_S: Final = 3600.0
 
 
 def service_plan(settings: RetentionSettings, tables: Sequence[str]) -> dict[str, int]:
-    """What a service keeps of its own `tables`, those partitioned: table -> months kept (none when unset)."""
+    """What a service keeps of its own `tables`, those partitioned or expiring by a time column: table -> months
+    kept (none when unset)."""
     from commonos.runtime import registry
 
-    declared = {t.name: t for t in registry.tables() if t.partition_by is not None and t.name in tables}
+    declared = {
+        t.name: t
+        for t in registry.tables()
+        if (t.partition_by is not None or t.expires_by is not None) and t.name in tables
+    }
     out: dict[str, int] = {}
     for name, table in declared.items():
         keep = settings.model_calls_keep_months if table.accounting else settings.keep_months
@@ -318,12 +464,23 @@ async def run_periodically(
         try:
             conn = await connect(dsn, timeout=10)
             try:
+                expiring = tables_expiring()
                 due_now: list[Partition] = []
                 for table, keep in plan.items():
-                    due_now += await due(conn, [table], keep)
+                    if table not in expiring:
+                        due_now += await due(conn, [table], keep)
                 for item in await run(conn, due_now, export_dir=export_dir):
                     MONTHS_DROPPED.labels(item.table).inc()
                     log.info("retention: dropped %s (%s) in %.2f s", item.partition, item.month, item.seconds)
+                for table, keep in plan.items():
+                    if table in expiring:
+                        key, column = expiring[table]
+                        for month in await expiring_due(conn, table, column, keep):
+                            done = await expire(conn, month, key, column, export_dir=export_dir)
+                            MONTHS_DROPPED.labels(table).inc()
+                            log.info(
+                                "retention: deleted %s of %s (%s) in %.2f s", done.rows, table, done.month, done.seconds
+                            )
             finally:
                 await conn.close()
             LAST_RUN.set_to_current_time()

@@ -277,6 +277,10 @@ class Table:
     #: An accounting record (billing's `model_calls`): its months are dropped only by a retention of its own
     #: (`cos retention --model-calls-keep-months`), never with the rest.
     accounting: bool = False
+    #: For a table that is not partitioned: the time column by whose month a row expires under retention
+    #: (`commonos.runtime.retention.expire`), deleted with every row that references it ON DELETE CASCADE
+    #: (the session graph's sessions and everything of theirs). Rows without a time are kept.
+    expires_by: str | None = None
     #: A comment written above the table in the DDL.
     doc: str = ""
 
@@ -291,8 +295,11 @@ class Table:
         names = [c.name for c in cols]
         if self.partition_by is not None and self.partition_by in self.added:
             raise TypeError(f"{self.name}: the partition column {self.partition_by!r} cannot be an added column")
+        if self.partition_by is not None and self.expires_by is not None:
+            raise TypeError(f"{self.name}: a partitioned table expires by its partitions, not by expires_by")
         partition = (self.partition_by,) if self.partition_by else ()
-        for name in (*self.key, *self.added, *self.types, *self.details, *partition):
+        expires = (self.expires_by,) if self.expires_by else ()
+        for name in (*self.key, *self.added, *self.types, *self.details, *partition, *expires):
             if name not in names:
                 raise TypeError(f"{self.name}: {name!r} is not a column of {self.row.__name__}")
         return cols
