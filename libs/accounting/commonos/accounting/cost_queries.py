@@ -259,3 +259,53 @@ def days_grouped_sql(
             FROM {DAYS_BY_TAGS if kind in of_tags else DAYS_SOURCE}
             GROUP BY grp
             ORDER BY {order}{cut}"""
+
+
+#: The kinds `days_tables_sql` answers besides its `expressions`: the calls without a tag of the key, every call
+#: once, and the calls per cost status.
+UNTAGGED_KIND: Final = "untagged"
+TOTAL_KIND: Final = "total"
+STATUS_KIND: Final = "status"
+
+
+def days_tables_sql(expressions: Mapping[str, str], of_tags: Collection[str] = (), limit: int | None = None) -> str:
+    """Every table of a cost page in one statement over `DAYS_SOURCE` ($1 to $4 as `days_args` gives them, $5
+    the tag prefix): rows of (kind, grp, the `DAYS_AGGREGATES` columns), kind being `tag`, a key of
+    `expressions`, `UNTAGGED_KIND`, `TOTAL_KIND` or `STATUS_KIND` (grp the cost status); each kind's groups
+    in `days_grouped_sql`'s order, at most `limit` of them. The same sums as those queries one by one.
+
+    The range's rows are read once: summed per day (the `day` table) and per profile, provider, model, cost
+    status and tag set, whose far fewer rows every other table sums again (those of `of_tags`, expressions of
+    `tags` alone, and `tag` from the sums per tag set)."""
+    cut = f" LIMIT {limit}" if limit is not None else ""
+    sums = ", ".join(f"sum({c}) AS {c}" for c in _SUMS)
+    by_cost = "usd DESC NULLS LAST, grp"
+    parts = [
+        f"(SELECT 'tag' AS kind, tag AS grp, {DAYS_AGGREGATES} FROM by_tags, unnest(tags) AS tag "
+        f"WHERE starts_with(tag, $5) GROUP BY tag ORDER BY {by_cost}{cut})",
+        f"(SELECT '{UNTAGGED_KIND}', NULL, {DAYS_AGGREGATES} FROM by_tags "
+        "WHERE NOT EXISTS (SELECT 1 FROM unnest(tags) AS tag WHERE starts_with(tag, $5)))",
+        f"(SELECT '{TOTAL_KIND}', NULL, {DAYS_AGGREGATES} FROM combos)",
+        f"(SELECT '{STATUS_KIND}', cost_status, {DAYS_AGGREGATES} FROM combos GROUP BY cost_status "
+        "ORDER BY cost_status)",
+    ]
+    for kind, expression in expressions.items():
+        if kind == "day":
+            parts.append(
+                f"(SELECT 'day', to_char(day, 'YYYY-MM-DD'), {DAYS_AGGREGATES} FROM src GROUP BY day ORDER BY day{cut})"
+            )
+            continue
+        source = "by_tags" if kind in of_tags else "combos"
+        parts.append(
+            f"(SELECT '{kind}', {expression} AS grp, {DAYS_AGGREGATES} FROM {source} "
+            f"GROUP BY 2 ORDER BY {by_cost}{cut})"
+        )
+    union = "\nUNION ALL\n".join(parts)
+    return f"""
+WITH src AS MATERIALIZED (SELECT * FROM {DAYS_SOURCE}),
+combos AS MATERIALIZED (
+    SELECT profile_id, provider, model, cost_status, tags, {sums}
+    FROM src GROUP BY profile_id, provider, model, cost_status, tags
+),
+by_tags AS MATERIALIZED (SELECT tags, {sums} FROM combos GROUP BY tags)
+{union}"""
