@@ -30,14 +30,15 @@ __all__ = ["INSERT_MODEL_CALLS", "Rebuilt", "add_days", "insert_calls", "rebuild
 INSERT_MODEL_CALLS: Final = MODEL_CALLS.insert_bulk()
 
 
-async def add_days(conn: Conn, added: Sequence[uuid.UUID]) -> None:
-    """Add the stored calls of these event ids to their days (the rows an insert has just added).
+async def add_days(conn: Conn, added: Sequence[ModelCallRow]) -> None:
+    """Add these stored calls to their days (the rows an insert has just added).
 
     Last in a writer's transaction: its row locks on the days come after the budget step's advisory lock and
     spend rows, the order a reprice takes them in too (`billing.reprice`), so neither waits for the other in
     a cycle."""
     if added:
-        await conn.execute(ADD_CALL_DAYS, list(added))
+        times = [r.created_at for r in added]
+        await conn.execute(ADD_CALL_DAYS, [r.event_id for r in added], min(times), max(times))
 
 
 async def insert_calls(conn: Conn, rows: Sequence[ModelCallRow]) -> list[uuid.UUID]:
@@ -51,7 +52,8 @@ async def insert_calls(conn: Conn, rows: Sequence[ModelCallRow]) -> list[uuid.UU
             return await insert_calls(conn, rows)
     records = await conn.fetch(INSERT_MODEL_CALLS, *MODEL_CALLS.bulk_args(rows))
     added: list[uuid.UUID] = [r["event_id"] for r in records]
-    await add_days(conn, added)
+    kept = set(added)
+    await add_days(conn, [r for r in rows if r.event_id in kept])
     return added
 
 

@@ -337,7 +337,7 @@ class BillingProjection(Projection):
         step = await self.budgets.apply(conn, fresh) if self.budgets is not None and fresh else None
         # The new rows' days, after the budget step (the lock order a reprice keeps too); a call delivered
         # again adds nothing.
-        await add_days(conn, added)
+        await add_days(conn, fresh)
         # Staged last: an apply that raised staged nothing.
         self._staged.metrics.append(self.metrics.stage(fresh))
         if step is not None:
