@@ -167,8 +167,7 @@ _INTO: Final = f"INSERT INTO model_call_days AS d ({_DAY_COLUMNS})"
 #: Add the calls of these event ids ($1) to their days: the consumer runs it on the rows its insert added. $2
 #: and $3 are the first and last of their times, so that only the months between are looked into.
 ADD_CALL_DAYS: Final = (
-    f"{_INTO}{_days_of('model_calls', 'm.event_id = ANY($1::uuid[]) AND m.created_at BETWEEN $2 AND $3')}\n"
-    f"{_ADD_SUMS}"
+    f"{_INTO}{_days_of('model_calls', 'm.event_id = ANY($1::uuid[]) AND m.created_at BETWEEN $2 AND $3')}\n{_ADD_SUMS}"
 )
 
 _TOKENS: Final = _DAY_SUMS[3:]
