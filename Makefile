@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # One with a nats-server of your own (COS_TEST_NATS_URL): the tests empty its streams, they cannot share it.
 TEST_WORKERS ?= $(if $(COS_TEST_NATS_URL),1,2)
 
-.PHONY: setup demo up test test-fast lint format schema bench bench-scale chaos clients clients-gateway clean
+.PHONY: setup demo up test test-fast lint format schema console-docs bench bench-scale chaos clients clients-gateway clean
 
 setup: $(STAMP)
 
@@ -47,6 +47,12 @@ chaos: setup
 
 schema: setup
 	$(BIN)/cos schema export proto/schema
+	$(BIN)/cos console openapi proto/openapi/console.json
+
+# docs/console.md's screenshots (docs/img/console-*.png) from a scripted demo on servers of its own, in Debian's
+# Chromium (scripts/console_docs.py, ~1 min). Run it after changing a page; commit the pictures.
+console-docs: setup
+	$(BIN)/python -m scripts.console_docs
 
 # Every figure of the performance targets from one run (own servers, ~10 min); table + bench/out/summary.json.
 bench: setup

@@ -8,12 +8,17 @@
   refused by every console of the database.
 * The person is found once per request, before the route runs (`Guard` in guard.py calls `resolve`); when the
   database cannot say whether the sign-in was ended, a page that needs a sign-in answers 503.
+* An API key (keys.py), sent as `Authorization: Bearer cosk_…` to the JSON API (`/api/…`), acts as a person of
+  its role (`key:<name>`); it is looked up on every request, so a revoked key is refused at once. A request
+  with a key is the key's only, whatever cookie it carries; a key that is not one (unknown, revoked) is 401
+  with the reason, never "signed in" by the cookie instead.
 * The trusted header (COS_CONSOLE_TRUSTED_HEADER) names the person only when the request comes from an address
   in COS_CONSOLE_TRUSTED_PROXIES; from anywhere else it is ignored.
 * CSRF: every state-changing request (POST, PUT, PATCH, DELETE) must carry the sign-in's token, as the form
   field `csrf_token` or the header `X-CSRF-Token` (htmx sends it on every request: base.html), and must not come
   from another origin (Origin, when the browser sends one, must be this console's). The token is an HMAC of the
-  session id (for a proxy sign-in: of the name), so it needs no storage and dies with the sign-in.
+  session id (for a proxy sign-in: of the name), so it needs no storage and dies with the sign-in. A request
+  with an API key needs neither: a browser never sends the Authorization header by itself.
 """
 
 from __future__ import annotations
@@ -29,11 +34,14 @@ from dataclasses import dataclass
 from typing import Annotated, Final
 from urllib.parse import urlsplit
 
-from fastapi import Depends, HTTPException, Request, WebSocket
+from fastapi import Depends, HTTPException, Request, Security, WebSocket
+from fastapi.security import APIKeyCookie, HTTPAuthorizationCredentials, HTTPBearer
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 from starlette.requests import HTTPConnection
 from starlette.responses import Response
 
+from commonos.console.keys import KEY_PREFIX, ApiKeys, NoApiKeys
+from commonos.console.metrics import API_REQUESTS
 from commonos.console.settings import ConsoleSettings
 from commonos.console.sign_outs import DatabaseUnavailable, MemorySignOuts, SignOuts
 from commonos.console.users import User, Users
@@ -46,6 +54,8 @@ SAFE_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
 #: Where the request's person is kept in its ASGI scope, once resolved; and why it could not be.
 _PRINCIPAL: Final = "cos.principal"
 _UNAVAILABLE: Final = "cos.principal_unavailable"
+#: Why the request's API key was refused (unknown, revoked, malformed).
+_KEY_REFUSED: Final = "cos.key_refused"
 
 
 @dataclass(frozen=True)
@@ -54,7 +64,7 @@ class Principal:
 
     user: User
     csrf_token: str
-    #: "cookie" or "proxy".
+    #: "cookie", "proxy" or "key" (an API key: `Authorization: Bearer`, no CSRF token).
     via: str
     #: The cookie's sign-in id and when the cookie expires (a cookie sign-in only).
     sid: str | None = None
@@ -74,6 +84,8 @@ class Auth:
         self._password_key = hashlib.sha256(b"cos-console-password\0" + settings.secret.encode()).digest()
         #: Replaced by the PostgreSQL store once the console has its database (app.py).
         self.sign_outs: SignOuts = MemorySignOuts()
+        #: Replaced by the PostgreSQL store once the console has its database (service.py).
+        self.keys: ApiKeys = NoApiKeys()
         #: Password checks (argon2, in threads) at once; more sign-ins wait their turn (pages/signin.py).
         self.password_checks = asyncio.Semaphore(2)
 
@@ -152,16 +164,34 @@ class Auth:
             return None
         return Principal(user, self.csrf_token("p:" + user.name), "proxy")
 
+    async def _from_key(self, request: HTTPConnection, credentials: str) -> Principal | None:
+        key = await self.keys.find(credentials)
+        if key is None:
+            why = "unknown or revoked" if credentials.startswith(KEY_PREFIX) else f"not a key ({KEY_PREFIX}…)"
+            request.scope[_KEY_REFUSED] = f"invalid API key: {why}"
+            return None
+        # A CSRF token it never needs (bearer requests are not checked), distinct from every sign-in's.
+        return Principal(key.user, self.csrf_token("k:" + key.id), "key")
+
     async def resolve(self, request: HTTPConnection) -> None:
-        """Find the person making `request` and keep them in its scope, for `principal`. The proxy header, when
-        believed, wins over a cookie. When the database cannot say whether the sign-in was ended, nobody is
-        signed in and the reason is kept: pages that need a sign-in answer 503 with it."""
+        """Find the person making `request` and keep them in its scope, for `principal`. An API key (JSON API
+        only) is the request's only identity; otherwise the proxy header, when believed, wins over a cookie.
+        When the database cannot say whether the sign-in was ended or the key revoked, nobody is signed in and
+        the reason is kept: pages that need a sign-in answer 503 with it."""
+        credentials = bearer_credentials(request)
+        # Keys are for the JSON API's requests, not the chat's WebSocket (a browser's, signed in).
+        api = is_api_path(request.url.path) and request.scope["type"] == "http"
         try:
-            found = self._from_proxy(request) or await self._from_cookie(request)
+            if credentials is not None and api:
+                found = await self._from_key(request, credentials)
+            else:
+                found = self._from_proxy(request) or await self._from_cookie(request)
         except DatabaseUnavailable as exc:
             request.scope[_UNAVAILABLE] = str(exc)
             found = None
         request.scope[_PRINCIPAL] = found
+        if api:
+            API_REQUESTS.labels(found.via if found is not None else "none").inc()
 
     def principal(self, request: HTTPConnection) -> Principal | None:
         """The person making `request` (found by `resolve`, before the route ran), or None."""
@@ -169,6 +199,11 @@ class Auth:
             raise RuntimeError("the console's Guard middleware did not resolve the request's person")
         found: Principal | None = request.scope[_PRINCIPAL]
         return found
+
+    def key_refused(self, request: HTTPConnection) -> str | None:
+        """Why the request's API key was refused, or None (no key, or a good one)."""
+        reason: str | None = request.scope.get(_KEY_REFUSED)
+        return reason
 
     def unavailable(self, request: HTTPConnection) -> str | None:
         """Why nobody could be signed in for `request` (the database is unavailable), or None."""
@@ -188,14 +223,43 @@ class Auth:
         return parts.netloc.lower() == host.lower()
 
     def check_csrf(self, request: Request, principal: Principal, form_token: str | None = None) -> None:
-        """Raise 403 unless the request carries the sign-in's token and comes from this origin."""
-        if request.method in SAFE_METHODS:
+        """Raise 403 unless the request carries the sign-in's token and comes from this origin (or an API key)."""
+        if request.method in SAFE_METHODS or principal.via == "key":
             return
         if not self.same_origin(request):
             raise HTTPException(403, "cross-origin request refused")
         token = request.headers.get(CSRF_HEADER) or form_token or ""
         if not hmac.compare_digest(token.encode(), principal.csrf_token.encode()):
             raise HTTPException(403, "missing or wrong CSRF token")
+
+
+def is_api_path(path: str) -> bool:
+    return path == "/api" or path.startswith("/api/")
+
+
+def bearer_credentials(request: HTTPConnection) -> str | None:
+    """The credentials of an `Authorization: Bearer …` header, or None (no such header, another scheme)."""
+    header = request.headers.get("authorization")
+    if header is None:
+        return None
+    scheme, _, credentials = header.strip().partition(" ")
+    return credentials.strip() if scheme.lower() == "bearer" else None
+
+
+#: The two ways into the JSON API, as /api/openapi.json declares them (`securitySchemes`): FastAPI lists them on
+#: every operation that needs a sign-in. They only describe: `Auth.resolve` has found the person already.
+BEARER_SCHEME: Final = HTTPBearer(
+    scheme_name="bearer",
+    bearerFormat="cosk_…",
+    description="An API key made by `cos console key create` (docs/console.md#api-keys): no CSRF token needed.",
+    auto_error=False,
+)
+COOKIE_SCHEME: Final = APIKeyCookie(
+    name=COOKIE,
+    scheme_name="cookie",
+    description="The sign-in cookie of POST /api/login; state-changing calls also send its csrf_token as X-CSRF-Token.",
+    auto_error=False,
+)
 
 
 def get_auth(request: HTTPConnection) -> Auth:
@@ -210,22 +274,32 @@ def optional_principal(request: Request) -> Principal | None:
     return found
 
 
-def require_principal(request: Request) -> Principal:
-    """A page's dependency: the signed-in person (else NotSignedIn: /login for pages, 401 for the API)."""
+def require_principal(
+    request: Request,
+    _key: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER_SCHEME)] = None,
+    _cookie: Annotated[str | None, Security(COOKIE_SCHEME)] = None,
+) -> Principal:
+    """A page's dependency: the signed-in person or API key (else NotSignedIn: /login for pages, 401 for the
+    API; 401 with the reason for a key that is refused)."""
     auth = get_auth(request)
     principal = auth.principal(request)
     if principal is None:
         reason = auth.unavailable(request)
         if reason is not None:
             raise HTTPException(503, reason, headers={"Retry-After": "5"})
+        refused = auth.key_refused(request)
+        if refused is not None:
+            raise HTTPException(401, refused, headers={"WWW-Authenticate": 'Bearer error="invalid_token"'})
         raise NotSignedIn()
     return principal
 
 
-async def require_csrf(request: Request) -> Principal:
-    """A state-changing route's dependency: signed in, same origin, and the CSRF token (header or form field)."""
-    principal = require_principal(request)
+async def require_csrf(principal: Annotated[Principal, Depends(require_principal)], request: Request) -> Principal:
+    """A state-changing route's dependency: signed in, same origin, and the CSRF token (header or form field);
+    an API key needs neither."""
     form_token: str | None = None
+    if principal.via == "key":
+        return principal
     if request.method not in SAFE_METHODS and CSRF_HEADER.lower() not in request.headers:
         content_type = request.headers.get("content-type", "")
         if content_type.startswith(("application/x-www-form-urlencoded", "multipart/form-data")):

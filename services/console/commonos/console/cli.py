@@ -16,13 +16,20 @@ analyst_grants, and that the console's own database role (cos_console, deploy/po
 from __future__ import annotations
 
 import argparse
+import asyncio
 import getpass
 import os
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from commonos.runtime.args import CliError, command_group
+
+if TYPE_CHECKING:
+    import asyncpg
+
+_T = TypeVar("_T")
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -121,6 +128,154 @@ def _user_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _database_url() -> str:
+    """COS_DATABASE_URL, else the running `cos up`'s: where the console keeps its API keys."""
+    from commonos.runtime.cli_support import cli_settings
+
+    url = cli_settings(nats=False).database_url
+    if not url:
+        raise CliError("no database: set COS_DATABASE_URL (the console's) or start `cos up`")
+    return url
+
+
+def _with_keys(work: Callable[[asyncpg.Connection], Awaitable[_T]]) -> _T:
+    """Run `work` on a connection to the console's database, its API keys' table made when missing; a database
+    that refuses or cannot be reached is one line."""
+    import asyncpg
+
+    from commonos.console.keys import ensure_table
+    from commonos.console.sign_outs import UNAVAILABLE
+    from commonos.runtime.postgres import connect
+
+    url = _database_url()
+
+    async def run() -> _T:
+        conn = await connect(url, timeout=10)
+        try:
+            await ensure_table(conn)
+            return await work(conn)
+        finally:
+            await conn.close()
+
+    try:
+        return asyncio.run(run())
+    except asyncpg.InsufficientPrivilegeError as exc:
+        raise CliError(f"{exc} (run it as the console's database role, cos_console, or a superuser)") from None
+    except (asyncpg.PostgresError, *UNAVAILABLE) as exc:
+        raise CliError(f"the console's database: {str(exc) or type(exc).__name__}") from None
+
+
+def _key_create(args: argparse.Namespace) -> int:
+    from commonos.console.keys import ApiKeyError, create, new_key
+    from commonos.console.users import Role
+
+    try:
+        row, token = new_key(args.name, Role(args.role), args.profile or (), args.pg_role)
+    except ApiKeyError as exc:
+        raise CliError(str(exc)) from None
+
+    async def work(conn: asyncpg.Connection) -> None:
+        await create(conn, row)
+
+    _with_keys(work)
+    profiles = f", profiles {', '.join(row.profiles)}" if row.profiles else ""
+    print(
+        f"created API key {row.id} {row.name} ({row.role.value}{profiles}). It is shown this once, below; send it "
+        "as `Authorization: Bearer <key>` to /api/…; `cos console key revoke "
+        f"{row.id}` ends it.",
+        file=sys.stderr,
+    )
+    if row.pg_role is not None:
+        print(database_steps(row.pg_role, row.profiles).replace("this person", "this key"), file=sys.stderr)
+    # Alone on standard output: `KEY=$(cos console key create ...)`.
+    print(token)
+    return 0
+
+
+def _key_list(args: argparse.Namespace) -> int:
+    from commonos.console.keys import ApiKey, list_keys
+
+    async def work(conn: asyncpg.Connection) -> list[ApiKey]:
+        return await list_keys(conn, revoked=args.all)
+
+    keys = _with_keys(work)
+    if not keys:
+        print("no API keys (cos console key create --name NAME --role operator|analyst|approver)")
+    for key in keys:
+        row = key.row
+        extra = f" profiles={','.join(row.profiles)}" if row.profiles else ""
+        extra += f" pg_role={row.pg_role}" if row.pg_role else ""
+        extra += f" created={row.created_at.isoformat(timespec='seconds')}"
+        extra += f" last_used={row.last_used_at.isoformat(timespec='seconds')}" if row.last_used_at else " never used"
+        extra += f" REVOKED {row.revoked_at.isoformat(timespec='seconds')}" if row.revoked_at else ""
+        print(f"{row.id}  {row.name}  {row.role.value}{extra}")
+    return 0
+
+
+def _key_revoke(args: argparse.Namespace) -> int:
+    from commonos.console.keys import ApiKey, ApiKeyError, revoke
+
+    async def work(conn: asyncpg.Connection) -> ApiKey:
+        return await revoke(conn, args.id)
+
+    try:
+        key = _with_keys(work)
+    except ApiKeyError as exc:
+        raise CliError(str(exc)) from None
+    print(f"revoked API key {key.id} {key.row.name}: refused from now on, by every console of the database")
+    return 0
+
+
+def _register_keys(console_sub: Any) -> None:
+    key_sub = command_group(
+        console_sub, "key", "API keys for the JSON API: create, list, revoke (docs/console.md)", metavar="ACTION"
+    )
+    create = key_sub.add_parser(
+        "create",
+        help="make an API key and print it (once)",
+        description="Make an API key for the JSON API (`Authorization: Bearer <key>`), acting as a person of ROLE "
+        "would: an analyst or approver key reads as its database role (--pg-role, default: NAME in lower case with "
+        "_ for other characters) under row-level security. Only its SHA-256 is stored; the key is printed on "
+        "standard output, this once.",
+    )
+    create.add_argument("--name", required=True, help="what the key is for (billing-bot)")
+    create.add_argument("--role", required=True, choices=("operator", "analyst", "approver"))
+    create.add_argument(
+        "--profile",
+        action="append",
+        type=_profile,
+        help="a profile of the key (repeat for more): an approver key decides for them; an analyst key's are "
+        "granted to its database role (the statements are printed)",
+    )
+    create.add_argument("--pg-role", help="the database role an analyst or approver key reads as")
+    create.set_defaults(handler=_key_create)
+    lst = key_sub.add_parser("list", help="the keys (never the keys themselves): id, name, role, last use")
+    lst.add_argument("--all", action="store_true", help="revoked keys too")
+    lst.set_defaults(handler=_key_list)
+    rev = key_sub.add_parser("revoke", help="end a key at once, for every console of the database")
+    rev.add_argument("id", help="the key's id (cos console key list)")
+    rev.set_defaults(handler=_key_revoke)
+
+
+def _openapi(args: argparse.Namespace) -> int:
+    from commonos.console.openapi import export
+
+    print(f"wrote {export(args.path)}")
+    return 0
+
+
+def _register_openapi(console_sub: Any) -> None:
+    from commonos.console.openapi import EXPORTED
+
+    doc = console_sub.add_parser(
+        "openapi",
+        help=f"write the JSON API's OpenAPI document (default: {EXPORTED}; `make schema`)",
+        description="Write the OpenAPI document a console serves at /api/openapi.json, without starting one.",
+    )
+    doc.add_argument("path", nargs="?", type=Path, default=EXPORTED)
+    doc.set_defaults(handler=_openapi)
+
+
 def _profile(raw: str) -> str:
     from commonos.proto.tags import InvalidProfileId, check_profile_id
 
@@ -170,6 +325,8 @@ def register(sub: Any) -> None:
     lst = user_sub.add_parser("list", help="the people in the file (never their hashes)")
     lst.add_argument("--users", help="the people file (COS_CONSOLE_USERS, default config/console-users.toml)")
     lst.set_defaults(handler=_user_list)
+    _register_keys(console_sub)
+    _register_openapi(console_sub)
 
 
 __all__ = ["register"]

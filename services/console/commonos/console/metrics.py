@@ -4,6 +4,8 @@ cos_console_requests_total{route,method,code}   requests answered, by route temp
 cos_console_request_seconds{route}              request received -> response started
 cos_console_live_watchers                       browsers following live events (SSE, WebSocket)
 cos_console_sign_ins_total{outcome}             ok | refused
+cos_console_api_requests_total{auth}            JSON API requests (/api/…) by who made them: key (an API key),
+                                                cookie, proxy, none (not signed in, or a key refused)
 cos_database_replica_lag_seconds                how far the replica the pages read (COS_DATABASE_READ_URL) is
 cos_database_replica_lag_bytes                  behind its primary: seconds since the last transaction it
                                                 replayed (0 once it has replayed all it received), and WAL
@@ -30,6 +32,7 @@ REQUEST_SECONDS: Final = Histogram(
 )
 LIVE_WATCHERS: Final = Gauge("cos_console_live_watchers", "Browsers following live events")
 SIGN_INS: Final = Counter("cos_console_sign_ins_total", "Sign-in attempts", ["outcome"])
+API_REQUESTS: Final = Counter("cos_console_api_requests_total", "JSON API requests by authentication", ["auth"])
 REPLICA_LAG_SECONDS: Final = Gauge(
     "cos_database_replica_lag_seconds", "Seconds the console's read replica is behind (NaN: none or unknown)"
 )

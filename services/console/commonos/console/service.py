@@ -2,8 +2,8 @@
 until SIGTERM or SIGINT.
 
 The console's port (COS_CONSOLE_PORT) serves its pages and, as every service's HTTP port does, `/healthz`
-`/readyz` `/metrics`, from the start: NATS, the streams and PostgreSQL (its sign-outs' schema applied under the
-schema lock) are waited for, not ready meanwhile. Ready, it is not ready again while NATS is disconnected or
+`/readyz` `/metrics`, from the start: NATS, the streams and PostgreSQL (its sign-outs' and API keys' schemas applied
+under the schema lock) are waited for, not ready meanwhile. Ready, it is not ready again while NATS is disconnected or
 the database (or the replica the pages read, COS_DATABASE_READ_URL) does not answer `SELECT 1`. Stopping, the
 live pages' streams end (their responses complete), then the requests in flight are given COS_DRAIN_TIMEOUT_S to
 finish.
@@ -25,6 +25,8 @@ from fastapi import FastAPI
 
 from commonos.console.app import create_app
 from commonos.console.db import Database
+from commonos.console.keys import SCHEMA as API_KEYS_SCHEMA
+from commonos.console.keys import PgApiKeys
 from commonos.console.live import Live
 from commonos.console.metrics import show_replica_lag
 from commonos.console.settings import ConsoleSettings
@@ -129,7 +131,7 @@ async def serve(
             if ctx.stop.is_set():
                 return 1 if ctx.lost else 0
             if common.database_url:
-                schemas = [SIGN_OUTS_SCHEMA]
+                schemas = [SIGN_OUTS_SCHEMA, API_KEYS_SCHEMA]
                 if not await apply_schemas_when_reachable(common.database_url, schemas, health, ctx.stop, log):
                     return 1 if ctx.lost else 0
                 db = await Database.open(
@@ -140,6 +142,8 @@ async def serve(
                 )
                 # Sign-outs are written: the primary's.
                 app.state.auth.sign_outs = PgSignOuts(db.pool)
+                # So are API keys (their revocations, their last use).
+                app.state.auth.keys = PgApiKeys(db.pool)
                 health.set_ready("database", True)
                 health.ask("database", _database_problem(db.pool))
                 if db.read_pool is not None:

@@ -10,7 +10,8 @@
 --   cos_billing         billing: creates and owns model_calls and its own tables; no core table
 --   cos_loop            the loop: reads messages (session_search), writes nothing
 --   cos_console         the web console: reads every projection (core tables, model_calls, budgets, positions,
---                       graph.*); writes only its own table of sign-outs (console_sign_outs, which it creates);
+--                       graph.*); writes only its own tables of sign-outs and API keys (console_sign_outs,
+--                       console_api_keys, which it creates);
 --                       reads for an analyst after SET ROLE to that analyst's role, so it must be a member of
 --                       each: GRANT <analyst> TO cos_console
 --   cos_analyst         group role (no login) of read-only analysts; each analyst is a login role IN ROLE

@@ -11,10 +11,10 @@
 --   table, so it can neither read nor write messages.
 -- * cos_loop may read messages (session_search), nothing else.
 -- * cos_console (the web console) reads the core tables, model_calls, the budget and position tables and the
---   session graph, all rows (its operators see everything), and writes only its own table of sign-outs
---   (console_sign_outs, which it creates when it starts and owns; no one else may touch it). For an analyst it reads after
---   `SET LOCAL ROLE <the analyst's role>`, so cos_analyst's policies below decide; it may take only the roles
---   it is a member of:   GRANT alice TO cos_console;
+--   session graph, all rows (its operators see everything), and writes only its own tables of sign-outs and
+--   API keys (console_sign_outs, console_api_keys, which it creates when it starts and owns; no one else may
+--   touch them). For an analyst it reads after `SET LOCAL ROLE <the analyst's role>`, so cos_analyst's
+--   policies below decide; it may take only the roles it is a member of:   GRANT alice TO cos_console;
 -- * Members of cos_analyst read sessions, turns, messages, tool calls, approvals, profiles and model calls of
 --   the profiles granted to them, and nothing else:
 --     CREATE ROLE alice LOGIN PASSWORD '…' IN ROLE cos_analyst;
@@ -358,12 +358,17 @@ $$;
 -- END generated
 
 
--- The console's sign-outs (a console that has started once made the table): its own, no one else's.
+-- The console's sign-outs and API keys (a console that has started once made the tables): its own, no one
+-- else's (the keys' table as commonos.console.keys.API_KEYS declares it).
 DO $$
 BEGIN
     IF to_regclass('public.console_sign_outs') IS NOT NULL THEN
         ALTER TABLE console_sign_outs OWNER TO cos_console;
         REVOKE ALL ON console_sign_outs FROM PUBLIC, cos_journal_writer, cos_billing, cos_loop, cos_analyst;
+    END IF;
+    IF to_regclass('public.console_api_keys') IS NOT NULL THEN
+        ALTER TABLE console_api_keys OWNER TO cos_console;
+        REVOKE ALL ON console_api_keys FROM PUBLIC, cos_journal_writer, cos_billing, cos_loop, cos_analyst;
     END IF;
 END
 $$;
