@@ -5,8 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-done
 PYTEST_ARGS ?=
-# `make test` runs the suite in this many processes (pytest-xdist), each test file in one of them (the files
-# that start a whole `cos up` one after the other: tests/conftest.py).
+# `make test` runs the suite in this many processes (pytest-xdist), each test file in one of them.
 # One with a nats-server of your own (COS_TEST_NATS_URL): the tests empty its streams, they cannot share it.
 TEST_WORKERS ?= $(if $(COS_TEST_NATS_URL),1,2)
 
