@@ -8,9 +8,13 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
-from commonos.runtime.ports import PortRegistry
+import pytest
+
+from commonos.proto.errors import ConfigError
+from commonos.runtime.ports import PortRegistry, registry_path
 
 CHOOSERS = 8
 
@@ -93,3 +97,18 @@ def test_a_port_in_use_is_not_chosen(tmp_path: Path) -> None:
         held.listen()
         taken = held.getsockname()[1]
         assert PortRegistry(tmp_path / "ports.json").reserve(taken) != taken
+
+
+def test_a_temporary_folder_of_another_user_is_refused_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("giving a folder to another user needs root (the tests run as root)")
+    monkeypatch.delenv("COS_PORTS_FILE", raising=False)
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    theirs = tmp_path / f"commonos-{os.geteuid()}"
+    theirs.mkdir()
+    os.chown(theirs, 65534, 65534)
+    with pytest.raises(ConfigError, match="belongs to another user"):
+        registry_path()

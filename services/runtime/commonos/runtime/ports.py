@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
+from commonos.proto.errors import ConfigError
 from commonos.runtime.system import alive
 
 #: The file's name in the user's runtime folder.
@@ -48,7 +49,7 @@ def registry_path() -> Path:
     folder = Path(tempfile.gettempdir()) / f"commonos-{os.geteuid()}"
     folder.mkdir(mode=0o700, exist_ok=True)
     if folder.stat().st_uid != os.geteuid():
-        raise PermissionError(f"{folder} belongs to another user: set XDG_RUNTIME_DIR or COS_PORTS_FILE")
+        raise ConfigError(f"{folder} belongs to another user: set XDG_RUNTIME_DIR or COS_PORTS_FILE")
     return folder / REGISTRY_FILE
 
 
