@@ -5,8 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-done
 PYTEST_ARGS ?=
-# `make test` runs the suite in this many processes (pytest-xdist), each test file in one of them (the files
-# that start a whole `cos up` one after the other: tests/conftest.py).
+# `make test` runs the suite in this many processes (pytest-xdist), each test file in one of them.
 # One with a nats-server of your own (COS_TEST_NATS_URL): the tests empty its streams, they cannot share it.
 TEST_WORKERS ?= $(if $(COS_TEST_NATS_URL),1,2)
 
@@ -76,8 +75,12 @@ clients: setup
 
 # The same CLIs with their telemetry sent to the OTLP gateway of a temporary `cos up`, then their transcripts
 # imported: each call the fake model answered billed once, with its usage (exit 1 otherwise). Not in `make test`.
+# Claude Code's OTLP protocol: make clients-gateway OTEL_EXPORTER_OTLP_PROTOCOL=grpc (or http/protobuf; default
+# http/json). CLIENTS_ARGS passes more, e.g. CLIENTS_ARGS="--cli claude-code".
+OTEL_EXPORTER_OTLP_PROTOCOL ?=
+CLIENTS_ARGS ?=
 clients-gateway: setup
-	$(BIN)/python -m clients gateway $(if $(CLAUDE_CODE_VERSION),--claude-code-version $(CLAUDE_CODE_VERSION)) $(if $(CODEX_VERSION),--codex-version $(CODEX_VERSION))
+	$(BIN)/python -m clients gateway $(if $(CLAUDE_CODE_VERSION),--claude-code-version $(CLAUDE_CODE_VERSION)) $(if $(CODEX_VERSION),--codex-version $(CODEX_VERSION)) $(if $(OTEL_EXPORTER_OTLP_PROTOCOL),--protocol $(OTEL_EXPORTER_OTLP_PROTOCOL)) $(CLIENTS_ARGS)
 
 clean:
 	rm -rf $(VENV) .cos .pytest_cache .mypy_cache .ruff_cache bench/out

@@ -8,14 +8,15 @@ database with billing running and ready before the clock starts:
   published with the services' publisher, PubAck for each; the clock stops when billing has written every
   model call's row;
 * **gateway**: ``python -m bench.otlp_send`` makes the spans with the SDK's tracer, and the SDK's OTLP/HTTP
-  exporter (protobuf) sends them, 512 a request, to ``python -m commonos.otlp_gateway``; same stop.
+  exporter (protobuf) sends them, 512 a request, to ``python -m commonos.otlp_gateway``; same stop;
+* **gateway over gRPC**: the same, the SDK's OTLP/gRPC exporter sending to the gateway's gRPC port.
   ``exporters`` agents do so at once, each its share of the turns (a gateway serves many agents; one
   exporter alone sends its next batch only once the gateway has answered the last). The clock starts
   when every sender has made its spans and says it is ready, as the baseline's starts with its events
   made: neither counts the agent's own work or a Python interpreter's start.
 
 Spans per second count every span sent (the ``invoke_agent`` of each turn and its ``chat`` spans); the
-ratio is gateway over direct, medians of alternating runs (5 by default: one pair's ratio moves a lot on a
+ratio is each gateway's over direct, medians of alternating runs (5 by default: one pair's ratio moves a lot on a
 small machine, where every process of both pipelines competes for the cores). The gateway's peak RSS is read from /proc.
 """
 
@@ -56,6 +57,8 @@ class OtlpResult:
     direct_s: list[float] = field(default_factory=list)
     gateway_s: list[float] = field(default_factory=list)
     gateway_peak_rss_kb: list[int] = field(default_factory=list)
+    grpc_s: list[float] = field(default_factory=list)
+    grpc_peak_rss_kb: list[int] = field(default_factory=list)
 
     @property
     def direct_spans_per_s(self) -> float:
@@ -64,6 +67,10 @@ class OtlpResult:
     @property
     def gateway_spans_per_s(self) -> float:
         return self.spans / statistics.median(self.gateway_s)
+
+    @property
+    def grpc_spans_per_s(self) -> float:
+        return self.spans / statistics.median(self.grpc_s)
 
 
 def mapped_events(turns: int, calls: int) -> list[EventBase]:
@@ -173,16 +180,22 @@ class OtlpPhase:
             await self._drop_db(name)
         return done - started
 
-    async def gateway(self, run: int) -> tuple[float, int]:
-        name = f"otlp_gateway_{run}"
+    async def gateway(self, run: int, transport: str = "http") -> tuple[float, int]:
+        """One run of the SDK's exporters sending to a gateway over `transport` (http: OTLP/HTTP protobuf; grpc)."""
+        name = f"otlp_gateway_{transport}_{run}"
         nats, dsn, billing = await self._system(name)
         env = {"COS_NATS_URL": nats.url}
-        port = free_port()
+        port, grpc_port = free_port(), free_port()
         gateway = ServiceRun(
             f"gateway-{name}",
             "commonos.otlp_gateway",
-            {**env, "COS_OTLP_PORT": str(port)},
+            {**env, "COS_OTLP_PORT": str(port), "COS_OTLP_GRPC_PORT": str(grpc_port)},
             self.logs / f"{name}-gateway.log",
+        )
+        endpoint, encoding = (
+            (f"http://127.0.0.1:{grpc_port}", "grpc")
+            if transport == "grpc"
+            else (f"http://127.0.0.1:{port}", "protobuf")
         )
         try:
             made = await asyncio.create_subprocess_exec(
@@ -213,7 +226,9 @@ class OtlpPhase:
                     "-m",
                     "bench.otlp_send",
                     "--endpoint",
-                    f"http://127.0.0.1:{port}",
+                    endpoint,
+                    "--encoding",
+                    encoding,
                     "--token",
                     token,
                     "--turns",
@@ -264,16 +279,20 @@ class OtlpPhase:
             f"{self.exporters} exporter process(es)"
         )
         for run in range(runs):
-            if run and not fits(max(result.direct_s) + max(result.gateway_s) + 10):
+            if run and not fits(max(result.direct_s) + max(result.gateway_s) + max(result.grpc_s) + 10):
                 break
             direct_s = await self.direct(run, events)
             result.direct_s.append(direct_s)
-            gateway_s, peak_kb = await self.gateway(run)
+            gateway_s, peak_kb = await self.gateway(run, "http")
             result.gateway_s.append(gateway_s)
             result.gateway_peak_rss_kb.append(peak_kb)
+            grpc_s, grpc_peak_kb = await self.gateway(run, "grpc")
+            result.grpc_s.append(grpc_s)
+            result.grpc_peak_rss_kb.append(grpc_peak_kb)
             self.say(
                 f"otlp run {run + 1}: direct {result.spans / direct_s:,.0f} spans/s ({direct_s:.2f} s), "
                 f"gateway {result.spans / gateway_s:,.0f} spans/s ({gateway_s:.2f} s), "
-                f"gateway peak RSS {peak_kb / 1024:.0f} MB"
+                f"gateway over gRPC {result.spans / grpc_s:,.0f} spans/s ({grpc_s:.2f} s), "
+                f"gateway peak RSS {peak_kb / 1024:.0f} MB (gRPC {grpc_peak_kb / 1024:.0f} MB)"
             )
         return result

@@ -1,11 +1,12 @@
-"""Send GenAI spans through the real OpenTelemetry SDK and its OTLP/HTTP exporter, as an instrumented agent does.
+"""Send GenAI spans through the real OpenTelemetry SDK and its OTLP exporter, as an instrumented agent does.
 
     python -m bench.otlp_send --endpoint http://127.0.0.1:4318 --token TOKEN --turns 2000 --calls 10
+    python -m bench.otlp_send --endpoint http://127.0.0.1:4317 --encoding grpc --token TOKEN
 
 Each turn is an ``invoke_agent`` span (its own ``gen_ai.conversation.id``) around ``--calls`` ``chat`` spans
-with GenAI usage attributes, made with the SDK's tracer. The SDK's OTLP/HTTP exporter sends them in
-batches of ``--batch``, one request after the other (as the SDK's BatchSpanProcessor does), and retries
-what the receiver refuses with 429/503.
+with GenAI usage attributes, made with the SDK's tracer. The SDK's OTLP/HTTP exporter (protobuf or JSON), or its
+OTLP/gRPC exporter (``--encoding grpc``), sends them in batches of ``--batch``, one request after the other (as
+the SDK's BatchSpanProcessor does), and retries what the receiver refuses with 429/503 (UNAVAILABLE over gRPC).
 
 With ``--wait``, the spans are made first and the exporter built, then the sender prints ``{"ready": true}``
 and sends only once a line arrives on its standard input: the bench starts its clock then, so that the
@@ -74,6 +75,13 @@ def spans(turns: int, calls: int, first: int = 0) -> Sequence[ReadableSpan]:
 
 def _exporter(endpoint: str, token: str, encoding: str) -> SpanExporter:
     headers = {"Authorization": f"Bearer {token}"}
+    if encoding == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+
+        # gRPC metadata keys are lower case.
+        return GrpcExporter(
+            endpoint=endpoint, insecure=True, headers={"authorization": headers["Authorization"]}, timeout=30
+        )
     if encoding == "json":
         from opentelemetry.exporter.otlp.json.http.trace_exporter import OTLPSpanExporter as JsonExporter
 
@@ -85,12 +93,14 @@ def _exporter(endpoint: str, token: str, encoding: str) -> SpanExporter:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.otlp_send", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--endpoint", required=True, help="the gateway's base URL (http://host:4318)")
+    parser.add_argument(
+        "--endpoint", required=True, help="the gateway's base URL (http://host:4318; OTLP/gRPC: http://host:4317)"
+    )
     parser.add_argument("--token", required=True, help="a bearer token of the gateway (cos otlp token create)")
     parser.add_argument("--turns", type=int, default=2_000)
     parser.add_argument("--calls", type=int, default=10, help="chat spans per turn")
     parser.add_argument("--first-turn", type=int, default=0, help="number of the first turn (agents in parallel)")
-    parser.add_argument("--encoding", choices=("protobuf", "json"), default="protobuf")
+    parser.add_argument("--encoding", choices=("protobuf", "json", "grpc"), default="protobuf")
     parser.add_argument("--batch", type=int, default=512, help="spans per export request")
     parser.add_argument("--wait", action="store_true", help="make the spans, say ready, send on a line of stdin")
     args = parser.parse_args(argv)

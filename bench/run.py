@@ -86,7 +86,13 @@ PHASE_FIGURES: Final[dict[str, tuple[str, ...]]] = {
     "billing": ("billing_calls_per_s", "billing_peak_rss_mb"),
     "loop": ("loop_idle_rss_mb",),
     "latency": ("latency_p50_ms", "latency_p99_ms", "latency_max_ms"),
-    "otlp": ("otlp_gateway_spans_per_s", "otlp_direct_spans_per_s", "otlp_gateway_peak_rss_mb"),
+    "otlp": (
+        "otlp_gateway_spans_per_s",
+        "otlp_grpc_gateway_spans_per_s",
+        "otlp_direct_spans_per_s",
+        "otlp_gateway_peak_rss_mb",
+        "otlp_grpc_gateway_peak_rss_mb",
+    ),
     "import": ("import_dry_run_s", "ccusage_s", "import_full_mb_per_s"),
     "console": (
         "console_list_p95_ms",
@@ -235,6 +241,7 @@ class Bench:
         r.ratio("publish_pipelined_vs_sequential", "publish_pipelined_events_per_s", "publish_sequential_events_per_s")
         r.ratio("import_dry_run_vs_ccusage", "import_dry_run_s", "ccusage_s")
         r.ratio("otlp_gateway_vs_direct", "otlp_gateway_spans_per_s", "otlp_direct_spans_per_s")
+        r.ratio("otlp_grpc_gateway_vs_direct", "otlp_grpc_gateway_spans_per_s", "otlp_direct_spans_per_s")
         summary = self.out / "summary.json"
         r.write(summary)
         Console(width=max(Console().width, 110)).print(r.table())
@@ -304,7 +311,7 @@ class Bench:
             "billing": 0.4 * self.writer_s,
             "loop": 10.0,
             "latency": self.sizes.latency_seconds + self.sizes.latency_warmup_s + 15.0,
-            "otlp": 60.0,
+            "otlp": 90.0,
             "import": 60.0,
             "console": 60.0 if self.args.quick else 180.0,
         }
@@ -578,10 +585,13 @@ class Bench:
         f["otlp_gateway_spans_per_s"] = round(result.gateway_spans_per_s)
         self.results.baselines["otlp_direct_spans_per_s"] = round(result.direct_spans_per_s)
         f["otlp_gateway_peak_rss_mb"] = round(max(result.gateway_peak_rss_kb) / 1024, 1)
+        f["otlp_grpc_gateway_spans_per_s"] = round(result.grpc_spans_per_s)
+        f["otlp_grpc_gateway_peak_rss_mb"] = round(max(result.grpc_peak_rss_kb) / 1024, 1)
         self.say(
-            f"otlp: gateway {f['otlp_gateway_spans_per_s']:,} spans/s, direct "
+            f"otlp: gateway {f['otlp_gateway_spans_per_s']:,} spans/s over HTTP, "
+            f"{f['otlp_grpc_gateway_spans_per_s']:,} over gRPC, direct "
             f"{self.results.baselines['otlp_direct_spans_per_s']:,} spans/s (medians of {len(result.gateway_s)}); "
-            f"gateway peak RSS {f['otlp_gateway_peak_rss_mb']} MB"
+            f"gateway peak RSS {f['otlp_gateway_peak_rss_mb']} MB (gRPC {f['otlp_grpc_gateway_peak_rss_mb']} MB)"
         )
 
     async def imports(self) -> None:

@@ -38,6 +38,12 @@ def main(argv: list[str] | None = None) -> int:
     gate.add_argument("--codex-version", default=CODEX_VERSION, help="default %(default)s")
     gate.add_argument("--cli", action="append", choices=[CLAUDE, CODEX], help="only this CLI (repeatable)")
     gate.add_argument("--scenario", action="append", help="only this scenario (repeatable)")
+    gate.add_argument(
+        "--protocol",
+        choices=("http/json", "http/protobuf", "grpc"),
+        default="http/json",
+        help="Claude Code's OTEL_EXPORTER_OTLP_PROTOCOL (grpc: to the gateway's gRPC port); default %(default)s",
+    )
     dif = sub.add_parser("diff", help="the transcript format diff between two fixture folders")
     dif.add_argument("old", type=Path)
     dif.add_argument("new", type=Path)
@@ -47,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "gateway":
         versions = {CLAUDE: args.claude_code_version, CODEX: args.codex_version}
-        return asyncio.run(check(versions, args.cli, args.scenario))
+        return asyncio.run(check(versions, args.cli, args.scenario, args.protocol))
     if args.command is None:
         args = parser.parse_args(["record", *(argv if argv is not None else sys.argv[1:])])
     started = time.monotonic()

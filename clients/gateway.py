@@ -4,7 +4,8 @@
 For each scenario of each CLI (the same scenarios `make clients` records): a profile of its own
 (`<cli>-<scenario>`) and a gateway token for it; the CLI runs against the fake model server with its
 OpenTelemetry sent to the gateway of a `cos up` running in a temporary folder (Claude Code's OTLP logs and
-metrics, Codex's OTLP logs); then `cos import` reads the transcripts the CLI wrote into the same profile.
+metrics, over OTLP/HTTP JSON or, with ``--protocol``, OTLP/HTTP protobuf or OTLP/gRPC; Codex's OTLP logs over
+OTLP/HTTP JSON); then `cos import` reads the transcripts the CLI wrote into the same profile.
 Billing must then hold exactly one row per call the fake server answered (a call it stalled, which the CLI
 never received, in neither source), with the server's own token counts, whichever source stored it first.
 Prints one line per scenario and exits 1 on any difference.
@@ -72,17 +73,18 @@ class Up:
                 stdin=subprocess.DEVNULL,
             )
 
-    def wait(self, timeout_s: float = 180.0) -> tuple[str, str]:
-        """(the gateway's OTLP endpoint, the database URL) once `cos up` has said it is ready."""
+    def wait(self, timeout_s: float = 180.0) -> tuple[str, str, str]:
+        """(the gateway's OTLP/HTTP and OTLP/gRPC endpoints, the database URL) once `cos up` has said it is ready."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise SystemExit(f"cos up exited {self.proc.returncode}: {self.out.read_text()[-2000:]}")
             said = self.out.read_text(errors="replace")
             found = re.search(r"^OpenTelemetry \(OTLP/HTTP\): (\S+)", said, re.MULTILINE)
+            grpc = re.search(r"^OpenTelemetry \(OTLP/gRPC\): (\S+)", said, re.MULTILINE)
             state = self.data / "state.json"
-            if found and state.exists():
-                return found.group(1), str(json.loads(state.read_text())["database_url"])
+            if found and grpc and state.exists():
+                return found.group(1), grpc.group(1), str(json.loads(state.read_text())["database_url"])
             time.sleep(0.5)
         raise SystemExit(f"cos up was not ready within {timeout_s:.0f} s: {self.out.read_text()[-2000:]}")
 
@@ -127,7 +129,10 @@ async def billed(dsn: str, profile: str, calls: int, timeout_s: float = 90.0) ->
         await conn.close()
 
 
-async def check(versions: dict[str, str], only_cli: list[str] | None, only: list[str] | None) -> int:
+async def check(
+    versions: dict[str, str], only_cli: list[str] | None, only: list[str] | None, protocol: str = "http/json"
+) -> int:
+    """Every scenario through the gateway; Claude Code's telemetry over `protocol`."""
     failures = 0
     with tempfile.TemporaryDirectory(prefix="cos-clients-gateway-") as tmp:
         root = real(tmp)
@@ -135,8 +140,9 @@ async def check(versions: dict[str, str], only_cli: list[str] | None, only: list
         up = Up(root)
         server = FakeModel()
         try:
-            endpoint, dsn = up.wait()
-            print(f"cos up in {up.data}; OTLP gateway at {endpoint}", flush=True)
+            endpoint, grpc_endpoint, dsn = up.wait()
+            print(f"cos up in {up.data}; OTLP gateway at {endpoint} and {grpc_endpoint} (gRPC)", flush=True)
+            print(f"Claude Code sends OTEL_EXPORTER_OTLP_PROTOCOL={protocol}", flush=True)
             await server.start()
             for cli, version in versions.items():
                 if only_cli and cli not in only_cli:
@@ -149,7 +155,12 @@ async def check(versions: dict[str, str], only_cli: list[str] | None, only: list
                     made = _cos(up.data, "otlp", "token", "create", "--profile", profile)
                     if made.returncode != 0:
                         raise SystemExit(f"cos otlp token create: {made.stderr.strip()}")
-                    otlp = Otlp(endpoint, made.stdout.split()[0])
+                    token = made.stdout.split()[0]
+                    otlp = (
+                        Otlp(grpc_endpoint if protocol == "grpc" else endpoint, token, protocol)
+                        if cli == CLAUDE
+                        else Otlp(endpoint, token)
+                    )
                     home = root / profile
                     outcomes, _, _, tree = await run_scenario(cli, exe, scenario, server, home, otlp)
                     want = expected(server.log)

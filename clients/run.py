@@ -35,10 +35,12 @@ INTERRUPT_GRACE_S = 15.0
 
 @dataclass(frozen=True)
 class Otlp:
-    """Where the CLIs send their telemetry instead of the fake model server: an OTLP/HTTP endpoint and a token."""
+    """Where the CLIs send their telemetry instead of the fake model server: an OTLP endpoint, a token, and for
+    Claude Code the OTLP protocol (`http/json`, `http/protobuf`, or `grpc` with the gateway's gRPC endpoint)."""
 
     endpoint: str
     token: str
+    protocol: str = "http/json"
 
 
 @dataclass
@@ -102,7 +104,7 @@ def claude_env(base_url: str, home: Path, otlp: Otlp | None = None) -> dict[str,
         "OTEL_METRICS_EXPORTER": "otlp",
         "OTEL_LOGS_EXPORTER": "otlp",
         "OTEL_TRACES_EXPORTER": "otlp",
-        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": otlp.protocol if otlp is not None else "http/json",
         **telemetry,
         "OTEL_METRIC_EXPORT_INTERVAL": "1000",
         "OTEL_LOGS_EXPORT_INTERVAL": "500",

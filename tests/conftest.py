@@ -4,7 +4,7 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 import asyncpg
 import nats
@@ -35,26 +35,13 @@ def corpus_dir() -> Path:
     return Path(env) if env else REPO.parent / "shared" / "corpus"
 
 
-#: Test files that start a whole `cos up` (its well-known ports 4318 and 8470, a whole system's start on a small
-#: machine): `make test`'s processes (pytest-xdist) run them one after the other, in one process.
-COS_UP_FILES: Final = frozenset(
-    {
-        "tests/test_demo.py",
-        "tests/cli/test_first_run.py",
-        "tests/cli/test_up_security.py",
-        "tests/cli/test_env.py",
-        "tests/cli/test_up_servers.py",
-        "tests/deploy/test_subscribers_doc.py",
-    }
-)
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Each test file runs in one test process (`--dist loadgroup`: a file is a group), the `cos up` files
-    together in one group."""
+    """Each test file runs in one test process (`--dist loadgroup`: a file is a group). The files that start a
+    whole `cos up` need no group of their own: `cos up`s started at once each choose their own ports
+    (`commonos.runtime.ports`)."""
     for item in items:
         path = Path(str(item.path)).resolve().relative_to(REPO).as_posix()
-        item.add_marker(pytest.mark.xdist_group("cos-up" if path in COS_UP_FILES else path))
+        item.add_marker(pytest.mark.xdist_group(path))
 
 
 @pytest.fixture(scope="session")

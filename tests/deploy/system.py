@@ -140,7 +140,14 @@ async def running_system(nats: SecuredNats, database_url: str, tmp_path: Path) -
     profiles = write_loop_profile(tmp_path / "profiles")
     url = nats.url
     otlp_port = free_port()
-    gateway_env = _env(url, database_url, "otlp-gateway", COS_OTLP_HOST="127.0.0.1", COS_OTLP_PORT=str(otlp_port))
+    gateway_env = _env(
+        url,
+        database_url,
+        "otlp-gateway",
+        COS_OTLP_HOST="127.0.0.1",
+        COS_OTLP_PORT=str(otlp_port),
+        COS_OTLP_GRPC_PORT="0",
+    )
     del gateway_env["COS_DATABASE_URL"]  # NATS only, as deployed
     system = RunningSystem(
         loop=ServiceProcess(

@@ -25,7 +25,7 @@ import yaml
 from commonos.console.settings import DEFAULT_PORT as CONSOLE_PORT
 from commonos.console.settings import ConsoleSettings
 from commonos.otlp_gateway.settings import DEFAULT_HTTP_PORT as GATEWAY_HTTP_PORT
-from commonos.otlp_gateway.settings import DEFAULT_OTLP_PORT, GatewaySettings
+from commonos.otlp_gateway.settings import DEFAULT_OTLP_GRPC_PORT, DEFAULT_OTLP_PORT, GatewaySettings
 from commonos.runtime.settings import Settings
 from tests.deploy.conftest import DEPLOY, NATS_USERS, REPO
 
@@ -338,6 +338,8 @@ def test_compose_exposes_the_otlp_gateway() -> None:
     port = int(env["COS_OTLP_PORT"])
     assert port == DEFAULT_OTLP_PORT and env["COS_OTLP_HOST"] == "0.0.0.0", name
     assert f"127.0.0.1:{port}:{port}" in gateway["ports"], name
+    grpc_port = int(env["COS_OTLP_GRPC_PORT"])
+    assert grpc_port == DEFAULT_OTLP_GRPC_PORT and f"127.0.0.1:{grpc_port}:{grpc_port}" in gateway["ports"], name
     assert int(env["COS_HTTP_PORT"]) == GATEWAY_HTTP_PORT != port
     assert env["COS_NATS_USER"] == "otlp-gateway"
     assert "COS_DATABASE_URL" not in env and "postgres" not in gateway["depends_on"], name
@@ -354,8 +356,9 @@ def test_kubernetes_runs_the_otlp_gateway_scaled_out(k8s: list[dict[str, Any]]) 
     [container] = spec["template"]["spec"]["containers"]
     assert python_module(container["command"]) == "commonos.otlp_gateway"
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"otlp": DEFAULT_OTLP_PORT, "http": GATEWAY_HTTP_PORT}
+    assert ports == {"otlp": DEFAULT_OTLP_PORT, "otlp-grpc": DEFAULT_OTLP_GRPC_PORT, "http": GATEWAY_HTTP_PORT}
     assert env_value(container, "COS_OTLP_PORT") == str(ports["otlp"])
+    assert env_value(container, "COS_OTLP_GRPC_PORT") == str(ports["otlp-grpc"])
     assert env_value(container, "COS_HTTP_PORT") == str(ports["http"])
     assert env_value(container, "COS_OTLP_HOST") == "0.0.0.0"
     assert env_value(container, "COS_NATS_USER") == "otlp-gateway"
@@ -369,6 +372,7 @@ def test_kubernetes_runs_the_otlp_gateway_scaled_out(k8s: list[dict[str, Any]]) 
     assert service["spec"].get("clusterIP") != "None"  # one address, requests spread over the pods
     assert {(p["name"], p["port"], p["targetPort"]) for p in service["spec"]["ports"]} == {
         ("otlp", DEFAULT_OTLP_PORT, "otlp"),
+        ("otlp-grpc", DEFAULT_OTLP_GRPC_PORT, "otlp-grpc"),
         ("http", GATEWAY_HTTP_PORT, "http"),
     }
 
@@ -607,7 +611,9 @@ def test_the_dockerfile_copies_what_exists_and_ignores_the_rest() -> None:
         assert (REPO / source).exists(), source
         assert source.rstrip("/") in allowed, f"{source} is excluded from the build context"
     exposed = text.split("EXPOSE", 1)[1].splitlines()[0].split()
-    assert sorted(exposed) == sorted(str(port) for port in [*DEFAULT_PORTS.values(), DEFAULT_OTLP_PORT])
+    assert sorted(exposed) == sorted(
+        str(port) for port in [*DEFAULT_PORTS.values(), DEFAULT_OTLP_PORT, DEFAULT_OTLP_GRPC_PORT]
+    )
     assert f"commonos-events:{VERSION}" in text
 
 

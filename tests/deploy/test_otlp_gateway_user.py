@@ -35,7 +35,7 @@ async def test_the_gateway_runs_as_otlp_gateway(secured_nats: SecuredNats) -> No
     task = asyncio.create_task(
         serve(
             settings,
-            GatewaySettings(port=0, publish_timeout_s=3.0),
+            GatewaySettings(port=0, grpc_port=0, publish_timeout_s=3.0),
             stop=stop,
             registry=CollectorRegistry(),
             on_started=started.set_result,

@@ -183,16 +183,23 @@ async def test_every_panel_has_data_and_every_alert_evaluates(
             assert cost["model=claude-sonnet-4-5"] > 0 and cost["model=mystery-1"] == 0
             unpriced = await values(http, url, "sum by (model) (cos_billing_unpriced_calls_total)")
             assert unpriced["model=mystery-1"] == 1 and unpriced["model=scripted-e2e"] == 2
+            # Every known label set is there from the start, at 0 until its first event.
             turns = await values(http, url, "sum by (status) (cos_loop_turns_total)")
-            assert turns == {"status=completed": 1.0}
+            assert turns == {
+                "status=completed": 1.0,
+                "status=failed": 0,
+                "status=cancelled": 0,
+                "status=interrupted": 0,
+            }
             tools = await values(http, url, "sum by (tool) (cos_loop_tool_calls_total)")
             assert tools == {"tool=list_dir": 1.0}
             up = await values(http, url, 'up{job=~"loop|journal-writer|billing|otlp-gateway"}')
             assert len(up) == 5 and set(up.values()) == {1.0}
             refused = await values(http, url, "sum by (reason) (cos_otlp_refused_total)")
-            assert refused == {"reason=unauthenticated": 1.0}
+            assert {k: v for k, v in refused.items() if v} == {"reason=unauthenticated": 1.0}
+            assert refused["reason=unavailable"] == 0
             requests = await values(http, url, "sum by (signal, code) (cos_otlp_requests_total)")
-            assert requests == {
+            assert {k: v for k, v in requests.items() if v} == {
                 "code=200,signal=logs": 1.0,
                 "code=200,signal=metrics": 1.0,
                 "code=200,signal=traces": 1.0,

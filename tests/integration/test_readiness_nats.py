@@ -47,6 +47,7 @@ async def test_every_service_is_not_ready_while_nats_is_down(
         "COS_DATABASE_URL": database_url,
         "COS_PROFILES_DIR": str(REPO / "profiles"),
         "COS_OTLP_PORT": "0",
+        "COS_OTLP_GRPC_PORT": "0",
     }
     services = {
         "journal-writer": ServiceProcess("commonos.journal_writer", env, tmp_path / "journal-writer.log"),

@@ -109,7 +109,7 @@ async def run_gateway(
     **gateway: Any,
 ) -> AsyncIterator[Gateway]:
     """A gateway in this event loop (the stub mappings unless told otherwise; None: the real ones)."""
-    options: dict[str, Any] = {"port": 0, "publish_timeout_s": 2.0, "retry_after_s": 1} | gateway
+    options: dict[str, Any] = {"port": 0, "grpc_port": 0, "publish_timeout_s": 2.0, "retry_after_s": 1} | gateway
     stop = asyncio.Event()
     started: asyncio.Future[Running] = asyncio.get_running_loop().create_future()
     task = asyncio.create_task(

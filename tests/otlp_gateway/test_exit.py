@@ -38,7 +38,7 @@ def test_a_gateway_whose_otlp_port_is_taken_exits_however_its_start_lines_up(
     port_taken: int, nats_url: str, tmp_path: Path
 ) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("COS_")}
-    env |= {"COS_NATS_URL": nats_url, "COS_OTLP_PORT": str(port_taken)}
+    env |= {"COS_NATS_URL": nats_url, "COS_OTLP_PORT": str(port_taken), "COS_OTLP_GRPC_PORT": "0"}
     logs = [tmp_path / f"gateway-{i}.log" for i in range(GATEWAYS)]
     procs = []
     for log in logs:

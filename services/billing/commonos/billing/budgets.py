@@ -249,6 +249,10 @@ class BudgetTracker:
         self._known: set[SpendKey] = set()
         for budget in self.budgets:
             BUDGET_LIMIT.labels(budget.name).set(float(budget.limit_usd))
+            # At 0 until `load` reads the stored spend (and when there is none), and until the first alert.
+            BUDGET_SPENT.labels(budget.name)
+            BUDGET_EXCEEDED.labels(budget.name)
+            BUDGET_ALERTS.labels(budget.name)
 
     async def load(self, conn: Conn) -> None:
         """Set the gauges from the stored spend of each budget's current period (at start)."""

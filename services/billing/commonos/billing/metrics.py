@@ -132,6 +132,11 @@ class BillingMetrics:
         self._models = LabelCap("model", config.max_models)
         self._tag_keys = frozenset(config.tag_label_keys)
         self._tag_values = {key: LabelCap(f"tag:{key}", config.max_tag_values) for key in config.tag_label_keys}
+        # At 0 from the start: before any call, the one label set known is the capped labels' `other`; then every
+        # (provider, model) billed (`record`), so that an alert on unpriced calls tells "none" from "no data".
+        UNPRICED.labels(OTHER, OTHER)
+        for label in ("provider", "model", *(f"tag:{key}" for key in config.tag_label_keys)):
+            LABEL_OVERFLOW.labels(label)
 
     def stage(self, rows: Sequence[ModelCallRow]) -> MetricBatch:
         batch = MetricBatch()
@@ -174,8 +179,7 @@ class BillingMetrics:
             COST.labels(provider, model).inc(float(totals.cost))
             for status, count in totals.by_status.items():
                 CALLS.labels(provider, model, status).inc(count)
-            if totals.unpriced:
-                UNPRICED.labels(provider, model).inc(totals.unpriced)
+            UNPRICED.labels(provider, model).inc(totals.unpriced)
         for (tag_key, value), (usd, calls) in batch.tags.items():
             TAG_COST.labels(tag_key, value).inc(float(usd))
             TAG_CALLS.labels(tag_key, value).inc(calls)

@@ -9,6 +9,11 @@ PostgreSQL asks for a password on every connection. The passwords are made on th
 kept in COS_DATA_DIR/secrets (files of the user's alone); each service logs in to NATS as its own
 user, and the `cos` commands of the same user find the admin's credentials in COS_DATA_DIR/state.json.
 
+The OTLP gateway takes OTLP/HTTP on 127.0.0.1:4318 and OTLP/gRPC on 127.0.0.1:4317 (COS_OTLP_PORT,
+COS_OTLP_GRPC_PORT, or free ports when those are taken). Every port cos up chooses is chosen under a lock shared
+by the cos ups of the machine's user, and kept from the others while it runs (`commonos.runtime.ports`): any
+number of cos up started at the same moment each get their own ports and talk only to their own servers.
+
 The web console listens on http://127.0.0.1:8470 (COS_CONSOLE_PORT, or a free port when 8470 is taken), with
 cookies without the Secure flag only while it listens on a loopback address (COS_CONSOLE_HOST). Its people
 file is COS_CONSOLE_USERS, else COS_DATA_DIR/console-users.toml; when that file does not exist, cos up writes
@@ -26,7 +31,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -45,7 +49,8 @@ from commonos.proto.errors import ConfigError, OperationalError
 from commonos.runtime import registry
 from commonos.runtime.args import CliError
 from commonos.runtime.cli_support import as_text
-from commonos.runtime.embedded import NatsServer, PostgresCluster, ServerStartError, free_port
+from commonos.runtime.embedded import NatsServer, PostgresCluster, ServerStartError
+from commonos.runtime.ports import PortRegistry
 from commonos.runtime.postgres import apply_schemas, connect
 from commonos.runtime.settings import Settings
 from commonos.runtime.system import (
@@ -77,8 +82,10 @@ SERVICE_NATS_USERS = {
     "otlp_gateway": "otlp-gateway",
     "console": "console",
 }
-#: The port of the OTLP gateway `cos up` starts: COS_OTLP_PORT, else OTLP/HTTP's 4318 when free, else any.
+#: The ports of the OTLP gateway `cos up` starts: COS_OTLP_PORT, else OTLP/HTTP's 4318 when free, else any;
+#: COS_OTLP_GRPC_PORT, else OTLP/gRPC's 4317 when free, else any.
 OTLP_PORT = 4318
+OTLP_GRPC_PORT = 4317
 #: Started once the others are ready.
 LATER_SERVICES = ("console",)
 #: The console's port: COS_CONSOLE_PORT, else 8470 when free, else any.
@@ -123,8 +130,11 @@ class System:
     nats_passwords: dict[str, str] = field(default_factory=dict)
     children: dict[str, tuple[subprocess.Popen[bytes], int]] = field(default_factory=dict)
     components: list[Component] = field(default_factory=list)
-    #: Where the OTLP gateway listens (OTLP/HTTP), once started.
+    #: Where the OTLP gateway listens (OTLP/HTTP, OTLP/gRPC), once started.
     otlp_url: str | None = None
+    otlp_grpc_url: str | None = None
+    #: The ports this `cos up` chose, kept from the other `cos up`s of the machine until it stops.
+    ports: PortRegistry = field(default_factory=PortRegistry)
     #: Where the console listens, and its people file, once started.
     console_url: str | None = None
     console_users: Path | None = None
@@ -153,10 +163,8 @@ class System:
             self.components.append(Component("nats", nats_url, None, "configured"))
         database_url = s.database_url
         if not database_url:
-            remembered = ports.get("postgres")
-            port = remembered if remembered and _port_free(remembered) else free_port()
             password = ensure_secret(s, "postgres")
-            self.postgres = PostgresCluster(data / "postgres", port=port, password=password).start()
+            self.postgres = self._start_postgres(data / "postgres", ports.get("postgres"), password)
             database_url = self.postgres.dsn(DATABASE)
             self.components.append(Component("postgresql (embedded)", _redact(self.postgres.url), None, "running"))
         else:
@@ -173,7 +181,19 @@ class System:
         self.endpoints = Endpoints(nats_url, database_url)
         return self.endpoints
 
-    def _start_nats(self, folder: Path, port: int | None) -> NatsServer:
+    def _start_postgres(self, folder: Path, remembered: int | None, password: str) -> PostgresCluster:
+        """The embedded PostgreSQL on the port it had (when free and no other `cos up` chose it), else another;
+        once more on another port when a program took it between the choice and PostgreSQL's bind."""
+        cluster = PostgresCluster(folder, port=self.ports.reserve(remembered), password=password)
+        try:
+            return cluster.start()
+        except ServerStartError as exc:
+            if "already in use" not in str(exc).lower():
+                raise
+            cluster.port = self.ports.reserve()
+            return cluster.start()
+
+    def _start_nats(self, folder: Path, remembered: int | None) -> NatsServer:
         """nats-server with deploy/nats/auth.conf as it is, its passwords in the server's environment."""
         if not NATS_AUTH_CONF.is_file():
             raise UpFailed(
@@ -198,10 +218,10 @@ class System:
             'include "auth.conf"\n' + (f"max_payload: {int(limit)}\n" if limit is not None else ""),
         )
         try:
-            return NatsServer(folder, port=port, config_file=config, env=env).start()
-        except Exception:
-            # The remembered port may be taken now: take a new one.
-            return NatsServer(folder, config_file=config, env=env).start()
+            return NatsServer(folder, port=self.ports.reserve(remembered), config_file=config, env=env).start()
+        except ServerStartError:
+            # The port was taken by a program that is not a cos up before the server bound it: another one.
+            return NatsServer(folder, port=self.ports.reserve(), config_file=config, env=env).start()
 
     async def prepare(self) -> None:
         """Create the database (embedded), the streams (as the admin: no service may) and every schema."""
@@ -244,8 +264,8 @@ class System:
             proc, port = first
             state = _wait_ready(proc, port, deadline)
             if state.startswith("exited") and _lost_its_port(logs / f"{service}.log"):
-                # The well-known port (4318, 8470) was free when it was chosen and taken before the service bound
-                # it (another `cos up` starting at the same moment, say): once more, on ports nobody has.
+                # The port was free when it was chosen and taken before the service bound it (by a program that is
+                # not a `cos up`: those never choose a port another chose): once more, on ports nobody has.
                 proc, port = self.children[service] = self._spawn(service, logs, well_known=False)
                 state = _wait_ready(proc, port, deadline)
             self.components.append(Component(service.replace("_", "-"), f"http://127.0.0.1:{port}", proc.pid, state))
@@ -257,9 +277,9 @@ class System:
         when `well_known` and free (unless configured), else on free ones."""
         assert self.endpoints is not None
         if service == "console":
-            port = _console_port() if well_known else _configured_port("COS_CONSOLE_PORT") or free_port()
+            port = self._port("COS_CONSOLE_PORT", CONSOLE_PORT if well_known else None)
         else:
-            port = free_port()
+            port = self.ports.reserve()
         env = {
             **os.environ,
             "COS_NATS_URL": self.endpoints.nats_url,
@@ -267,9 +287,12 @@ class System:
             "COS_HTTP_PORT": str(port),
         }
         if service == "otlp_gateway":
-            otlp_port = _otlp_port() if well_known else _configured_port("COS_OTLP_PORT") or free_port()
+            otlp_port = self._port("COS_OTLP_PORT", OTLP_PORT if well_known else None)
+            grpc_port = self._port("COS_OTLP_GRPC_PORT", OTLP_GRPC_PORT if well_known else None)
             env["COS_OTLP_PORT"] = str(otlp_port)
+            env["COS_OTLP_GRPC_PORT"] = str(grpc_port)
             self.otlp_url = f"http://127.0.0.1:{otlp_port}"
+            self.otlp_grpc_url = f"http://127.0.0.1:{grpc_port}"
         if service == "console":
             env |= self._console_env(port)
         if self.nats is not None:  # its own NATS user, its password read from its file
@@ -286,6 +309,14 @@ class System:
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         log.close()
         return proc, port
+
+    def _port(self, variable: str, well_known: int | None) -> int:
+        """The port `variable` configures, as it is; else `well_known` when it is free and no other `cos up` chose
+        it; else one nobody has."""
+        configured = _configured_port(variable)
+        if configured is not None:
+            return self.ports.reserve(configured, exact=True)
+        return self.ports.reserve(well_known)
 
     def _console_env(self, port: int) -> dict[str, str]:
         """The console's variables: its port, its people file (made with a first operator when missing), a
@@ -331,6 +362,7 @@ class System:
             self.postgres.stop()
         if self.nats is not None:
             self.nats.stop()
+        self.ports.release()
 
     def server_gone(self) -> str | None:
         """The embedded server that is no longer running, in one line with how it ended and its log; None while
@@ -375,6 +407,11 @@ class System:
                 f"OTEL_EXPORTER_OTLP_ENDPOINT={self.otlp_url} "
                 'OTEL_EXPORTER_OTLP_HEADERS="Authorization=Bearer <token>" (docs/otlp.md)'
             )
+        if self.otlp_grpc_url is not None:
+            lines.append(
+                f"OpenTelemetry (OTLP/gRPC): {self.otlp_grpc_url} — the same token; OTEL_EXPORTER_OTLP_PROTOCOL=grpc "
+                f"OTEL_EXPORTER_OTLP_ENDPOINT={self.otlp_grpc_url}"
+            )
         if self.console_url is not None and self.console_users is not None:
             admin = secret_path(s, "console-admin")
             first = (
@@ -409,27 +446,9 @@ def _with_login(url: str, user: str, password: str) -> str:
     return f"{scheme}://{user}:{password}@{rest}"
 
 
-def _port_free(port: int) -> bool:
-    """Whether nothing listens on 127.0.0.1:`port` now (a port remembered from the last start may be taken)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def _configured_port(name: str) -> int | None:
     raw = os.environ.get(name, "").strip()
     return int(raw) if raw.isdigit() and 0 < int(raw) < 65536 else None
-
-
-def _otlp_port() -> int:
-    return _configured_port("COS_OTLP_PORT") or (OTLP_PORT if _port_free(OTLP_PORT) else free_port())
-
-
-def _console_port() -> int:
-    return _configured_port("COS_CONSOLE_PORT") or (CONSOLE_PORT if _port_free(CONSOLE_PORT) else free_port())
 
 
 def _lost_its_port(log: Path) -> bool:

@@ -33,6 +33,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from commonos.loop import metrics
 from commonos.loop.approvals import NatsApprover
 from commonos.loop.deltas import DeltaPublisher
 from commonos.loop.event_journal import LOOP_SOURCE
@@ -352,6 +353,12 @@ async def serve(settings: Settings, *, handle_signals: bool = True, own: LoopSet
         providers = {p.id: build_provider(p) for p in profiles.values()}
     except ProfileError as exc:
         raise ConfigError(str(exc)) from None
+    # At 0 from the start: each profile's provider before its first failure, each way a turn can end.
+    for provider in providers.values():
+        metrics.MODEL_ERRORS.labels(provider.name)
+    for status in TurnStatus:
+        if status is not TurnStatus.RUNNING:
+            metrics.TURNS.labels(status.value)
     if not settings.nats_url:
         raise ConfigError("COS_NATS_URL is not set (or run everything with `cos up`)")
     # OpenTelemetry when OTEL_EXPORTER_OTLP_ENDPOINT asks for it (service.name commonos-loop), flushed at the end.

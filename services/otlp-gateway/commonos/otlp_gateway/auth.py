@@ -203,6 +203,10 @@ class TokenIndex:
             return None
         return found
 
+    def profiles(self) -> set[str]:
+        """The profiles that have a token."""
+        return {info.profile_id for info in list(self._by_digest.values())}
+
     def put(self, info: TokenInfo) -> None:
         self._by_digest[info.digest] = info
 

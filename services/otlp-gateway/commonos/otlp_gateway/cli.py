@@ -26,6 +26,7 @@ def _serve(args: argparse.Namespace) -> int:
     overrides = {
         "COS_OTLP_HOST": args.host,
         "COS_OTLP_PORT": None if args.port is None else str(args.port),
+        "COS_OTLP_GRPC_PORT": None if args.grpc_port is None else str(args.grpc_port),
         "COS_OTLP_MAX_BODY_BYTES": None if args.max_body_bytes is None else str(args.max_body_bytes),
         "COS_OTLP_TAG_ATTRIBUTES": args.tag_attributes,
     }
@@ -134,14 +135,16 @@ def register(sub: Any) -> None:
     )
     serve = otlp_sub.add_parser(
         "serve",
-        help="run the OTLP/HTTP gateway in the foreground",
-        description="Receive OTLP/HTTP (POST /v1/traces, /v1/logs, /v1/metrics; protobuf or JSON, gzip or not) "
-        "and publish it as events, answering 200 only once JetStream stored them (503 with Retry-After while "
+        help="run the OTLP gateway (OTLP/gRPC and OTLP/HTTP) in the foreground",
+        description="Receive OTLP/gRPC (the collector's trace, logs and metrics services, gzip or not) and OTLP/HTTP "
+        "(POST /v1/traces, /v1/logs, /v1/metrics; protobuf or JSON, gzip or not) and publish it as events, "
+        "answering OK only once JetStream stored them (503 with Retry-After, gRPC's UNAVAILABLE with RetryInfo, while "
         "NATS is unavailable). Every request needs a profile's bearer token (cos otlp token create). Options "
         "override their COS_OTLP_* variables; /metrics /healthz /readyz are on COS_HTTP_PORT (default 9464).",
     )
     serve.add_argument("--host", help="address to listen on (COS_OTLP_HOST, default 127.0.0.1; 0.0.0.0 for all)")
     serve.add_argument("--port", type=int, help="OTLP/HTTP port (COS_OTLP_PORT, default 4318)")
+    serve.add_argument("--grpc-port", type=int, help="OTLP/gRPC port (COS_OTLP_GRPC_PORT, default 4317)")
     serve.add_argument(
         "--max-body-bytes",
         type=int,

@@ -2,12 +2,17 @@
 OTLP metrics exposed as `cos_otlp_client_metric` (never as events: the log records and spans carry the same
 usage, and billing both would count it twice).
 
-    cos_otlp_requests_total{signal,encoding,code}   signal traces|logs|metrics, encoding protobuf|json|other
-    cos_otlp_refused_total{reason}                  unauthenticated|bad_request|too_large|
-                                                    unsupported_media_type|unavailable
+    cos_otlp_requests_total{signal,encoding,code}   OTLP/HTTP: signal traces|logs|metrics|other, encoding
+                                                    protobuf|json|other|grpc (a gRPC client on the HTTP port)
+    cos_otlp_grpc_requests_total{signal,code}       OTLP/gRPC: code OK, UNAUTHENTICATED, INVALID_ARGUMENT,
+                                                    UNAVAILABLE, INTERNAL (RESOURCE_EXHAUSTED is gRPC's own)
+    cos_otlp_refused_total{reason}                  unauthenticated|bad_request|too_large|body_timeout|host|
+                                                    unsupported_media_type|unavailable|grpc_on_http_port
+                                                    (both transports)
     cos_otlp_records_total{signal,outcome}          spans, log records, metric points: accepted|rejected|ignored
     cos_otlp_events_published_total{type}           our events stored by JetStream (duplicates of a retry not counted)
-    cos_otlp_request_seconds{signal}                request received -> response
+    cos_otlp_request_seconds{signal}                request received -> response (OTLP/HTTP)
+    cos_otlp_grpc_request_seconds{signal}           the same, OTLP/gRPC
     cos_otlp_lag_seconds{signal}                    the record's own time -> its events acknowledged by JetStream
     cos_otlp_client_metric{metric,profile,type,model,decision,tool_name,source}
 """
@@ -16,7 +21,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Final
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
@@ -28,6 +33,18 @@ from prometheus_client.registry import Collector
 
 #: The attributes of a client's data point kept as labels: few values each (never session or user ids).
 CLIENT_METRIC_LABELS: Final = ("type", "model", "decision", "tool_name", "source")
+#: The metrics Claude Code documents (and sends): exposed at 0 for every profile with a token until its first
+#: point, their other labels empty.
+KNOWN_CLIENT_METRICS: Final = (
+    "claude_code.session.count",
+    "claude_code.token.usage",
+    "claude_code.cost.usage",
+    "claude_code.lines_of_code.count",
+    "claude_code.commit.count",
+    "claude_code.pull_request.count",
+    "claude_code.code_edit_tool.decision",
+    "claude_code.active_time.total",
+)
 #: Series (and, for cumulative sums, the client streams behind them) kept at most; the oldest go first.
 MAX_STREAMS: Final = 20_000
 
@@ -59,7 +76,9 @@ class ClientMetrics(Collector):
     and `<name>_sum` as sums.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, profiles: Callable[[], Iterable[str]] | None = None) -> None:
+        #: The profiles known to send (those with a token): each known metric of theirs is 0 until its first point.
+        self.profiles = profiles
         self._lock = threading.Lock()
         #: (labels, stream) -> value, for sums; the exposed value of a label set is their total.
         self._sums: OrderedDict[tuple[tuple[str, ...], tuple[tuple[str, str], ...]], float] = OrderedDict()
@@ -138,21 +157,65 @@ class ClientMetrics(Collector):
             "The clients' own OTLP metrics (sums, gauges, histograms' _count/_sum), by profile; never billed",
             labels=["metric", "profile", *CLIENT_METRIC_LABELS],
         )
-        for labels, value in self.values().items():
+        values = self.values()
+        for labels, value in values.items():
             family.add_metric(list(labels), value)
+        seen = {labels[:2] for labels in values}
+        empty = [""] * len(CLIENT_METRIC_LABELS)
+        for profile in sorted(set(self.profiles() if self.profiles is not None else ())):
+            for metric in KNOWN_CLIENT_METRICS:
+                if (metric, profile) not in seen:
+                    family.add_metric([metric, profile, *empty], 0.0)
         yield family
 
 
+#: The label values known from the start, whose series are exposed at 0 before their first request (a dashboard
+#: or an alert then tells "none" from "not scraped").
+SIGNALS: Final = ("traces", "logs", "metrics")
+REFUSAL_REASONS: Final = (
+    "unauthenticated",
+    "bad_request",
+    "too_large",
+    "body_timeout",
+    "unsupported_media_type",
+    "unavailable",
+    "host",
+    "grpc_on_http_port",
+)
+RECORD_OUTCOMES: Final = ("accepted", "rejected", "ignored")
+#: The event types the mappings publish.
+PUBLISHED_TYPES: Final = (
+    "session_created",
+    "turn_started",
+    "turn_finished",
+    "tool_call_recorded",
+    "approval_decided",
+    "model_call_completed",
+)
+#: The gRPC codes the gateway answers with itself.
+GRPC_CODES: Final = ("OK", "UNAUTHENTICATED", "INVALID_ARGUMENT", "UNAVAILABLE", "INTERNAL")
+
+
 class GatewayMetrics:
-    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+    def __init__(
+        self, registry: CollectorRegistry = REGISTRY, *, profiles: Callable[[], Iterable[str]] | None = None
+    ) -> None:
         self.registry = registry
         self.requests = Counter(
             "cos_otlp_requests",
-            "OTLP requests by signal, encoding and HTTP status",
+            "OTLP/HTTP requests by signal, encoding and HTTP status",
             ["signal", "encoding", "code"],
             registry=registry,
         )
-        self.refused = Counter("cos_otlp_refused", "OTLP requests refused, by reason", ["reason"], registry=registry)
+        self.grpc_requests = Counter(
+            "cos_otlp_grpc_requests",
+            "OTLP/gRPC requests by signal and gRPC status code",
+            ["signal", "code"],
+            registry=registry,
+        )
+        self.refused = Counter(
+            "cos_otlp_refused", "OTLP requests refused (HTTP and gRPC), by reason", ["reason"], registry=registry
+        )
         self.records = Counter(
             "cos_otlp_records",
             "Spans, log records and metric points received, by outcome (accepted, rejected, ignored)",
@@ -166,7 +229,10 @@ class GatewayMetrics:
             registry=registry,
         )
         self.request_seconds = Histogram(
-            "cos_otlp_request_seconds", "OTLP request received -> response", ["signal"], registry=registry
+            "cos_otlp_request_seconds", "OTLP/HTTP request received -> response", ["signal"], registry=registry
+        )
+        self.grpc_request_seconds = Histogram(
+            "cos_otlp_grpc_request_seconds", "OTLP/gRPC request received -> response", ["signal"], registry=registry
         )
         self.lag_seconds = Histogram(
             "cos_otlp_lag_seconds",
@@ -175,5 +241,18 @@ class GatewayMetrics:
             buckets=_LAG_BUCKETS,
             registry=registry,
         )
-        self.client = ClientMetrics()
+        for signal in SIGNALS:
+            self.requests.labels(signal, "protobuf", "200")
+            self.request_seconds.labels(signal)
+            self.grpc_request_seconds.labels(signal)
+            self.lag_seconds.labels(signal)
+            for code in GRPC_CODES:
+                self.grpc_requests.labels(signal, code)
+            for outcome in RECORD_OUTCOMES:
+                self.records.labels(signal, outcome)
+        for reason in REFUSAL_REASONS:
+            self.refused.labels(reason)
+        for kind in PUBLISHED_TYPES:
+            self.events_published.labels(kind)
+        self.client = ClientMetrics(profiles)
         registry.register(self.client)

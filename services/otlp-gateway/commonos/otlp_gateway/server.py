@@ -37,7 +37,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import nats.errors
 from aiohttp import web
@@ -60,7 +60,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from commonos.otlp_gateway.auth import REALM, TokenIndex, bearer_token
+from commonos.otlp_gateway.auth import REALM, TokenIndex, TokenInfo, bearer_token
 from commonos.otlp_gateway.common import CallOrdinals, Mapped, Source
 from commonos.otlp_gateway.decode import (
     BadRequest,
@@ -92,6 +92,13 @@ _UNAVAILABLE: Final = 14
 _RESOURCE_EXHAUSTED: Final = 8
 _UNIMPLEMENTED: Final = 12
 _INTERNAL: Final = 13
+
+#: The request message of each signal (the same on OTLP/HTTP and OTLP/gRPC).
+REQUESTS: Final[dict[str, type[Message]]] = {
+    "traces": ExportTraceServiceRequest,
+    "logs": ExportLogsServiceRequest,
+    "metrics": ExportMetricsServiceRequest,
+}
 
 _CHUNK: Final = 64 * 1024
 #: What a port listening on loopback answers to, beside its own address.
@@ -155,8 +162,8 @@ class Unavailable(OperationalError):
 
 
 @dataclass
-class _Refusal(DataError):
-    """A request answered with an error status: refused as it is (4xx)."""
+class Refusal(DataError):
+    """A request answered with an error status: refused as it is (4xx; over gRPC, `grpc_code`)."""
 
     status: int
     reason: str
@@ -165,8 +172,9 @@ class _Refusal(DataError):
 
 
 @dataclass
-class _NotNow(OperationalError):
-    """A request answered 503 with Retry-After: the gateway cannot take it now, a retry may succeed."""
+class NotNow(OperationalError):
+    """A request answered 503 with Retry-After (over gRPC, UNAVAILABLE with RetryInfo): the gateway cannot take
+    it now, a retry may succeed."""
 
     text: str
     status: int = 503
@@ -236,7 +244,7 @@ class OtlpReceiver:
         try:
             try:
                 response = await self._process(request, signal)
-            except (_Refusal, _NotNow) as refusal:
+            except (Refusal, NotNow) as refusal:
                 response = self._refuse(refusal, encoding)
             except Exception as exc:  # a bug of ours: said, logged, and not retried by the exporter as is
                 log.exception("%s request failed", signal)
@@ -247,7 +255,7 @@ class OtlpReceiver:
         finally:
             self.metrics.request_seconds.labels(signal).observe(time.monotonic() - started)
 
-    def _refuse(self, refusal: _Refusal | _NotNow, encoding: str) -> web.Response:
+    def _refuse(self, refusal: Refusal | NotNow, encoding: str) -> web.Response:
         self.metrics.refused.labels(refusal.reason).inc()
         body, content_type = status_body(refusal.grpc_code, refusal.text, encoding)
         headers = {"Content-Type": content_type}
@@ -258,35 +266,42 @@ class OtlpReceiver:
         return web.Response(status=refusal.status, body=body, headers=headers)
 
     async def _process(self, request: web.Request, signal: str) -> web.Response:
-        if not self.tokens.loaded.is_set():
-            raise _NotNow("the gateway is starting: its tokens are not loaded yet")
-        token = self.tokens.lookup(bearer_token(request.headers.get("Authorization")))
-        if token is None:
-            raise _Refusal(
-                401,
-                "unauthenticated",
-                _UNAUTHENTICATED,
-                "a valid bearer token is required (Authorization: Bearer <token>; `cos otlp token create`)",
-            )
+        token = self.authenticate(request.headers.get("Authorization"))
         try:
             encoding = encoding_of(request.headers.get("Content-Type"))
             data = decode_body(
                 await self._read_body(request), request.headers.get("Content-Encoding"), self.settings.max_body_bytes
             )
-            message: Message
-            if signal == "traces":
-                message = parse_request(ExportTraceServiceRequest(), data, encoding)
-            elif signal == "logs":
-                message = parse_request(ExportLogsServiceRequest(), data, encoding)
-            else:
-                message = parse_request(ExportMetricsServiceRequest(), data, encoding)
+            message = parse_request(REQUESTS[signal](), data, encoding)
         except UnsupportedMediaType as exc:
-            raise _Refusal(415, "unsupported_media_type", _UNIMPLEMENTED, str(exc)) from None
+            raise Refusal(415, "unsupported_media_type", _UNIMPLEMENTED, str(exc)) from None
         except TooLarge as exc:
-            raise _Refusal(413, "too_large", _RESOURCE_EXHAUSTED, str(exc)) from None
+            raise Refusal(413, "too_large", _RESOURCE_EXHAUSTED, str(exc)) from None
         except BadRequest as exc:
-            raise _Refusal(400, "bad_request", _INVALID_ARGUMENT, str(exc)) from None
+            raise Refusal(400, "bad_request", _INVALID_ARGUMENT, str(exc)) from None
+        return self._ok(await self.export(signal, token, message), encoding)
 
+    # --- what every transport shares (OTLP/HTTP here, OTLP/gRPC in `grpc_server`) -----------------------
+
+    def authenticate(self, authorization: str | None) -> TokenInfo:
+        """The token of an `Authorization: Bearer <token>` value (an HTTP header or gRPC metadata); NotNow
+        while the tokens are not loaded yet, a Refusal (401, UNAUTHENTICATED) when none or unknown."""
+        if not self.tokens.loaded.is_set():
+            raise NotNow("the gateway is starting: its tokens are not loaded yet")
+        token = self.tokens.lookup(bearer_token(authorization))
+        if token is None:
+            raise Refusal(
+                401,
+                "unauthenticated",
+                _UNAUTHENTICATED,
+                "a valid bearer token is required (Authorization: Bearer <token>; `cos otlp token create`)",
+            )
+        return token
+
+    async def export(self, signal: str, token: TokenInfo, message: Message) -> Message:
+        """The Export*ServiceResponse of a decoded request of `token`: its records mapped, their events
+        published and every one acknowledged by JetStream (else NotNow: 503, UNAVAILABLE), the records
+        refused named in its partial success. Metrics only update `cos_otlp_client_metric`."""
         source = Source(
             profile_id=token.profile_id,
             tag_attributes=self.settings.tag_attributes,
@@ -296,9 +311,9 @@ class OtlpReceiver:
         if isinstance(message, ExportMetricsServiceRequest):
             points = self.metrics.client.record(message, token.profile_id)
             self.metrics.records.labels(signal, "accepted").inc(points)
-            return self._ok(ExportMetricsServiceResponse(), encoding)
+            return ExportMetricsServiceResponse()
         if not self._connected():
-            raise _NotNow("NATS is unavailable: retry later")
+            raise NotNow("NATS is unavailable: retry later")
         try:
             if isinstance(message, ExportTraceServiceRequest):
                 total = _count_spans(message)
@@ -313,7 +328,7 @@ class OtlpReceiver:
             await self._publish(events, messages, signal)
         except (Unavailable, OperationalError, nats.errors.Error, TimeoutError) as exc:
             log.warning("%s request not stored (%s: %s): answered 503", signal, type(exc).__name__, exc)
-            raise _NotNow("NATS is unavailable: retry later") from None
+            raise NotNow("NATS is unavailable: retry later") from None
         rejected = min(mapped.rejected, total)
         ignored = min(mapped.ignored, total - rejected)
         self.metrics.records.labels(signal, "accepted").inc(max(total - rejected - ignored, 0))
@@ -335,7 +350,7 @@ class OtlpReceiver:
                 response.partial_success.CopyFrom(
                     ExportLogsPartialSuccess(rejected_log_records=rejected, error_message=error)
                 )
-        return self._ok(response, encoding)
+        return response
 
     def _ok(self, message: Message, encoding: str) -> web.Response:
         body, content_type = encode_message(message, encoding)
@@ -358,7 +373,7 @@ class OtlpReceiver:
                         raise TooLarge(f"the body is over {limit} bytes")
                     chunks.append(chunk)
         except TimeoutError:
-            raise _Refusal(
+            raise Refusal(
                 408,
                 "body_timeout",
                 _INVALID_ARGUMENT,
@@ -415,12 +430,157 @@ def make_app(receiver: OtlpReceiver, **kwargs: Any) -> web.Application:
     return app
 
 
+#: What every HTTP/2 connection opens with (RFC 9113 3.4), a gRPC client's included.
+HTTP2_PREFACE: Final = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+#: How much of an HTTP/2 connection is read looking for its first request's HEADERS frame.
+_HTTP2_READ_LIMIT: Final = 64 * 1024
+#: How long a refused HTTP/2 connection is kept open for the client to read the answer and close it first.
+_HTTP2_LINGER_S: Final = 2.0
+
+
+def _frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+    return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big") + payload
+
+
+def _hpack_string(text: str) -> bytes:
+    """An HPACK string literal (not Huffman-coded): its length as a 7-bit prefix integer, then its bytes."""
+    raw = text.encode("ascii")
+    size = len(raw)
+    if size < 127:
+        return bytes([size]) + raw
+    out = bytearray([127])
+    size -= 127
+    while size >= 128:
+        out.append(size % 128 + 128)
+        size //= 128
+    out.append(size)
+    return bytes(out) + raw
+
+
+_SETTINGS: Final = 0x4
+_HEADERS: Final = 0x1
+_GOAWAY: Final = 0x7
+_ACK: Final = 0x1
+_END_STREAM: Final = 0x1
+_END_HEADERS: Final = 0x4
+
+
+def grpc_refusal(stream: int, message: str) -> bytes:
+    """The server's answer to a gRPC call on stream `stream` of an HTTP/2 connection: the call ended at once
+    with UNIMPLEMENTED and `message` (a trailers-only response: HEADERS with END_STREAM), then GOAWAY."""
+    fields = {"content-type": "application/grpc", "grpc-status": "12", "grpc-message": message}
+    # 0x88: the static table's `:status: 200`; then each field a literal without indexing (0x00), name and value.
+    block = b"\x88" + b"".join(b"\x00" + _hpack_string(k) + _hpack_string(v) for k, v in fields.items())
+    return _frame(_HEADERS, _END_HEADERS | _END_STREAM, stream, block) + _frame(
+        _GOAWAY,
+        0,
+        0,
+        stream.to_bytes(4, "big") + (0).to_bytes(4, "big"),  # NO_ERROR
+    )
+
+
+class Http2Refusing(asyncio.Protocol):
+    """aiohttp's protocol for one connection (`inner`), unless the connection opens with HTTP/2's preface: a gRPC
+    client aimed at the OTLP/HTTP port. That one is answered in HTTP/2, its first call ended with UNIMPLEMENTED
+    and a message naming the gRPC port (`grpc_refusal`), `on_refused()` called (the metrics count it), and the
+    connection closed: the client says why, and the log gets one line instead of aiohttp's traceback of a
+    request line it cannot parse (its 400 in HTTP/1.1, which gRPC clients report as "Trying to connect an http1.x
+    server")."""
+
+    def __init__(self, inner: asyncio.Protocol, message: str, on_refused: Callable[[], None]) -> None:
+        self.inner = inner
+        self.message = message
+        self.on_refused = on_refused
+        self._seen = b""
+        #: None while the first bytes could still be the preface; then whether they were.
+        self._http2: bool | None = None
+        self._transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A stream transport (uvloop's is not an asyncio.Transport subclass, but has its methods).
+        self._transport = cast(asyncio.Transport, transport)
+        self.inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self._http2 is False:
+            self.inner.data_received(data)
+            return
+        if self._http2 is True:
+            if self._transport is not None:  # else answered already: what follows is dropped
+                self._seen += data
+                self._answer()
+            return
+        self._seen += data
+        n = min(len(self._seen), len(HTTP2_PREFACE))
+        if self._seen[:n] != HTTP2_PREFACE[:n]:
+            self._http2 = False
+            seen, self._seen = self._seen, b""
+            self.inner.data_received(seen)
+        elif len(self._seen) >= len(HTTP2_PREFACE):
+            self._http2 = True
+            self._seen = self._seen[len(HTTP2_PREFACE) :]
+            self.on_refused()
+            log.warning("an HTTP/2 (gRPC) client on the OTLP/HTTP port: answered UNIMPLEMENTED, naming the gRPC port")
+            if self._transport is not None:
+                self._transport.write(_frame(_SETTINGS, 0, 0))  # the server's preface: its SETTINGS, all defaults
+            self._answer()
+
+    def _answer(self) -> None:
+        """The client's frames as they come: its SETTINGS acknowledged, and once its first HEADERS frame is in,
+        the refusal on that stream (on stream 1 when none came within `_HTTP2_READ_LIMIT` bytes)."""
+        if self._transport is None:
+            return
+        stream = None
+        while len(self._seen) >= 9:
+            size = int.from_bytes(self._seen[:3], "big")
+            if len(self._seen) < 9 + size and len(self._seen) < _HTTP2_READ_LIMIT:
+                return  # the rest of the frame is to come
+            kind, flags = self._seen[3], self._seen[4]
+            if kind == _SETTINGS and not flags & _ACK:
+                self._transport.write(_frame(_SETTINGS, _ACK, 0))
+            elif kind == _HEADERS:
+                stream = int.from_bytes(self._seen[5:9], "big") & 0x7FFFFFFF
+                break
+            self._seen = self._seen[9 + size :]
+        if stream is None and len(self._seen) < _HTTP2_READ_LIMIT:
+            return
+        transport, self._transport = self._transport, None
+        self._seen = b""
+        transport.write(grpc_refusal(stream or 1, self.message))
+        # Closed once the client had time to read the answer (it closes first, on GOAWAY): closing with its
+        # bytes unread would reset the connection, and the answer could be lost.
+        asyncio.get_running_loop().call_later(_HTTP2_LINGER_S, transport.close)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+
 class OtlpServer(AiohttpPort):
     """The receiver on its own port (COS_OTLP_PORT). Request bodies are not inflated by aiohttp: the
-    receiver does it, within the body limit."""
+    receiver does it, within the body limit. A gRPC client's connection is answered by `Http2Refusing`."""
 
-    def __init__(self, receiver: OtlpReceiver, host: str, port: int, shutdown_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        receiver: OtlpReceiver,
+        host: str,
+        port: int,
+        shutdown_timeout_s: float = 10.0,
+        *,
+        grpc_port: Callable[[], int] | None = None,
+    ) -> None:
         self.receiver = receiver
+        #: The port of the gateway's OTLP/gRPC receiver, once it listens (named to a gRPC client on this port).
+        self.grpc_port = grpc_port
+        self._listening: asyncio.Server | None = None
         super().__init__(
             make_app(receiver),
             host,
@@ -429,3 +589,34 @@ class OtlpServer(AiohttpPort):
             shutdown_timeout=shutdown_timeout_s,
             keepalive_timeout=receiver.settings.header_timeout_s,
         )
+
+    def _http2_refused(self) -> None:
+        self.receiver.metrics.requests.labels("other", "grpc", "400").inc()
+        self.receiver.metrics.refused.labels("grpc_on_http_port").inc()
+
+    @property
+    def http2_message(self) -> str:
+        where = f"port {self.grpc_port()}" if self.grpc_port is not None else "its gRPC port"
+        return (
+            f"this port takes OTLP/HTTP (POST /v1/traces, /v1/logs, /v1/metrics); send OTLP/gRPC to the gateway's "
+            f"{where} (COS_OTLP_GRPC_PORT)"
+        )
+
+    async def start(self) -> int:
+        runner = web.AppRunner(self._app, access_log=None, **self._runner_options)
+        await runner.setup()
+        self._runner = runner
+        factory = runner.server
+        assert factory is not None
+        loop = asyncio.get_running_loop()
+        self._listening = await loop.create_server(
+            lambda: Http2Refusing(factory(), self.http2_message, self._http2_refused), self.host, self.port
+        )
+        self.port = int(self._listening.sockets[0].getsockname()[1])
+        return self.port
+
+    async def stop(self) -> None:
+        if self._listening is not None:
+            self._listening.close()
+            self._listening = None
+        await super().stop()

@@ -1,4 +1,5 @@
-"""The OTLP gateway process: OTLP/HTTP in (COS_OTLP_PORT, 4318), our events out to JetStream.
+"""The OTLP gateway process: OTLP/HTTP (COS_OTLP_PORT, 4318) and OTLP/gRPC (COS_OTLP_GRPC_PORT, 4317) in, our
+events out to JetStream.
 
 It keeps no state of its own: the tokens (COS_OTLP_TOKENS) and the Codex call ordinals (COS_OTLP_STATE) are
 NATS KV buckets, the events are deduplicated by JetStream, so replicas behind a load balancer agree. Its
@@ -19,6 +20,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 
 from commonos.otlp_gateway.auth import TokenIndex, tokens_bucket
 from commonos.otlp_gateway.common import CallOrdinals
+from commonos.otlp_gateway.grpc_server import OtlpGrpcServer
 from commonos.otlp_gateway.metrics import GatewayMetrics
 from commonos.otlp_gateway.ordinals import KvOrdinals, state_bucket
 from commonos.otlp_gateway.server import (
@@ -49,6 +51,7 @@ class Running:
     """A started gateway, as `serve` hands it to `on_started` (tests read its ports and metrics)."""
 
     otlp: OtlpServer
+    grpc: OtlpGrpcServer
     http: HttpServer
     metrics: GatewayMetrics
     tokens: TokenIndex
@@ -57,6 +60,11 @@ class Running:
     @property
     def url(self) -> str:
         return self.otlp.url
+
+    @property
+    def grpc_target(self) -> str:
+        """host:port of the OTLP/gRPC port, as a gRPC channel names it."""
+        return self.grpc.target
 
 
 async def serve(
@@ -103,7 +111,7 @@ async def serve(
         tokens = TokenIndex()
         health.watch("tokens", lambda: None if tokens.loaded.is_set() else "the tokens are not loaded yet")
         ctx.start_task(tokens.run(ctx.nc, kv_tokens, ctx.stop), "otlp-tokens")
-        metrics = GatewayMetrics(registry)
+        metrics = GatewayMetrics(registry, profiles=tokens.profiles)
         publisher = EventPublisher(
             ctx.js,
             EVENT_SOURCE,
@@ -125,14 +133,23 @@ async def serve(
             nc=ctx.nc,
             **extra,
         )
-        otlp = OtlpServer(receiver, gateway.host, gateway.port, shutdown_timeout_s=settings.drain_timeout_s)
+        grpc = OtlpGrpcServer(receiver, gateway.host, gateway.grpc_port, shutdown_timeout_s=settings.drain_timeout_s)
+        otlp = OtlpServer(
+            receiver,
+            gateway.host,
+            gateway.port,
+            shutdown_timeout_s=settings.drain_timeout_s,
+            grpc_port=lambda: grpc.port,
+        )
 
         def started() -> None:
             log.info("%s: OTLP/HTTP on %s (/v1/traces /v1/logs /v1/metrics)", NAME, otlp.url)
+            log.info("%s: OTLP/gRPC on %s", NAME, grpc.url)
             if on_started is not None:
-                on_started(Running(otlp, http, metrics, tokens, health))
+                on_started(Running(otlp, grpc, http, metrics, tokens, health))
 
-        await ctx.serve(otlp, ready=started)
+        # The gRPC port first: the HTTP port's answer to a gRPC client names it.
+        await ctx.serve(grpc, otlp, ready=started)
     log.info("%s: stopped", NAME)
     return 1 if ctx.lost else 0
 

@@ -2,7 +2,10 @@
 
     COS_OTLP_HOST              address the OTLP/HTTP receiver listens on (default 127.0.0.1; 0.0.0.0 in a container)
     COS_OTLP_PORT              its port (default 4318, every OTLP/HTTP receiver's)
+    COS_OTLP_GRPC_PORT         the OTLP/gRPC receiver's port, on the same address (default 4317, every OTLP/gRPC
+                               receiver's)
     COS_OTLP_MAX_BODY_BYTES    largest request body, before and after gunzip (default 16 MiB): 413 above it
+                               (and the largest gRPC message, inflated: RESOURCE_EXHAUSTED above it)
     COS_OTLP_TAG_ATTRIBUTES    bare resource attribute keys mapped to tags (default client,project,team)
     COS_OTLP_PUBLISH_TIMEOUT_S how long a request waits for JetStream's acknowledgements before 503 (default 5)
     COS_OTLP_RETRY_AFTER_S     the Retry-After of a 503 (default 5)
@@ -28,6 +31,8 @@ from commonos.runtime.settings import env_float, env_int
 
 #: Every OTLP/HTTP receiver's port.
 DEFAULT_OTLP_PORT: Final = 4318
+#: Every OTLP/gRPC receiver's port.
+DEFAULT_OTLP_GRPC_PORT: Final = 4317
 #: The gateway's `/metrics` `/healthz` `/readyz` port (COS_HTTP_PORT), beside the loop's 9461, the
 #: journal-writer's 9462 and billing's 9463.
 DEFAULT_HTTP_PORT: Final = 9464
@@ -49,6 +54,7 @@ def parse_tag_attributes(raw: str) -> tuple[str, ...]:
 class GatewaySettings:
     host: str = "127.0.0.1"
     port: int = DEFAULT_OTLP_PORT
+    grpc_port: int = DEFAULT_OTLP_GRPC_PORT
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     tag_attributes: tuple[str, ...] = DEFAULT_TAG_ATTRIBUTES
     #: A request's events not all acknowledged by JetStream within this: 503 (the exporter retries).
@@ -67,6 +73,7 @@ class GatewaySettings:
         return cls(
             host=env.get("COS_OTLP_HOST", "").strip() or "127.0.0.1",
             port=env_int(env, "COS_OTLP_PORT", DEFAULT_OTLP_PORT, 0, 65535),
+            grpc_port=env_int(env, "COS_OTLP_GRPC_PORT", DEFAULT_OTLP_GRPC_PORT, 0, 65535),
             max_body_bytes=env_int(env, "COS_OTLP_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, 1024, 1024**3),
             tag_attributes=(DEFAULT_TAG_ATTRIBUTES if raw_attributes is None else parse_tag_attributes(raw_attributes)),
             publish_timeout_s=env_float(env, "COS_OTLP_PUBLISH_TIMEOUT_S", 5.0, 0.1, 300.0),

@@ -275,6 +275,9 @@ class BatchConsumer:
                 lane_names(self.name, self.options.filter_subjects), self.options.filter_subjects, strict=True
             )
         ]
+        # Its counters at 0 from the start: an alert on them then tells "none" from "not scraped".
+        SKIPPED.labels(self.name)
+        DB_RETRIES.labels(self.name)
 
     @property
     def name(self) -> str:
