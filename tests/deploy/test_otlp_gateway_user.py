@@ -1,5 +1,5 @@
 """The OTLP gateway under its own NATS user of deploy/nats/auth.conf: it starts (its KV buckets), publishes
-events and keeps its ordinals, and may neither write a token nor read the events."""
+events, keeps its ordinals and ends turns, and may neither write a token nor read the events."""
 
 from __future__ import annotations
 
@@ -15,13 +15,16 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 from prometheus_client import CollectorRegistry
 
 from commonos.otlp_gateway.auth import create_token, tokens_bucket
+from commonos.otlp_gateway.ordinals import KvOrdinals, state_bucket
 from commonos.otlp_gateway.service import Running, serve
 from commonos.otlp_gateway.settings import GatewaySettings
+from commonos.proto.events import TurnFinished, decode_event
 from commonos.proto.subjects import EVENTS_STREAM
 from commonos.runtime.nats import ensure_streams
 from commonos.runtime.settings import Settings
 from tests.deploy.conftest import SecuredNats, nats_password
 from tests.otlp_gateway.conftest import post, stub_map_logs, stub_map_traces
+from tests.otlp_gateway.logs import claude, record
 
 
 async def test_the_gateway_runs_as_otlp_gateway(secured_nats: SecuredNats) -> None:
@@ -83,3 +86,47 @@ async def test_the_gateway_runs_as_otlp_gateway(secured_nats: SecuredNats) -> No
         for v in secured_nats.violations("otlp-gateway")
         if "cos_otlp_tokens" not in v.lower() and "stream.msg.get" not in v.lower()
     ] == []
+
+
+async def test_the_gateway_ends_turns_as_otlp_gateway(secured_nats: SecuredNats) -> None:
+    """Its sweeper reads, replaces and deletes the sessions' turns in COS_OTLP_STATE under its own user."""
+    admin = (await secured_nats.connect("admin")).jetstream()
+    await ensure_streams(admin)
+    stop = asyncio.Event()
+    started: asyncio.Future[Running] = asyncio.get_running_loop().create_future()
+    settings = Settings(
+        nats_url=secured_nats.url, nats_user="otlp-gateway", nats_password=nats_password("otlp-gateway"), http_port=0
+    )
+    task = asyncio.create_task(
+        serve(
+            settings,
+            GatewaySettings(port=0, publish_timeout_s=1.0, turn_idle_s=0.5),
+            stop=stop,
+            registry=CollectorRegistry(),
+            on_started=started.set_result,
+        )
+    )
+    try:
+        running = await asyncio.wait_for(started, 30)
+        await asyncio.wait_for(running.tokens.loaded.wait(), 10)
+        token, _ = await create_token(await tokens_bucket(admin), "acme")
+        await asyncio.sleep(0.3)
+        prompt = record("user_prompt", {"session.id": "s-1", "prompt.id": "p-1"})
+        answer = await post(
+            running.url, "logs", claude(prompt).SerializeToString(), token=token, content_type="application/x-protobuf"
+        )
+        assert answer.status == 200, answer.body
+        deadline = asyncio.get_running_loop().time() + 30
+        while (await admin.stream_info(EVENTS_STREAM)).state.messages < 3:  # the session, the turn, its end
+            assert asyncio.get_running_loop().time() < deadline, "the turn was not ended within 30 s"
+            await asyncio.sleep(0.1)
+        last = await admin.get_msg(EVENTS_STREAM, 3)
+        assert isinstance(decode_event(last.data or b""), TurnFinished)
+        kv = await state_bucket(admin)
+        ordinals = KvOrdinals(kv)
+        while await ordinals.sessions():  # forgotten once ended and quiet
+            assert asyncio.get_running_loop().time() < deadline, "the session's turns were not forgotten"
+            await asyncio.sleep(0.1)
+    finally:
+        stop.set()
+        assert await asyncio.wait_for(task, 30) == 0

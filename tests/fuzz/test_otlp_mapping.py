@@ -22,8 +22,8 @@ For every request:
    refused, a Claude Code call without a prompt), as the module docstrings and tests decide;
 5. mapping the same request again gives the same events (fresh ordinals); for logs, mapping it again
    with the same ordinals (an exporter's retry) gives the same model, tool and approval event ids;
-   only which turn a record follows may change, as `CallOrdinals.turn_at` documents (a record
-   mapped before its prompt in the first request finds that prompt on the retry);
+   only which turn a record follows may change, as `codex.py` documents (a record mapped before a
+   prompt of an earlier request is known finds that prompt on the retry);
 6. no event id twice in one `Mapped`.
 
 Hypothesis keeps every choice of a run (the tree of what it tried) until the run ends, about 1 MB an

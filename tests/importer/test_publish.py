@@ -29,7 +29,7 @@ from commonos.journal_writer.graph_projection import GraphEventInvalid, GraphPro
 from commonos.journal_writer.graph_schema import TOOL_RESULTS
 from commonos.proto.events import ModelCallCompleted, TranscriptImported, decode_event, encode_event
 from commonos.proto.graph import GRAPH_LISTS, Graph, GraphInvalid, ModelInvocation, decode_graph, encode_graph, validate
-from commonos.proto.graph.ids import model_call_event_id, ordinal_call_event_id, request_call_event_id
+from commonos.proto.graph.ids import model_call_event_id, request_call_event_id, usage_call_event_id
 from commonos.proto.subjects import parse_subject, subject_for
 from commonos.proto.tags import parse_tags
 from commonos.proto.text import unescape_nul, unescape_nul_json
@@ -324,7 +324,7 @@ def test_model_call_ids_are_the_ones_the_otlp_gateway_mints(tmp_path: Path) -> N
     old = read_claude_file(bare)[0]
     ids = {m.id: model_call_event_id(m.id) for m in old.graph.model_invocations if has_usage(m)}
     assert call_event_ids(old) == ids and {c.event_id for c in events_for(old) if isinstance(c, ModelCallCompleted)}
-    # Codex: the n-th call with usage of the conversation, whatever the invocation's own id.
+    # Codex: the conversation and the call's usage; two calls of the very same usage are its occurrences 0 and 1.
     rollout = tmp_path / "codex" / "rollout-2025-01-01T00-00-00-0190aaaa-0000-7000-8000-000000000001.jsonl"
     rollout.parent.mkdir()
     writer = CodexWriter(rollout)
@@ -332,4 +332,9 @@ def test_model_call_ids_are_the_ones_the_otlp_gateway_mints(tmp_path: Path) -> N
     (codex,) = read_codex(tmp_path / "codex")
     codex_calls = [e for e in events_for(codex) if isinstance(e, ModelCallCompleted)]
     conversation = "0190aaaa-0000-7000-8000-000000000001"
-    assert [c.event_id for c in codex_calls] == [ordinal_call_event_id("codex", conversation, n) for n in (0, 1)]
+    usage = (1000, 120, 8000, 0)  # input less the cached, output with its reasoning, cache read, cache write
+    assert [(c.input_tokens, c.output_tokens, c.cache_read_tokens, c.cache_write_5m_tokens) for c in codex_calls] == [
+        usage,
+        usage,
+    ]
+    assert [c.event_id for c in codex_calls] == [usage_call_event_id("codex", conversation, usage, n) for n in (0, 1)]

@@ -19,11 +19,13 @@ from commonos.proto.events import (
     decode_event,
     encode_event,
 )
-from commonos.proto.graph.ids import mint_id, ordinal_call_event_id
+from commonos.proto.graph.ids import mint_id, usage_call_event_id
 from tests.otlp_gateway.logs import at, codex, mapped, record
 
 #: The vendor part of the ids of the tests' profile (`vendor_scope("codex", "otlp-test")`).
 SCOPE = "codex@otlp-test"
+#: The usage of `completed()`'s call in our buckets: (input, output, cache read, cache write).
+USAGE = (1020, 42, 120000, 0)
 CONVERSATION = "01a23336-3758-7411-aba1-63247723f280"
 BASE = {"conversation.id": CONVERSATION, "app.version": "0.171.0", "model": "gpt-5-codex", "slug": "gpt-5-codex"}
 
@@ -105,7 +107,7 @@ async def test_a_completed_response_with_counts_is_a_model_call_in_disjoint_buck
     result = await mapped(codex(prompt(), completed(with_counts=False), completed()))
     assert result.ignored == 1  # Codex logs each completed response twice, once without counts
     (call,) = of(result.events, ModelCallCompleted)
-    assert call.event_id == ordinal_call_event_id(SCOPE, CONVERSATION, 0)
+    assert call.event_id == usage_call_event_id(SCOPE, CONVERSATION, USAGE, 0)
     assert (call.input_tokens, call.cache_read_tokens, call.cache_write_5m_tokens) == (1020, 120000, 0)
     assert (call.output_tokens, call.reasoning_tokens, call.cache_write_1h_tokens) == (42, 0, 0)
     assert call.provider == "openai" and call.model == "gpt-5-codex" and call.request_id is None
@@ -136,22 +138,64 @@ async def test_cache_writes_and_reasoning() -> None:
     assert of(nothing.events, ModelCallCompleted) == [] and nothing.ignored == 1
 
 
-async def test_ordinals_count_calls_across_requests_and_retries_keep_them() -> None:
+async def test_a_calls_id_is_its_usage_and_repeats_of_a_usage_count_across_requests_and_retries() -> None:
     ordinals = MemoryOrdinals()
     first = codex(prompt(), completed(1.0), completed(2.0, output_token_count=47))
-    second = codex(completed(3.0, output_token_count=52))
+    second = codex(completed(3.0, output_token_count=52), completed(4.0))  # the last: the usage of the first
     a = of((await mapped(first, ordinals)).events, ModelCallCompleted)
     b = of((await mapped(second, ordinals)).events, ModelCallCompleted)
     retried = of((await mapped(first, ordinals)).events, ModelCallCompleted)
-    ids = [ordinal_call_event_id(SCOPE, CONVERSATION, n) for n in range(3)]
+    ids = [
+        usage_call_event_id(SCOPE, CONVERSATION, USAGE, 0),
+        usage_call_event_id(SCOPE, CONVERSATION, (1020, 47, 120000, 0), 0),
+        usage_call_event_id(SCOPE, CONVERSATION, (1020, 52, 120000, 0), 0),
+        usage_call_event_id(SCOPE, CONVERSATION, USAGE, 1),
+    ]
     assert [c.event_id for c in a + b] == ids and retried == a
-    # The second request names no prompt: its call belongs to the turn begun before it, in the first.
-    assert b[0].turn_id == turn_id(0.5)
+    # The second request names no prompt: its calls belong to the turn begun before them, in the first.
+    assert {c.turn_id for c in b} == {turn_id(0.5)}
     assert [type(e) for e in (await mapped(second, ordinals)).events] == [
         SessionCreated,
         TurnStarted,
         ModelCallCompleted,
+        ModelCallCompleted,
     ]
+
+
+async def test_call_ids_do_not_depend_on_the_order_of_arrival() -> None:
+    """The same records, request by request and record by record in the reverse order: the same ids (a
+    repeated usage's two calls may swap their occurrences, never add one)."""
+    requests = [
+        codex(starts(), prompt(0.5), completed(1.0), tool_decision(1.5), tool_result(2.0)),
+        codex(prompt(5.0), completed(6.0, output_token_count=47), completed(7.0)),
+    ]
+    in_order: list[EventBase] = []
+    ordinals = MemoryOrdinals()
+    for req in requests:
+        in_order += (await mapped(req, ordinals)).events
+    reversed_: list[EventBase] = []
+    ordinals = MemoryOrdinals()
+    for req in reversed(requests):
+        records = req.resource_logs[0].scope_logs[0].log_records
+        backwards = list(reversed(records))
+        del records[:]
+        records.extend(backwards)
+        reversed_ += (await mapped(req, ordinals)).events
+    assert {e.event_id for e in reversed_} == {e.event_id for e in in_order}
+
+    def calls(events: list[EventBase]) -> dict[uuid.UUID, tuple[int, int, int]]:
+        return {
+            e.event_id: (e.input_tokens, e.output_tokens, e.cache_read_tokens)
+            for e in events
+            if isinstance(e, ModelCallCompleted)
+        }
+
+    # Each id names the same call (the same tokens) both ways.
+    assert calls(reversed_) == calls(in_order) and len(calls(in_order)) == 3
+    # Each record found its turn: the prompts of a request are read before its other records.
+    assert {(type(e).__name__, getattr(e, "turn_id", None)) for e in reversed_} == {
+        (type(e).__name__, getattr(e, "turn_id", None)) for e in in_order
+    }
 
 
 async def test_records_follow_the_turn_begun_last_before_them() -> None:
@@ -263,7 +307,7 @@ async def test_a_duration_no_datetime_can_subtract_leaves_the_start_at_the_end()
 
 
 async def test_a_call_billing_cannot_store_is_refused_before_it_takes_an_ordinal() -> None:
-    """A model name over 256 characters or a count beyond 64 bits: refused, and the next call keeps ordinal 0."""
+    """A model name over 256 characters or a count beyond 64 bits: refused, and the next call is occurrence 0."""
     ordinals = MemoryOrdinals()
     result = await mapped(
         codex(
@@ -279,7 +323,7 @@ async def test_a_call_billing_cannot_store_is_refused_before_it_takes_an_ordinal
     )
     assert result.rejected == 2 and len(result.errors) == 2
     (call,) = of(result.events, ModelCallCompleted)
-    assert call.event_id == ordinal_call_event_id(SCOPE, CONVERSATION, 0)
+    assert call.event_id == usage_call_event_id(SCOPE, CONVERSATION, USAGE, 0)
 
 
 async def test_the_same_call_twice_in_a_request_is_one_event() -> None:

@@ -420,36 +420,6 @@ async def test_the_opentelemetry_sdk_exporters_protobuf_and_json_gzip_or_not(
     assert len(span_ids) == 3
 
 
-async def test_kv_turns_agree_with_the_memory_ones_across_replicas(nats_url: str) -> None:
-    from datetime import UTC, datetime, timedelta
-
-    from commonos.otlp_gateway.common import MemoryOrdinals
-
-    nc = await nats.connect(nats_url)
-    try:
-        js = nc.jetstream()
-        await ensure_streams(js)
-        first, second = KvOrdinals(await state_bucket(js)), KvOrdinals(await state_bucket(js), max_turns=3)
-        memory = MemoryOrdinals()
-        t0 = datetime(2026, 1, 1, tzinfo=UTC)
-        assert await first.turn_at("codex", "conv", t0) is None
-        for replica, key, offset in ((first, "t1", 0), (second, "t2", 10), (first, "t3", 10), (second, "t1", 99)):
-            await replica.begin_turn("codex", "conv", key, t0 + timedelta(seconds=offset))
-            await memory.begin_turn("codex", "conv", key, t0 + timedelta(seconds=offset))
-        for at in (-1, 0, 5, 10, 11, 1000):
-            moment = t0 + timedelta(seconds=at)
-            want = await memory.turn_at("codex", "conv", moment)
-            assert await first.turn_at("codex", "conv", moment) == want, at
-            assert await second.turn_at("codex", "conv", moment) == want, at
-        assert await first.turn_at("codex", "other", t0) is None
-        for i in range(5):  # only the latest max_turns are kept
-            await second.begin_turn("codex", "long", f"k{i}", t0 + timedelta(seconds=i))
-        assert await second.turn_at("codex", "long", t0) is None
-        assert await second.turn_at("codex", "long", t0 + timedelta(seconds=2)) == "k2"
-    finally:
-        await nc.close()
-
-
 async def test_a_failing_mapping_is_a_500_with_a_status(nats_url: str) -> None:
     def broken(request: ExportTraceServiceRequest, source: object) -> object:
         raise RuntimeError("boom")

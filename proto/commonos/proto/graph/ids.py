@@ -7,7 +7,7 @@ import uuid
 
 import msgspec
 
-from commonos.proto.ids import GRAPH_NAMESPACE, IMPORT_NAMESPACE, name_id
+from commonos.proto.ids import GATEWAY_NAMESPACE, GRAPH_NAMESPACE, IMPORT_NAMESPACE, name_id
 
 _ID_NAMESPACE_BYTES = GRAPH_NAMESPACE.bytes
 
@@ -65,6 +65,17 @@ def vendor_session_id(vendor: str, profile_id: str, session_key: str) -> str:
     return mint_id("session", vendor_scope(vendor, profile_id), session_key)
 
 
+def vendor_turn_id(vendor: str, session_key: str, turn_key: str) -> uuid.UUID:
+    """Our id of a vendor session's turn: the OTLP gateway's turn of it, and the turn the importer gives the
+    calls of the same prompt (`vendor` is `vendor_scope`'s).
+
+    Claude Code names each prompt (``prompt.id`` in its telemetry, ``promptId`` on its transcript's lines),
+    so both sources mint the same turn for one prompt: UUIDv5 under the gateway's namespace of
+    ``["turn", vendor, session_key, turn_key]``, the gateway's turn ids since its first release.
+    """
+    return name_id(GATEWAY_NAMESPACE, "turn", vendor, session_key, turn_key)
+
+
 # --- event ids of model calls ---------------------------------------------------------------------
 # Shared by the importer and the OTLP gateway, so that a call reaching us both ways is one event (under
 # `IMPORT_NAMESPACE`: a call imported or received again is not billed again).
@@ -94,11 +105,18 @@ def request_call_event_id(vendor: str, request_id: str) -> uuid.UUID:
     return _call_event_id("model_call_completed", "request", vendor, request_id)
 
 
-def ordinal_call_event_id(vendor: str, session_key: str, ordinal: int) -> uuid.UUID:
-    """The id of the ``model_call_completed`` of the `ordinal`-th call (from 0) with usage of a vendor session.
+def usage_call_event_id(
+    vendor: str, session_key: str, usage: tuple[int, int, int, int], occurrence: int = 0
+) -> uuid.UUID:
+    """The id of the ``model_call_completed`` of a call known by its usage alone (Codex).
 
-    For a vendor that names neither its calls nor its responses in its telemetry (Codex): the
-    `model_call_event_id` of ``mint_id("model_invocation", vendor, session_key, str(ordinal))``, the
-    invocation id the Codex importer gives the n-th call of a rollout whose usage precedes its items.
+    Codex's telemetry names neither a call nor its place; what a ``response.completed`` record and the
+    rollout's usage record both carry is the call's conversation and its tokens. `usage` is the call's
+    ``(input, output, cache_read, cache_write)`` in our disjoint buckets, and `occurrence` how many calls of
+    the session with the very same usage came before it (0 but for a repeat): UUIDv5 (same namespace as
+    `model_call_event_id`) of ``["model_call_completed", "usage", vendor, session_key, "i/o/r/w",
+    occurrence]``. Nothing in it depends on the order in which the calls are read, so the gateway's
+    replicas and retries and the importer name each call alike.
     """
-    return model_call_event_id(mint_id("model_invocation", vendor, session_key, str(ordinal)))
+    tokens = "/".join(str(n) for n in usage)
+    return _call_event_id("model_call_completed", "usage", vendor, session_key, tokens, str(occurrence))

@@ -91,6 +91,8 @@ class GraphBuilder:
         self.file_touches: dict[str, FileTouch] = {}
         self.token_usage: dict[str, TokenUsage] = {}
         self.vendor_ids: dict[tuple[str, str, str, str], VendorID] = {}
+        #: The vendor's session and prompt ids of a user input, where its transcript names its prompt.
+        self.input_prompts: dict[str, tuple[str, str]] = {}
         self._last_attribute: dict[tuple[str, str], bytes] = {}
         self._last_value: dict[tuple[str, str], object] = {}
         self._ordinals: dict[str, int] = {}

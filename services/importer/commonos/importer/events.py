@@ -16,9 +16,10 @@ Per tree the importer publishes:
 
 Every event id is deterministic: a part's id is a UUIDv5 of (vendor, root session, SHA-256 of the
 part's graph, and its place when there are several); a model call's is the one the OTLP gateway
-mints for the same call (`call_event_ids`: Claude Code's API request id, the place of a Codex call
-among its conversation's calls with usage, else the invocation id), so a session received over
-OpenTelemetry and later imported from its transcript bills each call once. Importing
+mints for the same call (`call_event_ids`: Claude Code's API request id, a Codex call's conversation and
+usage, else the invocation id), so a session received over OpenTelemetry and later imported from its
+transcript bills each call once; a Claude Code call's turn is the gateway's turn of its prompt
+(`call_turn_ids`). Importing
 an unchanged transcript again therefore publishes the same ids: JetStream drops them as duplicates
 within its duplicate window (10 minutes), and after it they are stored again but change nothing,
 every consumer being idempotent by event id or natural key; an invocation is never billed twice.
@@ -31,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import re
 import uuid
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -57,7 +59,13 @@ from commonos.proto.graph import (
     encode_graph,
     validate,
 )
-from commonos.proto.graph.ids import model_call_event_id, ordinal_call_event_id, request_call_event_id, vendor_scope
+from commonos.proto.graph.ids import (
+    model_call_event_id,
+    request_call_event_id,
+    usage_call_event_id,
+    vendor_scope,
+    vendor_turn_id,
+)
 from commonos.proto.ids import IMPORT_NAMESPACE, name_id
 from commonos.proto.subjects import EVENTS_STREAM
 from commonos.proto.vendors import CLAUDE_CODE, CODEX
@@ -138,9 +146,12 @@ def call_event_ids(imported: ImportedSession) -> dict[str, uuid.UUID]:
     * Claude Code: a call whose lines carry the API request id (``requestId``) is
       ``request_call_event_id(scope, request_id)``, as the gateway names the ``api_request``
       event of that request; a call without one keeps ``model_call_event_id(invocation id)``.
-    * Codex: the n-th invocation with usage of the rollout (from 0, in the rollout's order) is
-      ``ordinal_call_event_id(scope, conversation id, n)``; Codex's telemetry names no call, and the
-      gateway counts the conversation's ``response.completed`` events with token counts the same way.
+    * Codex: ``usage_call_event_id(scope, conversation id, usage, n)``, *usage* being the call's
+      ``(input, output, cache_read, cache_write)`` and *n* how many calls of the rollout with the very same
+      usage come before it (0 but for a repeat): Codex's telemetry names no call, and what its
+      ``response.completed`` records and the rollout both carry is the conversation and the tokens. The
+      gateway counts calls of the same usage the same way (the n-th distinct record), so whatever the
+      order in which either reads them, the two name the same set of calls alike.
     * Any other vendor: ``model_call_event_id(invocation id)``.
 
     *scope* is `vendor_scope` of the vendor and the import's profile: the vendor's
@@ -162,8 +173,35 @@ def call_event_ids(imported: ImportedSession) -> dict[str, uuid.UUID]:
         }
     session_key = vendor_session_key(graph) if imported.vendor == CODEX else None
     if session_key is not None:
-        return {m.id: ordinal_call_event_id(scope, session_key, n) for n, m in enumerate(with_usage)}
+        seen: Counter[tuple[int, int, int, int]] = Counter()
+        out = {}
+        for m in with_usage:
+            usage = (m.input_tokens, m.output_tokens, m.cache_read_tokens, m.cache_write_tokens)
+            out[m.id] = usage_call_event_id(scope, session_key, usage, seen[usage])
+            seen[usage] += 1
+        return out
     return {m.id: model_call_event_id(m.id) for m in with_usage}
+
+
+def call_turn_ids(imported: ImportedSession) -> dict[str, uuid.UUID]:
+    """The turn of each invocation whose prompt the transcript names: the OTLP gateway's turn of that prompt.
+
+    Claude Code names each prompt on its transcript's lines (``promptId``) and in its telemetry
+    (``prompt.id``): a call of a prompt of the tree's own session is in ``vendor_turn_id(scope, session id,
+    prompt id)``, the turn the gateway records for the prompt, so the call has the same turn whichever of
+    the two sources is stored first. Codex's rollouts and telemetry share no prompt id: its calls have no
+    turn here (the gateway's have its turn).
+    """
+    session_key = vendor_session_key(imported.graph)
+    if session_key is None or not imported.input_prompts:
+        return {}
+    scope = vendor_scope(imported.vendor, profile_of(imported))
+    out = {}
+    for m in imported.graph.model_invocations:
+        prompt = imported.input_prompts.get(m.user_input_id)
+        if prompt is not None and prompt[0] == session_key:
+            out[m.id] = vendor_turn_id(scope, session_key, prompt[1])
+    return out
 
 
 def _root(imported: ImportedSession) -> Session:
@@ -240,6 +278,7 @@ def model_call_events(
             if v.our_type == "model_invocation" and v.vendor_id_kind == kind and v.vendor_id
         )
     event_ids = call_event_ids(imported)
+    turn_ids = call_turn_ids(imported)
     events = []
     for invocation in graph.model_invocations:
         if (
@@ -255,6 +294,7 @@ def model_call_events(
                 occurred_at=call_time(graph, invocation),
                 profile_id=profile,
                 session_id=uuid.UUID(root.id),
+                turn_id=turn_ids.get(invocation.id),
                 provider=provider,
                 model=invocation.model or "unknown",
                 request_id=request_ids.get(invocation.id),

@@ -37,6 +37,9 @@ class ImportedSession(msgspec.Struct, frozen=True, kw_only=True):
     source_files: tuple[Path, ...] = ()
     #: The profile the import belongs to (``cos import --profile``); None: the vendor's (``profile_id_for``).
     profile_id: str | None = None
+    #: Of each user input whose transcript line names its prompt (Claude Code's ``promptId``): the vendor's
+    #: session id on that line and the prompt id, from which its calls' turn is minted (`vendor_turn_id`).
+    input_prompts: dict[str, tuple[str, str]] = {}
 
 
 class TranscriptError(DataError):

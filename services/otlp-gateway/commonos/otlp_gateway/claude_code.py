@@ -14,9 +14,10 @@ Claude Code record / attribute         our event / field
                                        importer's root session of the same transcript);
                                        ``session_created`` (source ``claude-code``, tags = the
                                        resource's tags + ``vendor:claude-code``) once per request
-``prompt.id``                          turn ``gateway_id("turn", scope, session.id, prompt.id)``;
-                                       ``turn_started`` once per request, at the ``user_prompt``'s time
-                                       (else the first record of the prompt in the request)
+``prompt.id``                          turn ``vendor_turn_id(scope, session.id, prompt.id)`` (the
+                                       importer's turn of the same prompt's calls); ``turn_started``
+                                       once per request, at the ``user_prompt``'s time (else the first
+                                       record of the prompt in the request); ended by the sweeper
 ``user_prompt``                        ``turn_started`` (the prompt's text is not stored)
 ``api_request``                        ``model_call_completed``, id
                                        ``request_call_event_id(scope, request_id)``
@@ -53,11 +54,18 @@ any other (``assistant_response``,     ignored (counted), never an error
 
 Decisions:
 
-* **Turns are never finished.** Claude Code logs the start of a prompt's work (``user_prompt``) but
-  nothing at its end (no record says the agent is done, and ``assistant_response`` comes after every
-  response with text, tool calls or not). The gateway does not invent an end: the turns of a Claude
-  Code session received over OpenTelemetry stay ``running`` in the turns table. Their model calls
-  and tool calls are complete and billed all the same.
+* **Turns end when the telemetry shows they are over.** Claude Code logs the start of a prompt's work
+  (``user_prompt``) but nothing at its end (no record says the agent is done, and
+  ``assistant_response`` comes after every response with text, tool calls or not). So the gateway
+  ends a turn when the session's next prompt is known, or when no record of it has arrived for
+  ``COS_OTLP_TURN_IDLE_S``, at its last record's time (a record of no event, ``assistant_response`` say,
+  counts when its request has a record mapped to the turn), with the status ``interrupted``: whether
+  it completed is not known (:mod:`~commonos.otlp_gateway.turns` says why, the sweeper does it).
+* **Turns and imports agree.** A transcript's lines name their prompt too (``promptId``): the importer
+  puts each call of a prompt in ``vendor_turn_id(scope, sessionId, promptId)``, this module's turn of
+  that prompt, so a call has the same turn whichever source is stored first. The import writes the
+  session graph (``graph.user_inputs``, one a prompt), never the ``turns`` table: the turns of a session
+  received here are the gateway's alone, one a prompt, and importing its transcript adds none.
 * **Approvals are events of their own.** Every tool use has a ``tool_decision`` (``source=config``
   when the permission settings decided), and it may arrive in another request than the
   ``tool_result``; so it is an ``approval_decided`` (the approvals table keeps one per tool call, and
@@ -167,10 +175,14 @@ def _cost(value: Any) -> Decimal | None:
 def map_records(records: list[Record], tags: tuple[str, ...], emitter: Emitter) -> None:
     """Add the events of one resource's Claude Code records (in their order) to `emitter`."""
     mapped = emitter.mapped
+    others: list[tuple[str, str, datetime]] = []  # records of no event naming a prompt: (session, prompt, time)
     for record in records:
         name = event_name(record)
         if name not in MAPPED:
             mapped.ignored += 1
+            session_key, prompt = text(record.attributes.get("session.id")), text(record.attributes.get("prompt.id"))
+            if session_key is not None and prompt is not None and record.time is not None:
+                others.append((session_key, prompt, record.time))
             continue
         session_key = text(record.attributes.get("session.id"))
         if session_key is None:
@@ -192,16 +204,27 @@ def map_records(records: list[Record], tags: tuple[str, ...], emitter: Emitter) 
         session_id = emitter.session(CLAUDE_CODE, session_key, tags, at)
         if name == "user_prompt":
             emitter.turn(CLAUDE_CODE, session_key, prompt or NO_PROMPT, tags, at)
+            emitter.saw(CLAUDE_CODE, session_key, prompt or NO_PROMPT, tags, at, prompt=prompt is not None)
         elif name == "api_request" or call_id is None:
-            turn_id = emitter.turn(CLAUDE_CODE, session_key, prompt, tags, at) if prompt else None
+            turn_id = None
+            if prompt:
+                turn_id = emitter.turn(CLAUDE_CODE, session_key, prompt, tags, at)
+                emitter.saw(CLAUDE_CODE, session_key, prompt, tags, at, prompt=False)
             emitter.add(model_call(record.attributes, session_key, session_id, turn_id, tags, at, emitter))
         else:
             turn_id = emitter.turn(CLAUDE_CODE, session_key, prompt or NO_PROMPT, tags, at)
+            emitter.saw(CLAUDE_CODE, session_key, prompt or NO_PROMPT, tags, at, prompt=False)
             place = CallAt(CLAUDE_CODE, session_key, session_id, turn_id, call_id, at)
             if name == "tool_result":
                 emitter.add(tool_call(record.attributes, place, emitter))
             else:
                 emitter.add(approval(record.attributes, place, emitter))
+    # Records of no event (``assistant_response``, ``api_error``, ...) of a turn this request has: its latest
+    # record may be one of them.
+    for session_key, prompt, at in others:
+        seen = emitter.turns_seen_of(CLAUDE_CODE, session_key)
+        if seen is not None and seen.turn(prompt) is not None:
+            emitter.saw(CLAUDE_CODE, session_key, prompt, tags, at, prompt=False)
 
 
 def model_call(

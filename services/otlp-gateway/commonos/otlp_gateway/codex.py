@@ -1,4 +1,4 @@
-"""Codex's OpenTelemetry log events -> our events (pure: no I/O but the `CallOrdinals` it is given).
+"""Codex's OpenTelemetry log events -> our events (pure: no I/O but the `CallOrdinals` store it is given).
 
 Codex (``[otel]`` in ``~/.codex/config.toml``, ``exporter = { otlp-http = … }``) logs one record per
 event in the scope ``codex_otel.log_only``; the name is the ``event.name`` attribute (``codex.*``),
@@ -16,9 +16,9 @@ Codex record / attribute                our event / field
 ``codex.conversation_starts``           ``session_created`` only
 ``codex.user_prompt``                   turn ``gateway_id("turn", scope, conversation.id, <its time>)``,
                                         ``turn_started`` at its time (the prompt's text is not stored)
-``codex.sse_event`` with                ``model_call_completed``, id ``ordinal_call_event_id(scope,
-``event.kind=response.completed``       conversation.id, n)``: the importer's for the n-th call with
-and token counts (some above 0)         usage of the rollout (see below)
+``codex.sse_event`` with                ``model_call_completed``, id ``usage_call_event_id(scope,
+``event.kind=response.completed``       conversation.id, usage, n)``: the importer's for the same call of
+and token counts (some above 0)         the rollout (see below)
   ``input_token_count``                   ``input_tokens`` = it − ``cached_token_count`` −
                                           ``cache_write_token_count`` (Codex's input is the whole prompt)
   ``cached_token_count``                  ``cache_read_tokens``
@@ -48,30 +48,43 @@ anything else (``codex.api_request``,   ignored (counted), never an error; so is
 
 Decisions:
 
-* **Model call ids, and which source wins.** Codex's telemetry names neither the request nor the
-  response, so the gateway counts: the n-th ``response.completed`` with token counts of a conversation
-  (from 0) is the n-th call with usage of its rollout, which the importer names
-  ``ordinal_call_event_id(scope, conversation, n)`` too (imported into the token's profile). The place
-  is kept by `CallOrdinals` keyed on the scope, the conversation and a fingerprint (the record's time and
-  counts), so a retried request gets the same ids, and each profile counts its own calls. (*scope*, here
-  and in the table, is ``vendor_scope("codex", profile)``: ``codex`` for the profile ``codex``,
-  ``codex@<profile>`` for any other; see :mod:`~commonos.otlp_gateway.common`.) Both
-  sources carry the same tokens (tested on the recorded sessions), and the first stored wins
-  (JetStream's duplicate window, then billing's ``ON CONFLICT (event_id)``); the OTLP event has the
-  turn, neither has a request id. It fails where the order differs: requests of one conversation
-  arriving out of order (an exporter sending concurrently), a gateway that lost its ordinals store, or
-  a rollout holding calls with usage that Codex did not log under that conversation (were a forked
-  session's rollout to copy its parent's calls, as none of the recorded scenarios shows): then a call
-  is counted twice (once per source). Import or receive such sessions one way only.
+* **Model call ids, whatever the order, and which source wins.** Codex's telemetry names neither the
+  request nor the response, and carries no sequence number: a ``response.completed`` record has its
+  conversation, its time and its token counts. The rollout has the same conversation and counts (its
+  times are its own). So a call's id is ``usage_call_event_id(scope, conversation, usage, n)``: *usage* its
+  ``(input, output, cache_read, cache_write)`` in our buckets, *n* how many calls of the conversation with
+  the very same usage were seen before it (0 but for a repeat, which input that grows with the context
+  makes rare). The importer mints it alike, *n* counted in the rollout's order. No id depends on the order
+  in which records arrive, on which replica receives them, or on a store that was lost, but for a repeated
+  usage: the gateway counts the distinct records (time and counts, `fingerprint`) of one usage in the
+  order it first sees them, kept by `CallOrdinals` across replicas and retries, so two calls of one
+  usage may swap their *n* (and so their ids) between the gateway and the import; the set of ids is the
+  same, and each call, of identical tokens, is billed once either way. (*scope*, here and in the table,
+  is ``vendor_scope("codex", profile)``: ``codex`` for the profile ``codex``, ``codex@<profile>`` for any
+  other; see :mod:`~commonos.otlp_gateway.common`.) Both sources carry the same tokens (tested on the
+  recorded sessions), and the first stored wins (JetStream's duplicate window, then billing's
+  ``ON CONFLICT (event_id)``); the OTLP event has the turn, the imported one the response id (as
+  ``request_id``). A rollout holding calls that Codex did not log under that conversation (were a forked
+  session's rollout to copy its parent's calls, as none of the recorded scenarios shows) would still
+  bill those calls twice: import or receive such sessions one way only.
+  **Upgrading:** ids were the call's place among its conversation's calls before; a conversation received
+  over OTLP by an earlier version and imported by this one is billed twice (its OTLP calls carry no
+  request id for billing to match): import those with the earlier version, or not at all.
 * **Each profile its own ids**, as for Claude Code: two profiles sending the same conversation have
   two sessions, and count their calls apart; give the gateway's token the import's profile (``codex``
   by default) for the ids of a conversation received here and imported to agree.
-* **Turns** are the prompts: a record that names no turn belongs to the turn of the latest
-  ``codex.user_prompt`` at or before its time (`CallOrdinals.turn_at`, across requests). A model call
-  before any known prompt has no turn; a tool call before any gets the session's ``no-prompt`` turn
-  (a tool call needs one). Codex logs no end of a turn, and the gateway invents none: the turns stay
-  ``running``. A conversation resumed in a new process (``codex exec resume``) continues its session
-  and turns; a call Codex makes before the new prompt (a compaction) counts in the previous turn.
+* **Turns** are the prompts, keyed by the prompt's time (Codex gives a prompt no id, and its rollout's
+  turn ids are not in the telemetry: the importer cannot mint the same turn, and its calls have none). A
+  record that names no turn belongs to the turn of the latest ``codex.user_prompt`` at or before its time,
+  among the prompts of its own request (read first, whatever the order of the records) and those the
+  store knows from earlier requests (`SessionTurns.turn_at`); a record arriving before any earlier
+  request with its prompt is mapped (an exporter's request overtaken by a later one) follows the latest
+  prompt known then. A model call before any known prompt has no turn; a tool call before any gets the
+  session's ``no-prompt`` turn (a tool call needs one). Codex logs no end of a turn: the gateway's
+  sweeper ends them (the next prompt, or ``COS_OTLP_TURN_IDLE_S`` without a record, status
+  ``interrupted``: :mod:`~commonos.otlp_gateway.turns`). A conversation resumed in a new process (``codex
+  exec resume``) continues its session and turns; a call Codex makes before the new prompt (a compaction)
+  counts in the previous turn.
 * **Approvals** are ``approval_decided`` events (see :mod:`commonos.otlp_gateway.claude_code`: the
   decision may come in another request than the result); the tool call's ``approval`` stays empty.
 * A mapped record without ``conversation.id`` or without a time is refused (partial success), with why;
@@ -86,9 +99,10 @@ from datetime import datetime
 from typing import Any, Final, NamedTuple
 
 from commonos.otlp_gateway.attributes import before, boolean, count, json_object, text
-from commonos.otlp_gateway.common import CallAt, CallOrdinals, Emitter, Record
+from commonos.otlp_gateway.common import CallAt, CallOrdinals, Emitter, Mapped, Record
+from commonos.otlp_gateway.turns import merge
 from commonos.proto.events import MAX_COUNT, MAX_NAME_CHARS, ApprovalDecided, ModelCallCompleted, ToolCallRecorded
-from commonos.proto.graph.ids import ordinal_call_event_id
+from commonos.proto.graph.ids import usage_call_event_id
 from commonos.proto.vendors import CODEX
 
 #: The pricing provider of Codex's models.
@@ -136,9 +150,19 @@ def _turn_start(key: str, fallback: datetime) -> datetime:
         return fallback
 
 
-async def map_records(records: list[Record], tags: tuple[str, ...], emitter: Emitter, ordinals: CallOrdinals) -> None:
-    """Add the events of one resource's Codex records (in their order) to `emitter`."""
-    mapped = emitter.mapped
+class _Valid(NamedTuple):
+    """A mapped record that passed the checks: its conversation, name, call id and time."""
+
+    record: Record
+    conversation: str
+    name: str
+    call_id: str | None
+    at: datetime
+
+
+def _checked(records: list[Record], mapped: Mapped) -> list[_Valid]:
+    """The records to map, in their order; the others counted ignored or refused (with why)."""
+    out = []
     for record in records:
         attrs = record.attributes
         name = record.name
@@ -156,32 +180,60 @@ async def map_records(records: list[Record], tags: tuple[str, ...], emitter: Emi
         if name in ("codex.tool_result", "codex.tool_decision") and call_id is None:
             mapped.reject(f"{name} without call_id")
             continue
-        at = record.time
         why = unstorable(attrs) if name == "codex.sse_event" else None
         if why is not None:  # before its ordinal: a refused call takes no place among the calls
             mapped.reject(why)
             continue
-        session_id = emitter.session(CODEX, conversation, tags, at)
-        scope = emitter.scope(CODEX)  # the ordinals' vendor key too: each profile counts its own calls
-        if name == "codex.conversation_starts":
-            continue
-        if name == "codex.user_prompt":
-            key = turn_key(at)
-            await ordinals.begin_turn(scope, conversation, key, at)
-            emitter.turn(CODEX, conversation, key, tags, at)
-            continue
-        key_at = await ordinals.turn_at(scope, conversation, at)
-        if name == "codex.sse_event" or call_id is None:
-            turn_id = emitter.turn(CODEX, conversation, key_at, tags, _turn_start(key_at, at)) if key_at else None
-            emitter.add(await model_call(attrs, conversation, session_id, turn_id, tags, at, emitter, ordinals))
-            continue
-        key = key_at or NO_PROMPT
-        turn_id = emitter.turn(CODEX, conversation, key, tags, _turn_start(key, at))
-        place = CallAt(CODEX, conversation, session_id, turn_id, call_id, at)
-        if name == "codex.tool_result":
-            emitter.add(tool_call(attrs, place, emitter))
-        else:
-            emitter.add(approval(attrs, place, emitter))
+        out.append(_Valid(record, conversation, name, call_id, record.time))
+    return out
+
+
+async def map_records(records: list[Record], tags: tuple[str, ...], emitter: Emitter, ordinals: CallOrdinals) -> None:
+    """Add the events of one resource's Codex records to `emitter`: per conversation, its prompts first
+    (so that a record finds its turn whatever the order of the records in the request), then the others
+    in their order."""
+    conversations: dict[str, list[_Valid]] = {}
+    for checked in _checked(records, emitter.mapped):
+        conversations.setdefault(checked.conversation, []).append(checked)
+    for conversation, valid in conversations.items():
+        emitter.session(CODEX, conversation, tags, valid[0].at)
+        stored = await ordinals.turns_of(CODEX, emitter.source.profile_id, conversation)
+        for v in valid:
+            if v.name == "codex.user_prompt":
+                key = turn_key(v.at)
+                emitter.turn(CODEX, conversation, key, tags, v.at)
+                emitter.saw(CODEX, conversation, key, tags, v.at, prompt=True)
+        seen = emitter.turns_seen_of(CODEX, conversation)
+        known = merge(stored, seen) if stored is not None and seen is not None else (stored or seen)
+        for v in valid:
+            if v.name in ("codex.user_prompt", "codex.conversation_starts"):
+                continue
+            await _map_one(v, known.turn_at(v.at) if known is not None else None, tags, emitter, ordinals)
+
+
+async def _map_one(
+    v: _Valid, key_at: str | None, tags: tuple[str, ...], emitter: Emitter, ordinals: CallOrdinals
+) -> None:
+    conversation, at = v.conversation, v.at
+    session_id = emitter.session(CODEX, conversation, tags, at)
+    if v.name == "codex.sse_event":
+        turn_id = None
+        if key_at is not None:
+            turn_id = emitter.turn(CODEX, conversation, key_at, tags, _turn_start(key_at, at))
+            emitter.saw(CODEX, conversation, key_at, tags, at, prompt=False)
+        emitter.add(
+            await model_call(v.record.attributes, conversation, session_id, turn_id, tags, at, emitter, ordinals)
+        )
+        return
+    assert v.call_id is not None
+    key = key_at or NO_PROMPT
+    turn_id = emitter.turn(CODEX, conversation, key, tags, _turn_start(key, at))
+    emitter.saw(CODEX, conversation, key, tags, at, prompt=False)
+    place = CallAt(CODEX, conversation, session_id, turn_id, v.call_id, at)
+    if v.name == "codex.tool_result":
+        emitter.add(tool_call(v.record.attributes, place, emitter))
+    else:
+        emitter.add(approval(v.record.attributes, place, emitter))
 
 
 class Usage(NamedTuple):
@@ -218,8 +270,14 @@ def usage(attrs: dict[str, Any]) -> Usage:
 
 
 def fingerprint(attrs: dict[str, Any], at: datetime) -> str:
-    """What tells one call from another of its conversation: its time and its counts."""
+    """What tells one call from another of the same usage: its time and its counts as sent."""
     return "|".join([at.isoformat(), *(str(count(attrs.get(k))) for k in (*_COUNTS, "tool_token_count"))])
+
+
+def usage_key(tokens: Usage) -> tuple[int, int, int, int]:
+    """The usage a call's id is minted from: ``(input, output, cache_read, cache_write)`` in our buckets,
+    as the importer reads them from the rollout (`usage_call_event_id`)."""
+    return (tokens.input_tokens, tokens.output_tokens, tokens.cache_read_tokens, tokens.cache_write_5m_tokens)
 
 
 async def model_call(
@@ -233,10 +291,12 @@ async def model_call(
     ordinals: CallOrdinals,
 ) -> ModelCallCompleted:
     scope = emitter.scope(CODEX)
-    ordinal = await ordinals.ordinal(scope, conversation, fingerprint(attrs, at))
     tokens = usage(attrs)
+    key = usage_key(tokens)
+    # Calls of the very same usage in one conversation (rare): the n-th distinct one seen is occurrence n.
+    occurrence = await ordinals.ordinal(scope, _usage_session(conversation, key), fingerprint(attrs, at))
     return ModelCallCompleted(
-        event_id=ordinal_call_event_id(scope, conversation, ordinal),
+        event_id=usage_call_event_id(scope, conversation, key, occurrence),
         occurred_at=at,
         profile_id=emitter.source.profile_id,
         session_id=session_id,
@@ -250,6 +310,11 @@ async def model_call(
         reasoning_tokens=tokens.reasoning_tokens,
         tags=tags,
     )
+
+
+def _usage_session(conversation: str, key: tuple[int, int, int, int]) -> str:
+    """The `CallOrdinals` key counting a conversation's calls of usage `key`."""
+    return f"{conversation}\n{'/'.join(map(str, key))}"
 
 
 def _result(value: Any) -> tuple[str | None, int | None]:

@@ -18,8 +18,12 @@ session id                  ``vendor_session_id(vendor, profile, vendor session 
                             ``mint_id("session", scope, vendor session id)``: the importer's root
                             session id of the same session's transcript imported into the profile
 ``session_created`` id      `gateway_id` ``("session_created", scope, vendor session id)``
-turn id                     `gateway_id` ``("turn", scope, vendor session id, turn key)``
+turn id                     ``vendor_turn_id(scope, vendor session id, turn key)`` (=
+                            `gateway_id` ``("turn", scope, vendor session id, turn key)``): for
+                            Claude Code the importer's turn of the same prompt too
 ``turn_started`` id         `gateway_id` ``("turn_started", scope, vendor session id, turn key)``
+``turn_finished`` id        `gateway_id` ``("turn_finished", scope, vendor session id, turn key)``: the
+                            end the sweeper decides (:mod:`~commonos.otlp_gateway.turns`)
 tool call id (ours)         `gateway_id` ``("tool_call", scope, vendor session id, call id)``
 ``tool_call_recorded`` id   `gateway_id` ``("tool_call_recorded", scope, vendor session id, call id)``
 ``approval_decided`` id     `gateway_id` ``("approval_decided", scope, vendor session id, call id)``
@@ -36,15 +40,19 @@ first is kept, the record counted ignored, so no request publishes an id twice.
 
 from __future__ import annotations
 
+import hashlib
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
+import msgspec
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
 
 from commonos.otlp_gateway.attributes import attributes, from_nanos, resource_tags, text, timestamp
+from commonos.otlp_gateway.turns import SessionTurns, TurnState, merge
 from commonos.proto.events import (
     ApprovalDecided,
     ApprovalStatus,
@@ -53,7 +61,7 @@ from commonos.proto.events import (
     ToolCallRecorded,
     TurnStarted,
 )
-from commonos.proto.graph.ids import vendor_scope, vendor_session_id
+from commonos.proto.graph.ids import vendor_scope, vendor_session_id, vendor_turn_id
 from commonos.proto.ids import GATEWAY_NAMESPACE, name_id
 from commonos.proto.tags import tag_key
 
@@ -132,45 +140,88 @@ class Mapped:
 
 
 class CallOrdinals(Protocol):
-    """What a source without call or turn ids (Codex) needs remembered per session, across requests.
+    """What the mapping keeps per session across requests (NATS KV in the gateway, memory in tests).
 
-    ``ordinal`` returns the 0-based place of the call `fingerprint` identifies among the session's calls:
-    the same fingerprint always gets the same ordinal (an exporter's retry), a new one the next.
+    ``ordinal`` returns the 0-based place of the record `fingerprint` identifies among the distinct ones
+    seen under `session_key`: the same fingerprint always gets the same ordinal (an exporter's retry), a new
+    one the next. Codex's calls use it to count calls of the very same usage (`codex.py`).
 
-    ``begin_turn`` remembers that the session's turn `turn_key` started at `started` (idempotent: the
-    same key again changes nothing). ``turn_at`` returns the key of the session's turn that started
-    last at or before `at` (a tie: the one begun last), or None when none did. A record that names no
-    turn belongs to the turn it follows in time, so a retried request, or one arriving after the next
-    turn began, still finds the same turn. An implementation may forget all but a session's latest
-    turns (say 100): a record older than every remembered turn then gets None.
+    ``turns_of`` returns what is known of a session's turns (None: nothing), and ``note_turns`` adds what a
+    request saw of them (`turns.merge`, so that the order of requests and replicas does not matter); the
+    sweeper ends them (:mod:`~commonos.otlp_gateway.turns`).
     """
 
     async def ordinal(self, vendor: str, session_key: str, fingerprint: str) -> int: ...
 
-    async def begin_turn(self, vendor: str, session_key: str, turn_key: str, started: datetime) -> None: ...
+    async def turns_of(self, vendor: str, profile_id: str, session_key: str) -> SessionTurns | None: ...
 
-    async def turn_at(self, vendor: str, session_key: str, at: datetime) -> str | None: ...
+    async def note_turns(self, seen: SessionTurns) -> None: ...
+
+
+@runtime_checkable
+class TurnStore(Protocol):
+    """The sessions' turns as the sweeper reads and decides them: each session's state with a revision,
+    replaced or deleted only if nobody wrote it since (compare-and-set)."""
+
+    async def sessions(self) -> list[tuple[str, SessionTurns, int]]:
+        """Every session's turns: (its key, its state, its revision)."""
+        ...
+
+    async def replace(self, key: str, state: SessionTurns, revision: int) -> int | None:
+        """Store `state` if the session is still at `revision`: its new revision; None when another writer
+        came first."""
+        ...
+
+    async def forget(self, key: str, revision: int) -> bool:
+        """Delete the session's state if it is still at `revision`."""
+        ...
+
+
+def turns_key(vendor: str, profile_id: str, session_key: str) -> str:
+    """The store's key of a session's turns: ``turns.`` and 32 hex of the SHA-256 of its scope and key."""
+    digest = hashlib.sha256(msgspec.json.encode([vendor_scope(vendor, profile_id), session_key])).hexdigest()
+    return f"turns.{digest[:32]}"
 
 
 class MemoryOrdinals:
-    """`CallOrdinals` in memory (tests, and replaying recorded payloads)."""
+    """`CallOrdinals` and `TurnStore` in memory (tests, and replaying recorded payloads)."""
 
     def __init__(self) -> None:
         self._seen: dict[tuple[str, str], dict[str, int]] = {}
-        self._turns: dict[tuple[str, str], dict[str, datetime]] = {}
+        self._turns: dict[str, tuple[SessionTurns, int]] = {}
+        self._revision = 0
 
     async def ordinal(self, vendor: str, session_key: str, fingerprint: str) -> int:
         seen = self._seen.setdefault((vendor, session_key), {})
         return seen.setdefault(fingerprint, len(seen))
 
-    async def begin_turn(self, vendor: str, session_key: str, turn_key: str, started: datetime) -> None:
-        self._turns.setdefault((vendor, session_key), {}).setdefault(turn_key, started)
+    async def turns_of(self, vendor: str, profile_id: str, session_key: str) -> SessionTurns | None:
+        stored = self._turns.get(turns_key(vendor, profile_id, session_key))
+        return stored[0] if stored is not None else None
 
-    async def turn_at(self, vendor: str, session_key: str, at: datetime) -> str | None:
-        turns = self._turns.get((vendor, session_key), {})
-        # Insertion order breaks ties: of turns started at the same moment, the one begun last.
-        started = [(moment, place, key) for place, (key, moment) in enumerate(turns.items()) if moment <= at]
-        return max(started)[2] if started else None
+    async def note_turns(self, seen: SessionTurns) -> None:
+        key = turns_key(seen.vendor, seen.profile_id, seen.session_key)
+        stored = self._turns.get(key)
+        self._revision += 1
+        self._turns[key] = (merge(stored[0] if stored else None, seen), self._revision)
+
+    async def sessions(self) -> list[tuple[str, SessionTurns, int]]:
+        return [(key, state, revision) for key, (state, revision) in self._turns.items()]
+
+    async def replace(self, key: str, state: SessionTurns, revision: int) -> int | None:
+        stored = self._turns.get(key)
+        if stored is None or stored[1] != revision:
+            return None
+        self._revision += 1
+        self._turns[key] = (state, self._revision)
+        return self._revision
+
+    async def forget(self, key: str, revision: int) -> bool:
+        stored = self._turns.get(key)
+        if stored is None or stored[1] != revision:
+            return False
+        del self._turns[key]
+        return True
 
 
 # --- ids and the events every vendor shares -------------------------------------------------------
@@ -228,12 +279,33 @@ class CallAt:
 class Emitter:
     """The events of one request, with each session and turn announced once, before what needs it."""
 
-    def __init__(self, source: Source, mapped: Mapped) -> None:
+    def __init__(self, source: Source, mapped: Mapped, received: float | None = None) -> None:
         self.source = source
         self.mapped = mapped
+        #: When the request arrived (seconds since the epoch): its turns were last seen then.
+        self.received = time.time() if received is None else received
         self._sessions: set[uuid.UUID] = set()
         self._turns: set[uuid.UUID] = set()
         self._events: set[uuid.UUID] = set()
+        self._seen: dict[tuple[str, str], SessionTurns] = {}
+
+    def saw(
+        self, vendor: str, session_key: str, turn_key: str, tags: tuple[str, ...], at: datetime, *, prompt: bool
+    ) -> None:
+        """Note a record of the turn `turn_key` at `at` (its prompt's when `prompt`), for `turns_seen`."""
+        turn = TurnState(key=turn_key, started=at, last=at, seen=self.received, prompted=prompt)
+        seen = SessionTurns(
+            vendor=vendor, profile_id=self.source.profile_id, session_key=session_key, tags=tags, turns=(turn,)
+        )
+        known = self._seen.get((vendor, session_key))
+        self._seen[(vendor, session_key)] = seen if known is None else merge(known, seen)
+
+    def turns_seen_of(self, vendor: str, session_key: str) -> SessionTurns | None:
+        return self._seen.get((vendor, session_key))
+
+    def turns_seen(self) -> list[SessionTurns]:
+        """What this request saw of each session's turns, to add to the store (`CallOrdinals.note_turns`)."""
+        return list(self._seen.values())
 
     def scope(self, vendor: str) -> str:
         """The vendor part of this request's ids: `vendor_scope` of the vendor and the token's profile."""
@@ -316,7 +388,7 @@ class Emitter:
         """The turn's id, announcing its session and it (``turn_started``) if this request did not yet."""
         session_id = self.session(vendor, session_key, tags, at)
         scope = self.scope(vendor)
-        turn_id = gateway_id("turn", scope, session_key, turn_key)
+        turn_id = vendor_turn_id(scope, session_key, turn_key)
         if turn_id not in self._turns:
             self._turns.add(turn_id)
             self.add(

@@ -17,6 +17,9 @@ ignored (counted in `Mapped.ignored`), never an error. A resource whose attribut
 tag (:mod:`~commonos.otlp_gateway.attributes`) has its vendor records refused with the reason; its
 other records are ignored as usual.
 
+Claude Code and Codex log no end of a turn: what each request saw of a session's turns is added to the
+`CallOrdinals` store, and the gateway's sweeper ends them (:mod:`~commonos.otlp_gateway.turns`).
+
 What every source module shares (`Source`, `Mapped`, `Emitter` and the ids) is
 :mod:`~commonos.otlp_gateway.common`, which imports none of them: the dispatch imports the source modules,
 they import the common module.
@@ -82,6 +85,9 @@ async def map_logs(request: ExportLogsServiceRequest, source: Source, ordinals: 
             claude_code.map_records(by_vendor[CLAUDE_CODE], vendor_tags(tags, CLAUDE_CODE), emitter)
         if CODEX in by_vendor:
             await codex.map_records(by_vendor[CODEX], vendor_tags(tags, CODEX), emitter, ordinals)
+    # What the request saw of each session's turns, kept before it is answered: the sweeper ends them.
+    for seen in emitter.turns_seen():
+        await ordinals.note_turns(seen)
     return mapped
 
 

@@ -1,32 +1,42 @@
-"""`common.CallOrdinals` in the NATS KV bucket COS_OTLP_STATE, shared by every gateway replica.
+"""`common.CallOrdinals` and `common.TurnStore` in the NATS KV bucket COS_OTLP_STATE, shared by every replica.
 
-One key per (vendor, session): `<vendor>.<SHA-256 of the session key, 32 hex>`; its value the fingerprints of
-the session's calls in the order they were first seen (each as 16 hex of its SHA-256, a JSON list). A new
-fingerprint is appended by compare-and-set on the key's revision, retried when another replica wrote first,
-so replicas agree on every ordinal and a retried request (the same fingerprints) gets the same ones. The
-session's turns (`begin_turn`, `turn_at`) are kept the same way under `<key>.turns`: `[turn key, start]`
-pairs in the order they were begun, the latest MAX_TURNS of them.
+Ordinals: one key per (vendor, session key): `<vendor>.<SHA-256 of the session key, 32 hex>`; its value the
+fingerprints seen under it in the order they were first seen (each as 16 hex of its SHA-256, a JSON list). A
+new fingerprint is appended by compare-and-set on the key's revision, retried when another replica wrote
+first, so replicas agree on every ordinal and a retried request (the same fingerprints) gets the same ones.
+
+Turns: one key per session, `turns.<32 hex>` (`common.turns_key`), its value the session's `SessionTurns`
+(JSON). A request's turns are merged in by compare-and-set, retried when another replica wrote first (the
+merge is commutative, so the result does not depend on who wins); the sweeper reads every `turns.*` key and
+replaces or deletes one only at the revision it read.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from datetime import datetime
+import logging
 from typing import Any, Final
 
+import msgspec
 import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.kv import KeyValue
 
+from commonos.otlp_gateway.common import turns_key
+from commonos.otlp_gateway.turns import MAX_TURNS, SessionTurns, decode, encode, merge
 from commonos.proto.errors import OperationalError
+
+log = logging.getLogger("commonos.otlp_gateway.ordinals")
 
 STATE_BUCKET: Final = "COS_OTLP_STATE"
 #: Compare-and-set attempts before giving up (the request then fails with 503 and is retried).
 MAX_ATTEMPTS: Final = 50
-#: The latest turns of a session kept (a record older than all of them belongs to no known turn).
-MAX_TURNS: Final = 100
+#: The prefix of the sessions' turns keys.
+TURNS_PREFIX: Final = "turns."
+#: How long the server keeps the consumer of a read of every session's turns once it is unused (seconds).
+WATCH_IDLE_S: Final = 10.0
 
 
 class OrdinalConflict(OperationalError):
@@ -43,7 +53,7 @@ async def state_bucket(js: JetStreamContext, replicas: int = 1) -> KeyValue:
                 history=1,
                 storage=StorageType.FILE,
                 replicas=replicas,
-                description="OTLP gateway: the calls of each Codex conversation, in order (their ordinals)",
+                description="OTLP gateway: Codex calls of the same usage (their ordinals), and each session's turns",
             )
         )
 
@@ -60,8 +70,8 @@ def _short(fingerprint: str) -> str:
 class KvOrdinals:
     """Ordinals and turns kept in COS_OTLP_STATE.
 
-    The calls of a session only grow, so what this replica read of them is cached; its turns are read
-    afresh at every `turn_at` (another replica may have begun a later one).
+    The fingerprints under a key only grow, so what this replica read of them is cached; a session's turns
+    are read afresh each time (another replica may have added to them).
     """
 
     def __init__(self, kv: KeyValue, max_turns: int = MAX_TURNS) -> None:
@@ -80,7 +90,9 @@ class KvOrdinals:
 
     async def _write(self, key: str, value: list[Any], revision: int | None) -> bool:
         """Compare-and-set; False when another replica wrote first."""
-        data = json.dumps(value, separators=(",", ":")).encode()
+        return await self._write_raw(key, json.dumps(value, separators=(",", ":")).encode(), revision)
+
+    async def _write_raw(self, key: str, data: bytes, revision: int | None) -> bool:
         try:
             if revision is None:
                 await self.kv.create(key, data)
@@ -111,23 +123,64 @@ class KvOrdinals:
                 return len(seen)
         raise OrdinalConflict(f"{vendor} session {session_key}: no ordinal after {MAX_ATTEMPTS} attempts")
 
-    async def begin_turn(self, vendor: str, session_key: str, turn_key: str, started: datetime) -> None:
-        key = state_key(vendor, session_key) + ".turns"
-        for _ in range(MAX_ATTEMPTS):
-            turns, revision = await self._read(key)
-            if any(t[0] == turn_key for t in turns):
-                return
-            proposed = [*turns, [turn_key, started.isoformat()]][-self.max_turns :]
-            if await self._write(key, proposed, revision):
-                return
-        raise OrdinalConflict(f"{vendor} session {session_key}: turn not recorded after {MAX_ATTEMPTS} attempts")
+    async def _read_turns(self, key: str) -> tuple[SessionTurns | None, int | None]:
+        try:
+            entry = await self.kv.get(key)
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+            return None, None
+        return (decode(entry.value) if entry.value else None), entry.revision
 
-    async def turn_at(self, vendor: str, session_key: str, at: datetime) -> str | None:
-        turns, _ = await self._read(state_key(vendor, session_key) + ".turns")
-        # Insertion order breaks ties: of turns started at the same moment, the one begun last.
-        started = [
-            (moment, place, str(turn_key))
-            for place, (turn_key, raw) in enumerate(turns)
-            if (moment := datetime.fromisoformat(raw)) <= at
-        ]
-        return max(started)[2] if started else None
+    async def turns_of(self, vendor: str, profile_id: str, session_key: str) -> SessionTurns | None:
+        return (await self._read_turns(turns_key(vendor, profile_id, session_key)))[0]
+
+    async def note_turns(self, seen: SessionTurns) -> None:
+        key = turns_key(seen.vendor, seen.profile_id, seen.session_key)
+        for _ in range(MAX_ATTEMPTS):
+            stored, revision = await self._read_turns(key)
+            merged = merge(stored, seen, self.max_turns)
+            if merged == stored:
+                return
+            if await self._write_raw(key, encode(merged), revision):
+                return
+        raise OrdinalConflict(
+            f"{seen.vendor} session {seen.session_key}: turns not recorded after {MAX_ATTEMPTS} attempts"
+        )
+
+    async def sessions(self) -> list[tuple[str, SessionTurns, int]]:
+        # A consumer of its own each time, which the server removes once unused for WATCH_IDLE_S.
+        watcher = await self.kv.watch(f"{TURNS_PREFIX}>", ignore_deletes=True, inactive_threshold=WATCH_IDLE_S)
+        out: list[tuple[str, SessionTurns, int]] = []
+        try:
+            async for entry in watcher:
+                if entry is None:
+                    break
+                if not entry.value:
+                    continue
+                try:
+                    out.append((entry.key, decode(entry.value), entry.revision))
+                except msgspec.DecodeError as exc:  # not ours to end: left alone, said once a sweep
+                    log.warning("%s %s: not a session's turns (%s); skipped", STATE_BUCKET, entry.key, exc)
+        finally:
+            await watcher.stop()  # type: ignore[no-untyped-call]
+        return out
+
+    async def replace(self, key: str, state: SessionTurns, revision: int) -> int | None:
+        try:
+            return await self.kv.update(key, encode(state), last=revision)
+        except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.KeyDeletedError):
+            return None
+        except nats.js.errors.BadRequestError as exc:
+            if exc.err_code in (10071, 10164):  # wrong last sequence
+                return None
+            raise
+
+    async def forget(self, key: str, revision: int) -> bool:
+        try:
+            await self.kv.delete(key, last=revision)
+        except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.KeyDeletedError):
+            return False
+        except nats.js.errors.BadRequestError as exc:
+            if exc.err_code in (10071, 10164):
+                return False
+            raise
+        return True

@@ -1,8 +1,9 @@
 """The OTLP gateway process: OTLP/HTTP (COS_OTLP_PORT, 4318) and OTLP/gRPC (COS_OTLP_GRPC_PORT, 4317) in, our
 events out to JetStream.
 
-It keeps no state of its own: the tokens (COS_OTLP_TOKENS) and the Codex call ordinals (COS_OTLP_STATE) are
-NATS KV buckets, the events are deduplicated by JetStream, so replicas behind a load balancer agree. Its
+It keeps no state of its own: the tokens (COS_OTLP_TOKENS), the Codex call ordinals and the sessions' turns
+(COS_OTLP_STATE) are NATS KV buckets, the events are deduplicated by JetStream, so replicas behind a load
+balancer agree; each replica's sweeper ends the Claude Code and Codex turns that are over (`sweeper`). Its
 `/metrics` `/healthz` `/readyz` are on COS_HTTP_PORT (default 9464); it is ready once connected to NATS, the
 streams there and the tokens loaded, and not ready while NATS is disconnected (it then answers 503).
 """
@@ -19,7 +20,7 @@ from nats.js import JetStreamContext
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from commonos.otlp_gateway.auth import TokenIndex, tokens_bucket
-from commonos.otlp_gateway.common import CallOrdinals
+from commonos.otlp_gateway.common import CallOrdinals, TurnStore
 from commonos.otlp_gateway.grpc_server import OtlpGrpcServer
 from commonos.otlp_gateway.metrics import GatewayMetrics
 from commonos.otlp_gateway.ordinals import KvOrdinals, state_bucket
@@ -32,6 +33,7 @@ from commonos.otlp_gateway.server import (
     host_check,
 )
 from commonos.otlp_gateway.settings import DEFAULT_HTTP_PORT, GatewaySettings
+from commonos.otlp_gateway.sweeper import TurnSweeper
 from commonos.proto.errors import ConfigError
 from commonos.runtime.http import Health, HttpServer
 from commonos.runtime.lifecycle import run, setup_logging
@@ -124,11 +126,21 @@ async def serve(
             extra["map_logs"] = map_logs
         if map_traces is not None:
             extra["map_traces"] = map_traces
+        store = ordinals if ordinals is not None else KvOrdinals(kv_state)
+        if isinstance(store, TurnStore):
+            sweeper = TurnSweeper(
+                store,
+                publisher,
+                idle_s=gateway.turn_idle_s,
+                publish_timeout_s=gateway.publish_timeout_s,
+                metrics=metrics,
+            )
+            ctx.start_task(sweeper.run(ctx.stop), "otlp-turns")
         receiver = OtlpReceiver(
             gateway,
             tokens,
             publisher,
-            ordinals if ordinals is not None else KvOrdinals(kv_state),
+            store,
             metrics,
             nc=ctx.nc,
             **extra,

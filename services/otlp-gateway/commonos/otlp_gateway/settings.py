@@ -14,6 +14,8 @@
     COS_OTLP_HEADER_TIMEOUT_S  a connection's time to send a request's headers, from its opening or its last
                                answer; an idle keep-alive connection is closed after it too (default 10)
     COS_OTLP_BODY_TIMEOUT_S    a request's time to send its whole body once its headers are in: 408 (default 30)
+    COS_OTLP_TURN_IDLE_S       a Claude Code or Codex turn with no record for this long is ended (default 1800;
+                               `commonos.otlp_gateway.turns`)
 
 The service's `/metrics` `/healthz` `/readyz` port is COS_HTTP_PORT (default 9464), as for every service.
 """
@@ -38,6 +40,9 @@ DEFAULT_OTLP_GRPC_PORT: Final = 4317
 DEFAULT_HTTP_PORT: Final = 9464
 DEFAULT_MAX_BODY_BYTES: Final = 16 * 1024 * 1024
 DEFAULT_TAG_ATTRIBUTES: Final = ("client", "project", "team")
+#: A Claude Code or Codex turn with no record for this long is over (COS_OTLP_TURN_IDLE_S): long enough for a
+#: tool that runs for minutes or a permission prompt left a while, short enough for the live views.
+DEFAULT_TURN_IDLE_S: Final = 1800.0
 _ATTRIBUTE_KEY: Final = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
 
 
@@ -64,6 +69,8 @@ class GatewaySettings:
     hosts: tuple[str, ...] | None = None
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
+    #: A Claude Code or Codex turn with no record for this long is ended by the sweeper.
+    turn_idle_s: float = DEFAULT_TURN_IDLE_S
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> GatewaySettings:
@@ -81,4 +88,5 @@ class GatewaySettings:
             hosts=tuple(h.strip() for h in raw_hosts.split(",") if h.strip()) or None,
             header_timeout_s=env_float(env, "COS_OTLP_HEADER_TIMEOUT_S", 10.0, 0.1, 3600.0),
             body_timeout_s=env_float(env, "COS_OTLP_BODY_TIMEOUT_S", 30.0, 0.1, 3600.0),
+            turn_idle_s=env_float(env, "COS_OTLP_TURN_IDLE_S", DEFAULT_TURN_IDLE_S, 0.1, 30 * 86400.0),
         )

@@ -161,6 +161,13 @@ class SessionReader:
                 origin=origin,
                 metadata=raw_json(metadata),
             )
+            # The prompt Claude Code's telemetry names too (``prompt.id``): its calls' turn. Of an input of
+            # several lines (a compaction's summary, then the prompt), the last line's prompt is the one answered.
+            for line in reversed(lines):
+                prompt_id, vendor_session = line.record.get("promptId"), line.record.get("sessionId")
+                if isinstance(prompt_id, str) and prompt_id and isinstance(vendor_session, str) and vendor_session:
+                    self.b.input_prompts[input_id] = (vendor_session, prompt_id)
+                    break
             if kind in (InputKind.PROMPT, InputKind.SLASH_COMMAND) and self.first_prompt is None and text:
                 command = COMMAND_NAME.search(text)
                 self.first_prompt = command.group(1) if command else text

@@ -291,6 +291,7 @@ def _imported(
         source_files=files,
         vendor_cost_usd=vendor_cost,
         vendor_tokens=vendor_tokens,
+        input_prompts=dict(builder.input_prompts),
     )
 
 
