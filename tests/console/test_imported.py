@@ -396,7 +396,7 @@ async def test_a_session_with_inputs_invocations_tools_and_files(
     async with client.get(f"/imported/{imports['acme']}") as r:
         assert r.status == 200
         html = await r.text()
-    assert "<script>alert" not in html and "&lt;script&gt;alert(&#34;prompt&#34;)&lt;/script&gt;" in html
+    assert "<script>alert" not in html and '&lt;script&gt;alert("prompt")&lt;/script&gt;' in html
     assert "<img src=x" not in html and "&lt;img src=x" in html and "<em>edit" not in html
     assert "/home/dev/web/app.py" in html and "1 hunk(s)" in html and f"/imported/{child['id']}" in html
     async with client.get(f"/api/imported/{uuid.uuid4()}") as r:

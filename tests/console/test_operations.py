@@ -15,7 +15,7 @@ import aiohttp
 import nats
 import pytest
 
-from commonos.console.pages.operations import read_nats
+from commonos.console.pages.operations import ConsumerView, lanes_of, read_nats
 from commonos.proto import events as ev
 from commonos.proto.subjects import DLQ_STREAM, EVENTS_STREAM
 from commonos.runtime.dlq import CONSUMER, DEAD_AT, ORIGINAL_SUBJECT, REASON, STREAM_SEQ
@@ -105,6 +105,9 @@ async def test_consumers_positions_dead_letters_and_replay(
     assert ("projection_positions", "journal-writer") in positions and ("billing_positions", "billing") in positions
     journal = positions["projection_positions", "journal-writer"]
     assert journal["behind"] == ops["events"]["last_seq"] - journal["stream_seq"]
+    # What is still to apply is the lag of its own consumers: the three calls wait for the journal-writer; billing
+    # has applied all it reads, whatever came after its position.
+    assert journal["pending"] >= 3 and positions["billing_positions", "billing"]["pending"] == 0
 
     letters = ops["dead_letters"]
     assert letters["total"] == dead_letters and letters["next_after"] is None
@@ -175,3 +178,32 @@ async def test_the_console_nats_user_may_read_what_the_page_reads(secured_nats: 
     await secured_nats.refused("console", "cos.events.acme.x.session_created")
     await console.publish("$JS.API.STREAM.MSG.DELETE.COS_DLQ", b'{"seq": 1}')
     await secured_nats.refused("console", "$JS.API.STREAM.MSG.DELETE.COS_DLQ")
+
+
+def test_a_position_is_applied_by_its_lanes_not_another_partitions() -> None:
+    def consumer(name: str, lag: int) -> ConsumerView:
+        return ConsumerView(
+            name=name,
+            filter_subjects=[],
+            num_pending=lag,
+            num_ack_pending=0,
+            num_redelivered=0,
+            delivered_stream_seq=0,
+            ack_floor_stream_seq=0,
+            last_active=None,
+            lag=lag,
+        )
+
+    consumers = [
+        consumer("graph-writer", 0),
+        consumer("graph-writer-profiles", 2),
+        consumer("graph-writer-p1-of-2", 5),
+        consumer("graph-writer-p1-of-2-profiles", 7),
+        consumer("graph", 11),
+    ]
+    assert [c.name for c in lanes_of("graph-writer", consumers)] == ["graph-writer", "graph-writer-profiles"]
+    assert [c.name for c in lanes_of("graph-writer-p1-of-2", consumers)] == [
+        "graph-writer-p1-of-2",
+        "graph-writer-p1-of-2-profiles",
+    ]
+    assert lanes_of("billing", consumers) == []

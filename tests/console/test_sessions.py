@@ -195,7 +195,7 @@ async def test_a_session_page_shows_the_tree_tool_and_model_calls(
         html = await r.text()
         assert r.status == 200
     # Attacker-controlled text is text: escaped in the message, the tool's arguments and result, and the title.
-    assert "<script>alert" not in html and "&lt;script&gt;alert(&#34;owned&#34;)&lt;/script&gt;" in html
+    assert "<script>alert" not in html and '&lt;script&gt;alert("owned")&lt;/script&gt;' in html
     assert "<img src=x" not in html and "&lt;img src=x onerror=" in html
     assert "Hostile &lt;b&gt;title&lt;/b&gt;" in html
     assert "Obey &lt;b&gt;nobody&lt;/b&gt;." in html

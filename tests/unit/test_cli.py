@@ -152,3 +152,89 @@ def test_every_entry_point_runs_its_command_one_way(
     assert capsys.readouterr().err == said
     assert run_command(parser, []) == 2
     assert "usage: prog" in capsys.readouterr().out
+
+
+def every_parser(parser: argparse.ArgumentParser, path: str = "cos") -> list[tuple[str, argparse.ArgumentParser]]:
+    """`parser` and every subcommand's parser under it, each with its command line (`cos console user add`)."""
+    found = [(path, parser)]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                found += every_parser(child, f"{path} {name}")
+    return found
+
+
+def summaries(parser: argparse.ArgumentParser, path: str = "cos") -> list[tuple[str, str]]:
+    """Every subcommand's one-line summary, as `cos ... --help` lists it."""
+    found: list[tuple[str, str]] = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for choice in action._choices_actions:
+                found.append((f"{path} {choice.dest}", choice.help or ""))
+            for name, child in action.choices.items():
+                found += summaries(child, f"{path} {name}")
+    return found
+
+
+#: Words a summary never ends with: one that does stops mid-sentence ("a conversation without"). Not "in" or
+#: "on", which end a phrase too ("who may sign in").
+DANGLING = frozenset(
+    [
+        "a",
+        "an",
+        "the",
+        "of",
+        "to",
+        "with",
+        "without",
+        "and",
+        "or",
+        "but",
+        "for",
+        "from",
+        "into",
+        "onto",
+        "by",
+        "at",
+        "as",
+        "than",
+        "its",
+        "their",
+        "his",
+        "her",
+        "your",
+        "whose",
+        "which",
+        "that",
+        "when",
+        "while",
+        "if",
+        "unless",
+        "then",
+        "via",
+        "per",
+    ]
+)
+
+
+def test_no_summary_stops_mid_sentence() -> None:
+    listed = summaries(build_parser())
+    assert len(listed) > len(COMMANDS)  # the subcommands' too
+    for command, summary in listed:
+        assert summary.strip(), f"{command}: no summary"
+        last = summary.rstrip(" .").split()[-1].strip("\"'`()").lower()
+        assert last not in DANGLING, f"{command}: {summary!r} stops mid-sentence"
+        assert summary.count("(") == summary.count(")"), f"{command}: {summary!r}"
+        assert summary.count("`") % 2 == 0 and summary.count('"') % 2 == 0, f"{command}: {summary!r}"
+
+
+def test_help_is_plain_text(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every `cos ... --help` as printed: no reStructuredText markup (``literal``, :role:`x`) shows."""
+    for command, parser in every_parser(build_parser()):
+        text = parser.format_help()
+        assert "``" not in text, f"{command} --help:\n{text}"
+        assert ":mod:`" not in text and ":func:`" not in text, f"{command} --help:\n{text}"
+    with pytest.raises(SystemExit):
+        main(["console", "--help"])
+    out = capsys.readouterr().out
+    assert "cos console serve" in out and "``" not in out

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -97,6 +98,21 @@ def print_results(console: Console, results: dict[str, list[asyncpg.Record]]) ->
         console.print(table)
 
 
+def explore_command(data_dir: Path) -> str:
+    """The command that runs the system again on the demo's data: `cos up` in the demo's COS_DATA_DIR (its
+    own is `.cos`, where the demo's tables are not)."""
+    return f"COS_DATA_DIR={shlex.quote(str(data_dir))} cos up"
+
+
+def explore_hint(data_dir: Path) -> str:
+    folder = shlex.quote(str(data_dir))
+    return (
+        "To explore the demo's data, run cos up on its folder:\n"
+        f"  {explore_command(data_dir)}\n"
+        f"and give the other commands the same folder (COS_DATA_DIR={folder} cos report cost)"
+    )
+
+
 def _cell(value: Any) -> str:
     if hasattr(value, "isoformat"):
         return str(value.isoformat(timespec="seconds"))
@@ -145,9 +161,9 @@ def _demo(args: argparse.Namespace) -> int:
         asyncio.run(wait_projected(system.endpoints))
         console.print()
         print_results(console, asyncio.run(run_queries(system.endpoints.database_url)))
-        console.print(
-            as_text(f"\nData and logs: {settings.data_dir.resolve()} (the tables stay; run `cos up` to explore)")
-        )
+        console.print(as_text(f"\nData and logs: {settings.data_dir.resolve()} (the tables stay)."))
+        # Unwrapped: the command is copied from here.
+        console.print(as_text(explore_hint(settings.data_dir)), soft_wrap=True)
     finally:
         clear_state(settings)
         system.stop()

@@ -51,6 +51,10 @@ SECURITY_HEADERS = [
     (b"referrer-policy", b"same-origin"),
     (b"x-frame-options", b"DENY"),
 ]
+#: Sent with every response but the static files: what a page or the API answered is a person's data, kept by
+#: no cache (not the browser's: after a sign-out, Back must not show it from there; not a proxy's). The static
+#: files are the same for everyone and carry the version in their URLs: caching them is fine.
+NO_STORE = [(b"cache-control", b"no-store, max-age=0"), (b"pragma", b"no-cache")]
 
 
 def is_api(request: Request) -> bool:
@@ -58,7 +62,8 @@ def is_api(request: Request) -> bool:
 
 
 class Instrumented:
-    """Pure ASGI middleware (streaming and SSE pass through untouched): the security headers and the metrics."""
+    """Pure ASGI middleware (streaming and SSE pass through untouched): the security headers, `Cache-Control:
+    no-store` (but for the static files) and the metrics."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -69,12 +74,18 @@ class Instrumented:
             return
         started = time.perf_counter()
         code = 500
+        cacheable = str(scope.get("path", "")).startswith("/static/")
 
         async def send_wrapped(message: Message) -> None:
             nonlocal code
             if message["type"] == "http.response.start":
                 code = int(message["status"])
-                message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS]
+                headers = [*message.get("headers", []), *SECURITY_HEADERS]
+                if not cacheable:
+                    # Replaces what a response said of caching (an SSE stream's no-cache): nothing is stored.
+                    headers = [(k, v) for k, v in headers if k.lower() not in (b"cache-control", b"pragma")]
+                    headers += NO_STORE
+                message["headers"] = headers
                 route = scope.get("route")
                 template = getattr(route, "path", None) or "unmatched"
                 REQUEST_SECONDS.labels(template).observe(time.perf_counter() - started)

@@ -1,4 +1,4 @@
-"""``cos console serve`` and ``cos console user add``.
+"""cos console: serve the web console, and write its people file.
 
     cos console serve [--host H] [--port 8470] [--users FILE]
     cos console user add NAME --role operator|analyst|approver [--profile P ...] [--pg-role ROLE] [--password-stdin]
@@ -6,8 +6,8 @@
 
 The people file is COS_CONSOLE_USERS (default config/console-users.toml). An analyst (or approver) reads as a
 PostgreSQL role (--pg-role, default NAME) that is a member of cos_analyst, granted its profiles in
-analyst_grants, and that the console's own database role (cos_console, deploy/postgres) may SET ROLE to;
-`user add` prints these statements for the person it adds:
+analyst_grants, and that the console's own database role (cos_console, deploy/postgres) may SET ROLE to.
+"cos console user add" prints these statements for the person it adds:
 
     CREATE ROLE alice NOLOGIN IN ROLE cos_analyst;  GRANT alice TO cos_console;
     INSERT INTO analyst_grants (role_name, profile_id) VALUES ('alice', 'acme');
@@ -286,6 +286,7 @@ def _profile(raw: str) -> str:
 
 
 def register(sub: Any) -> None:
+    # The module's docstring is `cos console --help`'s text as printed: plain text, no reStructuredText.
     console_sub = command_group(
         sub,
         "console",

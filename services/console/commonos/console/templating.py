@@ -2,11 +2,12 @@
 
 A page renders with `render(request, "sessions.html", {...})`: the context gets `who` (the Principal or None),
 `csrf_token`, `nav` and `static` (the URL of a static file, with the console's version to bust caches).
+Messages, arguments and results go through the filters of `commonos.console.content` (`markdown`, `json_view`,
+`result_view`, `plain_folded`, `agent_text`): sanitized Markdown, folding JSON, long text folded.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from datetime import datetime
 from decimal import Decimal
@@ -17,6 +18,7 @@ from fastapi import Request
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 from starlette.responses import HTMLResponse
 
+from commonos.console import content
 from commonos.console.auth import optional_principal
 from commonos.runtime.http import VERSION
 
@@ -45,12 +47,6 @@ def _usd(value: Decimal | float | None) -> str:
     return f"${Decimal(value):,.6f}".rstrip("0").rstrip(".") if value else "$0"
 
 
-def _pretty_json(value: Any) -> str:
-    """JSON for a person to read, its own characters kept: autoescaping then makes it safe in HTML (Jinja's
-    `tojson` is for scripts: it writes `<`, `>` and `&` as `\\u003c`, which a reader would see)."""
-    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False, default=str)
-
-
 def make_environment() -> Environment:
     env = Environment(
         loader=FileSystemLoader(TEMPLATES_DIR),
@@ -61,7 +57,13 @@ def make_environment() -> Environment:
     )
     env.filters["when"] = _when
     env.filters["usd"] = _usd
-    env.filters["pretty_json"] = _pretty_json
+    env.filters["pretty_json"] = content.pretty_json
+    # Attacker-controlled text made readable and inert (commonos.console.content).
+    env.filters["markdown"] = content.markdown_folded
+    env.filters["json_view"] = content.json_view
+    env.filters["result_view"] = content.result_view
+    env.filters["plain_folded"] = content.plain_folded
+    env.filters["agent_text"] = content.agent_text
     env.globals["version"] = VERSION
     env.globals["static"] = lambda path: f"/static/{path}?v={VERSION}"
     return env

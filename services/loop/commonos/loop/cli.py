@@ -293,7 +293,7 @@ def _chat(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     chat = sub.add_parser(
         "chat",
-        help="talk to a profile: one turn with TEXT, a conversation without",
+        help="talk to a profile: one turn for TEXT, or a conversation when no TEXT is given",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

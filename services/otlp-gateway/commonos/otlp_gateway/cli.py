@@ -1,4 +1,4 @@
-"""``cos otlp serve`` and ``cos otlp token create|list|revoke``.
+"""cos otlp: the OTLP/HTTP gateway (serve) and its bearer tokens (token create, list, revoke).
 
     cos otlp serve [--host H] [--port 4318] [--max-body-bytes N] [--tag-attributes client,project,team]
     cos otlp token create --profile P [--name N] [--tag K:V ...] [--tag-keys K,...]   prints the token, once

@@ -14,8 +14,8 @@ row is visible when its session's profile is granted) decides what exists for th
 
 from __future__ import annotations
 
-import json
 import uuid
+from collections import Counter
 from datetime import datetime
 from decimal import Decimal
 from typing import Annotated, Any, Final
@@ -517,12 +517,37 @@ async def api_imported_session(who: SignedIn, db: Db, session_id: uuid.UUID) -> 
     return await _imported_or_404(db, who, session_id)
 
 
+#: What each outcome means (commonos.importer.builder labels a session's end from its transcript): shown beside
+#: the value and as its title, so that `unknown` reads as the outcome field's value, not as a missing page.
+OUTCOME_HELP: Final = {
+    "unknown": "the transcript does not say how the session ended (no commit, interruption or unanswered prompt)",
+    "committed": "a shell command of the session ran `git commit` and succeeded",
+    "interrupted": "its last input was interrupted, or was an interruption",
+    "abandoned": "its last prompt never got a model reply",
+}
+#: An input with more tool uses than this shows them folded, behind a count by tool.
+TOOL_USES_SHOWN: Final = 3
+#: A session that touched more files than this lists them folded.
+FILES_SHOWN: Final = 12
+
+
+def tool_counts(tool_uses: list[ToolUseView]) -> str:
+    """`Read ×12 · Edit ×3`: the tools an input used, most used first."""
+    counts = Counter(t.name for t in tool_uses)
+    return " · ".join(f"{name} ×{n}" for name, n in counts.most_common())
+
+
 @router.get("/imported/{session_id}", include_in_schema=False, response_class=HTMLResponse)
 async def imported_session_page(request: Request, who: SignedIn, db: Db, session_id: uuid.UUID) -> HTMLResponse:
     view = await _imported_or_404(db, who, session_id)
-    return render(request, "imported_session.html", {"s": view, "pretty": pretty})
-
-
-def pretty(value: Any) -> str:
-    """JSON for a <pre>, as text (the template escapes it)."""
-    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    return render(
+        request,
+        "imported_session.html",
+        {
+            "s": view,
+            "outcome_help": OUTCOME_HELP,
+            "tool_counts": tool_counts,
+            "TOOL_USES_SHOWN": TOOL_USES_SHOWN,
+            "FILES_SHOWN": FILES_SHOWN,
+        },
+    )

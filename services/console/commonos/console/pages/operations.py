@@ -5,7 +5,9 @@ replay them. /operations and /api/operations.
   messages not yet delivered (num_pending), delivered but not acknowledged (num_ack_pending), redelivered, the
   last stream sequence delivered and acknowledged; and each projection's committed position in PostgreSQL
   (projection_positions, billing_positions, graph.positions: written in the same transaction as the rows), with
-  how far COS_EVENTS' last sequence is past it.
+  how many events COS_EVENTS holds after it (`behind`: of every kind, so not a lag for a projection that reads a
+  few kinds: the graph follows transcript imports and profiles only) and what its own consumers (its lanes) have
+  still to apply (`pending`: the lag).
 * The read replica (COS_DATABASE_READ_URL), when the pages read one: how far it is behind its primary (seconds
   since the last transaction it replayed, 0 once it has replayed all it received; WAL bytes received and not yet
   replayed; whether its replay is paused), or "no replica". The projections' positions are the primary's (what
@@ -26,6 +28,7 @@ COS_DLQ). It publishes nothing else.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Any, Final
 
@@ -87,9 +90,13 @@ class PositionView(BaseModel):
     consumer: str
     stream_seq: int
     updated_at: datetime
-    #: COS_EVENTS' last sequence minus this position (an upper bound for a filtered consumer: the messages after
-    #: it need not all be its own).
+    #: COS_EVENTS' last sequence minus this position: the events of every kind stored after it. Not a lag for a
+    #: projection that reads some kinds only (the graph: transcript imports and profiles): most of them are not
+    #: its own. Its lag is `pending`.
     behind: int | None
+    #: What its JetStream consumers (the projection's lanes) have still to apply: messages of their own filters
+    #: not yet delivered or not yet acknowledged. Null when none of them is found.
+    pending: int | None = None
 
 
 class DeadLetterView(BaseModel):
@@ -289,6 +296,30 @@ async def read_positions(conn: Conn, last_seq: int | None) -> tuple[list[Positio
     return positions, problems
 
 
+_PARTITION: Final = re.compile(r"^p\d+-of-\d+")
+
+
+def lanes_of(position_consumer: str, consumers: list[ConsumerView]) -> list[ConsumerView]:
+    """The JetStream consumers that apply a position's projection: its own name, and its other lanes
+    (`billing-session_created`, `graph-writer-profiles`: commonos.runtime.lanes), not another partition's."""
+    prefix = position_consumer + "-"
+    return [
+        c
+        for c in consumers
+        if c.name == position_consumer
+        or (c.name.startswith(prefix) and not _PARTITION.match(c.name.removeprefix(prefix)))
+    ]
+
+
+def with_pending(positions: list[PositionView], consumers: list[ConsumerView]) -> list[PositionView]:
+    """Each position with what its lanes have still to apply (null when NATS named none of them)."""
+    out = []
+    for p in positions:
+        lanes = lanes_of(p.consumer, consumers)
+        out.append(p.model_copy(update={"pending": sum(c.lag for c in lanes) if lanes else None}))
+    return out
+
+
 async def read_replica(db: Database) -> tuple[ReplicaView, list[str]]:
     """The replica's lag (and the gauges set from it), or "no replica"; a replica that does not answer is a
     problem line."""
@@ -325,11 +356,12 @@ async def load(request: Request, who: Operator, db: Database, after: int, limit:
     async with db.reader(who.user, primary=True) as conn:
         positions, db_problems = await read_positions(conn, events.last_seq if events else None)
     replica, replica_problems = await read_replica(db)
+    consumers = sorted((_consumer(c) for c in found.get("consumers", [])), key=lambda c: c.name)
     return Operations(
         events=events,
         dead_letter_stream=_stream(found["dlq"]) if "dlq" in found else None,
-        consumers=sorted((_consumer(c) for c in found.get("consumers", [])), key=lambda c: c.name),
-        positions=positions,
+        consumers=consumers,
+        positions=with_pending(positions, consumers),
         dead_letters=found.get("letters") or DeadLetterPage(letters=[], next_after=None, total=0),
         replay=REPLAY,
         replica=replica,
