@@ -66,12 +66,12 @@ tools = { shell = "ask" }
 """
 
 
-@pytest.fixture
-async def loop_service(nc: Client, nats_url: str, tmp_path: Path, console_db: Seeded) -> AsyncIterator[LoopService]:
-    """The loop service of profile acme, and the journal-writer storing its events in the console's database."""
+@contextlib.asynccontextmanager
+async def serving(nc: Client, nats_url: str, folder: Path, dsn: str, profile_id: str) -> AsyncIterator[LoopService]:
+    """A loop service of `profile_id` alone, and the journal-writer storing its events in `dsn`."""
     js = nc.jetstream()
     await ensure_streams(js)
-    profile = write_profile(tmp_path / "profiles", "acme", config=CONFIG, script=SCRIPT)
+    profile = write_profile(folder, profile_id, config=CONFIG, script=SCRIPT)
     loop = Loop(
         NatsJournal(js),
         {profile.id: profile},
@@ -81,15 +81,30 @@ async def loop_service(nc: Client, nats_url: str, tmp_path: Path, console_db: Se
         deltas=DeltaPublisher(nc).for_turn,
     )
     service = LoopService(nc, loop, handle_signals=False, grace_s=0.1)
-    async with journal_writer(nats_url, console_db.dsn):
+    async with journal_writer(nats_url, dsn):
         await service.start()
-        serving = asyncio.create_task(service.serve())
+        running = asyncio.create_task(service.serve())
         try:
             yield service
         finally:
             service.stop_event.set()
-            await serving
+            await running
             await service.shutdown()
+
+
+@pytest.fixture
+async def loop_service(nc: Client, nats_url: str, tmp_path: Path, console_db: Seeded) -> AsyncIterator[LoopService]:
+    """The loop service of profile acme, and the journal-writer storing its events in the console's database."""
+    async with serving(nc, nats_url, tmp_path / "profiles", console_db.dsn, "acme") as service:
+        yield service
+
+
+@pytest.fixture
+async def globex_loop(nc: Client, nats_url: str, tmp_path: Path, console_db: Seeded) -> AsyncIterator[LoopService]:
+    """A loop service of profile globex only: acme, first on the list, is then a profile no loop serves (as an
+    imported profile is)."""
+    async with serving(nc, nats_url, tmp_path / "profiles", console_db.dsn, "globex") as service:
+        yield service
 
 
 async def sign_in(console: RunningConsole, name: str, password: str) -> tuple[aiohttp.ClientSession, str]:

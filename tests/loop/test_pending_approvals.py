@@ -21,7 +21,7 @@ from commonos.loop.providers import build_provider
 from commonos.loop.service import LoopService
 from commonos.proto.events import ApprovalStatus
 from commonos.proto.requests import ApprovalRequest, ChatReply, ChatRequest, chat_subject
-from commonos.runtime.loop_requests import list_pending, send_decision
+from commonos.runtime.loop_requests import ask_loops, list_pending, send_decision
 from commonos.runtime.nats import ensure_streams
 from tests.loop.helpers import write_profile
 
@@ -57,6 +57,16 @@ async def test_no_loop_service_means_none_pending_at_once(nc: Client) -> None:
     started = time.monotonic()
     assert await list_pending(nc, timeout_s=5) == []
     assert time.monotonic() - started < 2
+
+
+async def test_the_loop_services_say_which_profiles_they_serve(nc: Client, services: list[LoopService]) -> None:
+    """What the console's Chat page offers: the profiles a loop answers for (none when no loop runs)."""
+    answers = await ask_loops(nc, ())
+    assert (answers.served, answers.approvals) == (("demo",), [])
+    for svc in services:
+        svc.stop_event.set()
+        await svc.shutdown()
+    assert (await ask_loops(nc)).served == ()
 
 
 async def chat_with_started(nc: Client, request: ChatRequest) -> tuple[asyncio.Queue[ChatReply], object]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -168,7 +169,7 @@ async def test_cos_chat_talks_to_the_service_and_runs_here_without_one(
     assert (code, out) == (0, "hello\n") and err.startswith("[session ")
     code, out, err = await run_cli("chat", "--profile", "demo", "-v", "--yes", "make a plan", env=env)
     assert (code, out) == (0, "Done: 42.\n")
-    assert '[approved shell {"command":"echo approved"}]' in err
+    assert re.search(r'\[approved by cli:\S+: shell \{"command":"echo approved"\}; running it\]', err), err
     assert '[write_file {"path":"x.txt","content":"x"} → not run: denied by policy]' in err
     assert "[delegate" in err and "→ 42]" in err
     service.stop_event.set()
@@ -177,6 +178,108 @@ async def test_cos_chat_talks_to_the_service_and_runs_here_without_one(
     assert (code, out) == (0, "hello\n") and "running the turn here" in err
     code, _, err = await run_cli("chat", "--profile", "demo", "--tag", "Bad:x", "hello", env=env)
     assert code == 2 and "upper case in the key" in err
+
+
+@pytest.fixture
+async def quick_service(nc: Client, js: JetStreamContext, tmp_path: Path) -> AsyncIterator[LoopService]:
+    """The service of profile demo whose approvals wait 4 s."""
+    await ensure_streams(js)
+    profile = write_profile(tmp_path / "quick", timeout_s=4)
+    loop = Loop(
+        NatsJournal(js),
+        {profile.id: profile},
+        {profile.id: build_provider(profile)},
+        locks=NatsSessionLocks(js),
+        approver=NatsApprover(nc),
+    )
+    svc = LoopService(nc, loop, handle_signals=False, grace_s=0.1)
+    await svc.start()
+    serving = asyncio.create_task(svc.serve())
+    yield svc
+    svc.stop_event.set()
+    await serving
+    await svc.shutdown()
+
+
+async def test_cos_chat_says_which_call_waits_where_to_decide_and_how_it_ended(
+    nc: Client, nats_url: str, quick_service: LoopService
+) -> None:
+    """While the turn waits, `cos chat` says so at once (the tool, the commands, the console, the deadline), then
+    how each wait ended: approved by whom, or expired and not run."""
+    asked: asyncio.Queue[ApprovalRequest] = asyncio.Queue()
+
+    async def on_request(msg: Msg) -> None:
+        asked.put_nowait(msgspec.json.decode(msg.data, type=ApprovalRequest))
+
+    await nc.subscribe(approval_request_subject("demo"), cb=on_request)
+    env = {"COS_NATS_URL": nats_url, "COS_CONSOLE_ORIGINS": "https://console.example.com"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "commonos.loop",
+        "chat",
+        "--profile",
+        "demo",
+        "make a plan",
+        env={**os.environ, **env},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert proc.stderr is not None
+    stderr = proc.stderr
+    said: list[str] = []
+
+    async def line(timeout_s: float) -> str:
+        got = (await asyncio.wait_for(stderr.readline(), timeout_s)).decode()
+        assert got, f"cos chat ended early: {said}"
+        said.append(got.rstrip("\n"))
+        return said[-1]
+
+    async def said_next(start: str) -> list[str]:
+        """The line `cos chat` prints on stderr starting with `start` (and the four after a wait's first)."""
+        while not (await line(30)).startswith(start):
+            pass
+        if start.startswith("[waiting"):
+            for _ in range(4):
+                await line(5)
+            return said[-5:]
+        return said[-1:]
+
+    try:
+        first = await asyncio.wait_for(asked.get(), 30)
+        which = f"--profile demo {first.approval_id}"
+        waiting = await said_next("[waiting for approval: ")
+        assert waiting[:4] == [
+            '[waiting for approval: shell {"command":"echo approved"}]',
+            f"  approve: cos approve {which}",
+            f"  deny:    cos deny {which}",
+            "  or on the console: https://console.example.com/approvals",
+        ], said
+        deadline = rf"  unanswered by {first.expires_at:%H:%M:%S} UTC \(in [34] s\), it is denied and not run"
+        assert re.fullmatch(deadline, waiting[4]), said
+        assert proc.returncode is None  # said while the call waits, not after
+        ack = await send_decision(nc, "demo", first.approval_id, ApprovalStatus.APPROVED, "cli:ann")
+        assert ack.ok
+        assert await said_next("[approved") == ['[approved by cli:ann: shell {"command":"echo approved"}; running it]']
+
+        second = await asyncio.wait_for(asked.get(), 30)
+        waiting = await said_next("[waiting for approval: ")
+        assert waiting[0] == '[waiting for approval: shell {"command":"echo unanswered"}]'
+        assert waiting[4].startswith(f"  unanswered by {second.expires_at:%H:%M:%S} UTC")
+        assert proc.returncode is None
+        expired = await said_next("[approval expired")
+        assert re.fullmatch(
+            r'\[approval expired at \d\d:\d\d:\d\d UTC: nobody decided on shell \{"command":"echo unanswered"\} '
+            r"in time; it was not run\]",
+            expired[0],
+        ), expired
+        out, rest = await asyncio.wait_for(proc.communicate(), 30)
+        code = await proc.wait()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert (code, out.decode()) == (0, "Done: 42.\n"), said + rest.decode().splitlines()
 
 
 async def test_the_service_process_serves_http_and_stops_gracefully(

@@ -59,7 +59,8 @@ WIRE: list[tuple[msgspec.Struct, str]] = [
     (rq.ApprovalAck(ok=False, error="already decided"), '{"ok":false,"error":"already decided"}'),
     (rq.PendingQuery(), '{"profile_ids":null}'),
     (rq.PendingQuery(profile_ids=("acme",)), '{"profile_ids":["acme"]}'),
-    (rq.PendingApprovals(approvals=(REQUEST,)), f'{{"approvals":[{REQUEST_JSON}]}}'),
+    (rq.PendingApprovals(approvals=(REQUEST,)), f'{{"approvals":[{REQUEST_JSON}],"profile_ids":[]}}'),
+    (rq.PendingApprovals(profile_ids=("acme", "demo")), '{"approvals":[],"profile_ids":["acme","demo"]}'),
 ]
 
 MESSAGES = [
@@ -95,6 +96,8 @@ def test_a_newer_or_older_side_s_message_is_read() -> None:
     )
     assert msgspec.json.decode(b"{}", type=rq.PendingQuery) == rq.PendingQuery()
     assert msgspec.json.decode(b"{}", type=rq.PendingApprovals) == rq.PendingApprovals()
+    # An older loop does not say which profiles it serves: none, as far as a requester can tell.
+    assert msgspec.json.decode(b'{"approvals":[]}', type=rq.PendingApprovals).profile_ids == ()
     minimal = REQUEST_JSON.replace(',"args":{"command":"ls"},"risk":"high"', ',"reason":"new"')
     read = msgspec.json.decode(minimal, type=rq.ApprovalRequest)
     assert (read.args, read.risk) == ({}, Risk.HIGH)

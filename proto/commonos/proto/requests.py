@@ -19,7 +19,8 @@ these messages and subjects; services never import each other, so they are here.
   user; the body's `decided_by` is not trusted.
 * `cos.approvals.pending` (`APPROVALS_PENDING`) — which approvals wait now: `PendingQuery` → `PendingApprovals`.
   Published by the console (and the loop's `list_pending`); answered by every loop service (no queue group)
-  with those its turns wait for, so a requester gathers the answers for a moment.
+  with those its turns wait for, and the profiles whose chats it answers (so the console's Chat page offers
+  only profiles a loop serves: an imported profile has none), so a requester gathers the answers for a moment.
 
 Compatibility: a new field gets a default (a side that does not know it leaves it out), and a field a side does
 not know is ignored when it decodes (no message here forbids unknown fields), so an older and a newer side read
@@ -134,6 +135,8 @@ class PendingQuery(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class PendingApprovals(msgspec.Struct, frozen=True, kw_only=True):
-    """A loop service's answer to `cos.approvals.pending`: the approvals its turns wait for, oldest first."""
+    """A loop service's answer to `cos.approvals.pending`: the approvals its turns wait for, oldest first, and
+    the profiles whose chats it answers (`cos.cmd.<profile>.chat`; empty from a loop that does not say)."""
 
     approvals: tuple[ApprovalRequest, ...] = ()
+    profile_ids: tuple[str, ...] = ()

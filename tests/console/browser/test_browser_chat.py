@@ -1,7 +1,9 @@
 """Chat and Approvals in headless Chromium, against the loop service of profile acme (scripted provider, reply
 deltas on core NATS) and the journal-writer: a message sent from the Chat page starts a web session whose reply
 and tool call appear as the turn runs; a risky call waits while an approver, in another browser, approves it
-with one click on the Approvals page, and the waiting turn goes on."""
+with one click on the Approvals page, and the waiting turn goes on; or it is approved or denied in the chat
+itself, and its badge says so. The page offers only profiles a loop serves, keeps its conversation through a
+reload and Back, and its socket's URL carries no token."""
 
 from __future__ import annotations
 
@@ -12,10 +14,10 @@ from playwright.async_api import Browser, Page, expect
 
 from commonos.loop.service import LoopService
 from tests.console.browser.conftest import Tab, open_tab, shoot
-from tests.console.chat_support import fetch_value, loop_service
+from tests.console.chat_support import fetch_value, globex_loop, loop_service
 from tests.console.conftest import Seeded
 
-__all__ = ["loop_service"]
+__all__ = ["globex_loop", "loop_service"]
 
 REPLY = "Bring an umbrella: 18°C and light rain."
 
@@ -131,6 +133,11 @@ async def test_approve_a_risky_call_from_the_approvals_page_while_the_turn_waits
 
         log = page.locator("#chat-log")
         await expect(log).to_contain_text("approved by web:abel")
+        # The badge no longer says it waits: it says who decided, and the buttons are gone.
+        await expect(waiting.locator(".status")).to_have_text("approved by web:abel")
+        await expect(waiting.locator(".status")).to_have_class("status approved")
+        await expect(log).not_to_contain_text("waiting for approval")
+        await expect(waiting.get_by_role("button")).to_have_count(0)
         tool = log.locator("details.chat-tool")
         await expect(tool.locator("summary")).to_contain_text("shell")
         await expect(tool.locator(".status.approved")).to_have_text("approved")
@@ -141,4 +148,131 @@ async def test_approve_a_risky_call_from_the_approvals_page_while_the_turn_waits
         decided_by = await fetch_value(console_db.dsn, "SELECT decided_by FROM approvals WHERE status = 'approved'")
         assert decided_by == "web:abel"
         approver.assert_clean()
+    tab.assert_clean()
+
+
+async def test_the_chat_starts_on_a_profile_a_loop_serves_and_its_socket_url_has_no_token(
+    tab: Tab, console_db: Seeded, globex_loop: LoopService
+) -> None:
+    """acme is first on the list but no loop serves it (as an imported profile, claude-code, has none): the page
+    starts on globex, and the first "hello" is answered, not "unavailable"."""
+    sockets: list[str] = []
+    tab.page.on("websocket", lambda ws: sockets.append(ws.url))
+    page = await open_chat(tab, "olivia")
+    profile = page.get_by_label("Profile")
+    await expect(profile).to_have_value("globex")
+    acme = profile.locator("option", has_text="acme")
+    await expect(acme).to_have_text("acme (no loop serves it)")
+    await expect(acme).to_be_disabled()
+    await page.get_by_label("Message").fill("hello")
+    await page.get_by_role("button", name="Send").click()
+    log = page.locator("#chat-log")
+    await expect(log.locator(".chat-done .status")).to_have_text("completed")
+    await expect(log.locator(".message.assistant .text")).to_have_text("hello")
+    await expect(log).not_to_contain_text("unavailable")
+
+    token = await page.locator("#chat-form").get_attribute("data-csrf")
+    assert token and len(sockets) == 1, sockets
+    assert "csrf" not in sockets[0] and token not in sockets[0] and sockets[0].endswith("/api/chat/ws"), sockets
+    tab.assert_clean()
+
+
+async def test_approve_and_deny_in_the_chat_itself(tab: Tab, console_db: Seeded, loop_service: LoopService) -> None:
+    page = await open_chat(tab, "olivia")
+    await page.get_by_label("Profile").select_option("acme")
+    log = page.locator("#chat-log")
+    for decision, shown in (("Approve", "approved"), ("Deny", "denied")):
+        await page.get_by_role("button", name="New session").click()
+        await page.get_by_label("Message").fill("wait for it")
+        await page.get_by_role("button", name="Send").click()
+        waiting = log.locator(".chat-approval")
+        await expect(waiting.locator(".status")).to_contain_text("waiting for approval until")
+        await expect(waiting.locator("pre")).to_contain_text("echo waited")
+        if decision == "Approve":
+            await shoot(page, "chat-decide-here")
+        async with page.expect_response(lambda r: "/api/approvals/" in r.url) as answered:
+            await waiting.get_by_role("button", name=decision).click()
+        answer = await answered.value
+        assert answer.status == 200, await answer.text()
+        await expect(waiting.locator(".status")).to_have_text(f"{shown} by web:olivia")
+        await expect(waiting.locator(".status")).to_have_class(f"status {shown}")
+        await expect(waiting.get_by_role("button")).to_have_count(0)
+        await expect(log).not_to_contain_text("waiting for approval")
+        tool = log.locator("details.chat-tool")
+        await expect(tool.locator(f".status.{shown}")).to_have_text(shown)
+        await expect(log.locator(".chat-done .status")).to_have_text("completed")
+        session = uuid.UUID((await page.locator("#chat-session").input_value()).strip())
+        sql = (
+            "SELECT a.status || ' ' || a.decided_by FROM approvals a JOIN turns t ON t.id = a.turn_id "
+            "WHERE t.session_id = $1"
+        )
+        assert await fetch_value(console_db.dsn, sql, session) == f"{shown} web:olivia"
+    tab.assert_clean()
+
+
+async def test_the_conversation_survives_a_reload_and_back(
+    tab: Tab, console_db: Seeded, loop_service: LoopService
+) -> None:
+    page = await open_chat(tab, "olivia")
+    await page.get_by_label("Profile").select_option("acme")
+    await page.get_by_label("Message").fill("weather in Charleston?")
+    await page.get_by_role("button", name="Send").click()
+    log = page.locator("#chat-log")
+    await expect(log.locator(".chat-done .status")).to_have_text("completed")
+    session = (await page.locator("#chat-session").input_value()).strip()
+    await expect(page).to_have_url(re.compile(rf"/chat\?session={session}$"))
+    sid = uuid.UUID(session)
+    await fetch_value(console_db.dsn, "SELECT 1 FROM turns WHERE session_id = $1 AND status = 'completed'", sid)
+
+    async def conversation_shown() -> None:
+        await expect(page.locator("#chat-state")).to_have_text("connected")
+        await expect(page.locator("#chat-session")).to_have_value(session)
+        await expect(log.locator(".message.user .text")).to_have_text("weather in Charleston?")
+        await expect(log.locator("details.chat-tool summary")).to_contain_text("list_dir")
+        await expect(log.locator(".message.assistant .text")).to_have_text(REPLY)
+
+    await page.reload()
+    await conversation_shown()
+    # Away to the Approvals page in the same tab, and Back.
+    await page.locator("header nav").get_by_role("link", name="Approvals").click()
+    await expect(page.get_by_role("heading", name="Approvals", level=1)).to_be_visible()
+    await page.go_back()
+    await expect(page).to_have_url(re.compile(rf"/chat\?session={session}$"))
+    await conversation_shown()
+    # And it goes on in the same session.
+    await page.get_by_label("Message").fill("and now?")
+    await page.get_by_role("button", name="Send").click()
+    await expect(log.locator(".chat-done .status")).to_have_text("completed")
+    await expect(page.locator("#chat-session")).to_have_value(session)
+    await expect(log.locator(".message.user .text")).to_have_text(["weather in Charleston?", "and now?"])
+
+    # A call waiting for approval is still there after a reload, and decided there.
+    await page.get_by_role("button", name="New session").click()
+    await expect(page).to_have_url(re.compile(r"/chat$"))
+    await page.get_by_label("Message").fill("wait for it")
+    await page.get_by_role("button", name="Send").click()
+    await expect(log.locator(".chat-approval .status")).to_contain_text("waiting for approval")
+    waiting_session = uuid.UUID((await page.locator("#chat-session").input_value()).strip())
+    await fetch_value(console_db.dsn, "SELECT 1 FROM messages WHERE session_id = $1 AND seq = 2", waiting_session)
+    await page.reload()
+    await expect(page.locator("#chat-session")).to_have_value(str(waiting_session))
+    await expect(log.locator(".message.user .text")).to_have_text("wait for it")
+    await expect(log.locator(".chat-running")).to_contain_text("still running")
+    waiting = log.locator(".chat-approval")
+    await expect(waiting.locator(".status")).to_contain_text("waiting for approval")
+    await expect(page.locator("#chat-state")).to_contain_text("following turn")
+    await waiting.get_by_role("button", name="Approve").click()
+    await expect(waiting.locator(".status")).to_have_text("approved by web:olivia")
+    # The page follows the turn it was shown again during: the call runs, the reply comes, the turn ends.
+    await expect(log.locator("details.chat-tool summary")).to_contain_text("shell")
+    await expect(log.locator(".message.assistant .text").last).to_have_text("waited")
+    await expect(log.locator(".chat-done .status")).to_have_text("completed")
+    await expect(log.locator(".chat-running")).to_have_count(0)
+    await expect(page.locator("#chat-send")).to_be_enabled()
+    sql = "SELECT status FROM turns WHERE session_id = $1 AND status <> 'running'"
+    assert await fetch_value(console_db.dsn, sql, waiting_session) == "completed"
+    await page.reload()
+    await expect(log.locator(".message.assistant .text").last).to_have_text("waited")
+    await expect(log.locator("details.chat-tool .status.approved")).to_have_text("approved")
+    await expect(log.locator(".chat-approval")).to_have_count(0)
     tab.assert_clean()

@@ -70,12 +70,14 @@ async def test_the_chat_page_shows_its_own_turn_while_the_replica_lags(
     await expect(page.locator("main")).to_contain_text("weather in Charleston?")
     await expect(page.locator("main")).to_contain_text(REPLY)
 
-    # The chat page opened again on it (a new socket) continues it: the check is the primary's.
+    # The chat page opened again on it (a new socket) shows the conversation and continues it: both read the
+    # primary.
     await page.goto(f"/chat?session={session}&profile=acme")
     await expect(page.locator("#chat-state")).to_have_text("connected")
+    await expect(log.locator(".message.assistant .text")).to_have_text(REPLY)
     await page.get_by_label("Message").fill("and now?")
     await page.get_by_role("button", name="Send").click()
-    await expect(log.locator(".message.user .text")).to_have_text("and now?")
+    await expect(log.locator(".message.user .text")).to_have_text(["weather in Charleston?", "and now?"])
     await expect(log.locator(".chat-done .status")).to_have_text("completed")
     await expect(log.locator(".chat-error")).to_have_count(0)
     assert await page.locator("#chat-session").input_value() == session

@@ -2,8 +2,10 @@
 
 `cos chat` sends each turn to the loop service (`cos.cmd.<profile>.chat`); where no service answers
 (or with `--local`) it runs the turn in this process on the same NATS. While a turn runs it prints
-the approval requests of the profile, to be answered with `cos approve ID` / `cos deny ID` from any
-shell (or approves them itself with `--yes`).
+each approval request of the profile as it starts to wait: the tool and its arguments, how to decide
+(`cos approve ID` / `cos deny ID` from any shell, or the console's Approvals page when it knows where
+the console is) and until when; then how it was decided, or that nobody decided in time and the call
+was not run. With `--yes` it approves them itself.
 """
 
 from __future__ import annotations
@@ -22,7 +24,14 @@ import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from commonos.proto.events import ApprovalStatus, EventDecodeError, ToolCallRecorded, decode_event
+from commonos.proto.events import (
+    ApprovalDecided,
+    ApprovalStatus,
+    EventDecodeError,
+    ToolCallRecorded,
+    decode_event,
+    utcnow,
+)
 from commonos.proto.requests import (
     ApprovalRequest,
     ChatReply,
@@ -39,6 +48,7 @@ from commonos.runtime.cli_support import cli_connect, cli_settings
 from commonos.runtime.lifecycle import run
 from commonos.runtime.loop_requests import send_decision
 from commonos.runtime.settings import Settings
+from commonos.runtime.system import running_state
 
 
 def _uuid(raw: str) -> uuid.UUID:
@@ -107,6 +117,29 @@ def serve_command(args: argparse.Namespace) -> int:
 # -- cos chat -------------------------------------------------------------------------------------
 
 
+def _console_approvals_url(settings: Settings) -> str | None:
+    """Where a person decides on the console: its public origin (the first of COS_CONSOLE_ORIGINS, the console's
+    own setting), else the console of the `cos up` running in COS_DATA_DIR; None when neither is known."""
+    origins = [o.strip().rstrip("/") for o in os.environ.get("COS_CONSOLE_ORIGINS", "").split(",") if o.strip()]
+    if origins:
+        return f"{origins[0]}/approvals"
+    try:
+        state = running_state(settings)
+    except CliError:
+        return None
+    port = (state or {}).get("http_ports", {}).get("console")
+    if not port:
+        return None
+    host = os.environ.get("COS_CONSOLE_HOST", "").strip() or "127.0.0.1"
+    shown = "127.0.0.1" if host in {"0.0.0.0", "::", "localhost"} else f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}/approvals"
+
+
+def _call(request: ApprovalRequest) -> str:
+    args = msgspec.json.encode(request.args).decode()
+    return f"{request.tool} {args if len(args) <= 200 else args[:200] + '…'}"
+
+
 class _Chat:
     def __init__(self, nc: Client, settings: Settings, args: argparse.Namespace) -> None:
         self.nc = nc
@@ -119,24 +152,57 @@ class _Chat:
         self.timeout_s: float = args.timeout
         self.verbose: bool = args.verbose
         self._local_loop: Any = None
+        #: The approvals this command told of, until it has said how each was decided.
+        self.told: dict[uuid.UUID, ApprovalRequest] = {}
 
     async def on_approval_request(self, msg: Msg) -> None:
         try:
             request = msgspec.json.decode(msg.data, type=ApprovalRequest)
         except msgspec.DecodeError:
             return
-        call = f"{request.tool} {msgspec.json.encode(request.args).decode()}"
+        call = _call(request)
+        self.told[request.approval_id] = request
         if self.auto_approve:
             ack = await send_decision(self.nc, request.profile_id, request.approval_id, ApprovalStatus.APPROVED, _who())
-            print(f"[approved {call}]" if ack.ok else f"[could not approve {call}: {ack.error}]", file=sys.stderr)
+            if not ack.ok:
+                print(f"[could not approve {call}: {ack.error}]", file=sys.stderr, flush=True)
             return
         which = f"--profile {request.profile_id} {request.approval_id}"
-        print(
-            f"[approval needed: {call}]\n  cos approve {which}    or    "
-            f"cos deny {which}    (before {request.expires_at:%H:%M:%S} UTC)",
-            file=sys.stderr,
-            flush=True,
+        left = (request.expires_at - utcnow()).total_seconds()
+        lines = [
+            f"[waiting for approval: {call}]",
+            f"  approve: cos approve {which}",
+            f"  deny:    cos deny {which}",
+        ]
+        console = None if self.local else _console_approvals_url(self.settings)
+        if console is not None:
+            lines.append(f"  or on the console: {console}")
+        lines.append(
+            f"  unanswered by {request.expires_at:%H:%M:%S} UTC (in {max(left, 0):.0f} s), it is denied and not run"
         )
+        print("\n".join(lines), file=sys.stderr, flush=True)
+
+    async def on_decision(self, msg: Msg) -> None:
+        try:
+            event = decode_event(msg.data)
+        except EventDecodeError:
+            return
+        if not isinstance(event, ApprovalDecided):
+            return
+        request = self.told.pop(event.tool_call_id, None)
+        if request is None:
+            return  # not one this command told of (a policy's decision, another profile's)
+        call = _call(request)
+        if event.status is ApprovalStatus.TIMED_OUT:
+            said = (
+                f"[approval expired at {event.decided_at:%H:%M:%S} UTC: nobody decided on {call} in time; "
+                "it was not run]"
+            )
+        elif event.status is ApprovalStatus.APPROVED:
+            said = f"[approved by {event.decided_by}: {call}; running it]"
+        else:
+            said = f"[denied by {event.decided_by}: {call}; it was not run]"
+        print(said, file=sys.stderr, flush=True)
 
     async def on_tool_call(self, msg: Msg) -> None:
         try:
@@ -266,7 +332,10 @@ def _chat(args: argparse.Namespace) -> int:
     async def main() -> int:
         nc = await cli_connect(settings, "cos-chat")
         chat = _Chat(nc, settings, args)
-        sub = await nc.subscribe(approval_request_subject(args.profile), cb=chat.on_approval_request)
+        subs = [
+            await nc.subscribe(approval_request_subject(args.profile), cb=chat.on_approval_request),
+            await nc.subscribe(f"{EVENTS_PREFIX}.{args.profile}.*.approval_decided", cb=chat.on_decision),
+        ]
         try:
             if text:
                 return await chat.turn(text)
@@ -282,8 +351,9 @@ def _chat(args: argparse.Namespace) -> int:
                 code = await chat.turn(line)
             return code
         finally:
-            with contextlib.suppress(nats.errors.Error):
-                await sub.unsubscribe()
+            for sub in subs:
+                with contextlib.suppress(nats.errors.Error):
+                    await sub.unsubscribe()
             await chat.close()
             await nc.close()
 

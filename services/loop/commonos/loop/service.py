@@ -3,7 +3,7 @@
 A chat request with `started` is answered twice on its reply subject: `started` (the session and turn ids)
 as soon as the turn has them, then the final reply, so that a requester starting a new session learns which
 session's deltas (`cos.deltas.<profile>.<session>`) and events to follow. It answers `cos.approvals.pending`
-with the approvals its turns wait for (`commonos.runtime.loop_requests.list_pending`).
+with the approvals its turns wait for and the profiles it serves (`commonos.runtime.loop_requests.ask_loops`).
 
 At start it publishes each profile's `profile_upserted`, but a deleted profile's (it warns instead: the
 profile stays deleted and its chats are refused), and warns of every profile it published before whose
@@ -286,7 +286,8 @@ class LoopService:
         await self._reply(msg, reply)
 
     async def _on_pending(self, msg: Msg) -> None:
-        """`cos.approvals.pending`: the approvals this service's turns wait for (of the profiles asked)."""
+        """`cos.approvals.pending`: the approvals this service's turns wait for (of the profiles asked), and the
+        profiles whose chats it answers."""
         if not msg.reply:
             return
         approver = self.loop.approver
@@ -294,7 +295,8 @@ class LoopService:
             query = msgspec.json.decode(msg.data or b"{}", type=PendingQuery)
         except msgspec.DecodeError:
             query = PendingQuery(profile_ids=())
-        answer = approver.waiting(query.profile_ids) if isinstance(approver, NatsApprover) else PendingApprovals()
+        waiting = approver.waiting(query.profile_ids) if isinstance(approver, NatsApprover) else PendingApprovals()
+        answer = PendingApprovals(approvals=waiting.approvals, profile_ids=tuple(sorted(self.loop.profiles)))
         with contextlib.suppress(nats.errors.Error):
             await msg.respond(msgspec.json.encode(answer))
 

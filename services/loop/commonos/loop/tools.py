@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import unicodedata
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -258,12 +259,27 @@ class DelegateTool:
         return ToolOutput(await ctx.delegate(ctx.turn, goal))
 
 
+def memory_key(text: str) -> str:
+    """What makes two memory entries the same: their text without case, Unicode compatibility forms, runs of
+    white space or a closing full stop (`Lives in Charleston` is `lives in  charleston.`)."""
+    folded = " ".join(unicodedata.normalize("NFKC", text).casefold().split())
+    return folded.rstrip(" .!;")
+
+
 class MemoryTool:
+    """Adds, replaces and removes a profile's memory entries (`memory_changed`).
+
+    An entry is kept once per profile and target: adding what an entry already says (`memory_key`) records
+    nothing and answers where it is; replacing an entry by what another already says is refused. So nothing
+    reaches the stream that the projection (`commonos.journal_writer.memory`) or a replay would have to drop,
+    and both keep folding every event as it is. Changes are one at a time per profile in this process (as for
+    positions)."""
+
     name = "memory"
     description = (
         "Keep notes across sessions. target 'memory' (your notes) or 'user' (about the user); "
-        "action 'add' (at position, default the end), 'replace' or 'remove' (the entry at position, "
-        "or the one containing `match`)."
+        "action 'add' (at position, default the end; what an entry already says is not added twice), "
+        "'replace' or 'remove' (the entry at position, or the one containing `match`)."
     )
     parameters = _schema(
         {
@@ -295,9 +311,17 @@ class MemoryTool:
                 if len(content) > MAX_MEMORY_ENTRY_CHARS:
                     raise ToolFailed(f"an entry holds at most {MAX_MEMORY_ENTRY_CHARS} characters")
             if op is MemoryOp.ADD:
+                same = self._same(entries, content or "")
+                if same is not None:
+                    return ToolOutput(
+                        f"{target.value} entry {same} already says this: nothing added; now:\n{_listing(entries)}"
+                    )
                 position = len(entries) if position is None else min(position, len(entries))
             else:
                 position = self._find(entries, position, args.get("match"))
+                same = self._same(entries, content) if content is not None else None
+                if same is not None and same != position:
+                    raise ToolFailed(f"{target.value} entry {same} already says this: remove entry {position} instead")
             await ctx.journal.record_memory_change(
                 ctx.turn, MemoryChange(target=target, op=op, position=position, content=content)
             )
@@ -307,9 +331,14 @@ class MemoryTool:
             entries[position] = content or ""
         else:
             del entries[position]
-        listing = "\n".join(f"{i}. {e}" for i, e in enumerate(entries)) or "(empty)"
         done = {MemoryOp.ADD: "added", MemoryOp.REPLACE: "replaced", MemoryOp.REMOVE: "removed"}[op]
-        return ToolOutput(f"{target.value} entry {done} at position {position}; now:\n{listing}")
+        return ToolOutput(f"{target.value} entry {done} at position {position}; now:\n{_listing(entries)}")
+
+    @staticmethod
+    def _same(entries: list[str], content: str) -> int | None:
+        """The position of the entry that already says `content`, or None."""
+        key = memory_key(content)
+        return next((i for i, e in enumerate(entries) if memory_key(e) == key), None)
 
     @staticmethod
     def _find(entries: list[str], position: int | None, match: Any) -> int:
@@ -323,6 +352,10 @@ class MemoryTool:
         if len(found) != 1:
             raise ToolFailed(f"{len(found)} entries contain {match!r}; give the position")
         return found[0]
+
+
+def _listing(entries: list[str]) -> str:
+    return "\n".join(f"{i}. {e}" for i, e in enumerate(entries)) or "(empty)"
 
 
 def builtin_tools() -> dict[str, Tool]:

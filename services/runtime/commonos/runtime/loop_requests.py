@@ -4,7 +4,8 @@ The messages and subjects are the loop's contract (`commonos.proto.requests`); t
 (`commonos.loop.approvals.NatsApprover`, `commonos.loop.service`), and `cos approve` / `cos deny` and the
 console ask them here:
 
-* `list_pending` asks `cos.approvals.pending` and gathers every loop service's `PendingApprovals`.
+* `ask_loops` asks `cos.approvals.pending` and gathers every loop service's `PendingApprovals`: the approvals
+  waiting and the profiles the loops serve; `list_pending` is its approvals.
 * `send_decision` sends an `ApprovalAnswer` on `cos.approvals.decide.<profile>.<approval_id>.<approver>` and
   returns the waiting loop's `ApprovalAck`, or a not-ok one saying why there is none (nobody waiting, no answer
   in time, an answer that is not an ack).
@@ -16,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from dataclasses import dataclass
 
 import msgspec
 import nats.errors
@@ -63,14 +65,30 @@ async def send_decision(
         return ApprovalAck(ok=False, error=f"the loop's answer was not understood: {exc}")
 
 
+@dataclass(frozen=True)
+class LoopAnswers:
+    """What the loop services said: the approvals waiting (oldest to expire first) and the profiles they serve."""
+
+    approvals: list[ApprovalRequest]
+    #: The profiles some loop service answers chats for, sorted (an imported profile is in none).
+    served: tuple[str, ...]
+
+
 async def list_pending(
     nc: Client, profile_ids: tuple[str, ...] | None = None, timeout_s: float = 2.0, settle_s: float = 0.15
 ) -> list[ApprovalRequest]:
-    """The approvals waiting in every loop service (of `profile_ids`, or all), oldest first.
+    """The approvals waiting in every loop service (of `profile_ids`, or all), soonest to expire first."""
+    return (await ask_loops(nc, profile_ids, timeout_s, settle_s)).approvals
+
+
+async def ask_loops(
+    nc: Client, profile_ids: tuple[str, ...] | None = None, timeout_s: float = 2.0, settle_s: float = 0.15
+) -> LoopAnswers:
+    """The approvals waiting in every loop service (of `profile_ids`, or all) and the profiles they serve.
 
     Asks `cos.approvals.pending` once and gathers the answers: each loop answers with its own, so after the
     first answer this waits `settle_s` more for the others (at most `timeout_s` in all). No loop service
-    (NATS says no one listens) or no answer in time is an empty list."""
+    (NATS says no one listens) or no answer in time is nothing waiting and nothing served."""
     inbox = nc.new_inbox()
     answers: asyncio.Queue[Msg] = asyncio.Queue()
 
@@ -79,6 +97,7 @@ async def list_pending(
 
     sub = await nc.subscribe(inbox, cb=on_answer)
     found: dict[uuid.UUID, ApprovalRequest] = {}
+    served: set[str] = set()
     try:
         await nc.publish(APPROVALS_PENDING, msgspec.json.encode(PendingQuery(profile_ids=profile_ids)), reply=inbox)
         loop = asyncio.get_running_loop()
@@ -98,12 +117,16 @@ async def list_pending(
                 break  # no responders: no loop service runs
             first = False
             try:
-                for request in msgspec.json.decode(msg.data, type=PendingApprovals).approvals:
-                    found[request.approval_id] = request
+                answer = msgspec.json.decode(msg.data, type=PendingApprovals)
             except msgspec.DecodeError as exc:
                 log.warning("not a pending approvals answer: %s", exc)
+                continue
+            served.update(answer.profile_ids)
+            for request in answer.approvals:
+                found[request.approval_id] = request
     finally:
         with contextlib.suppress(nats.errors.Error):
             await sub.unsubscribe()
     wanted = found.values() if profile_ids is None else (r for r in found.values() if r.profile_id in profile_ids)
-    return sorted(wanted, key=lambda r: (r.expires_at, str(r.approval_id)))
+    approvals = sorted(wanted, key=lambda r: (r.expires_at, str(r.approval_id)))
+    return LoopAnswers(approvals, tuple(sorted(served)))
