@@ -144,6 +144,7 @@ LABELS: Final[dict[str, str]] = {
     "console_timeline_page_p50_ms": "console: session page until its timeline is drawn, in Chromium, p50, ms",
     "console_timeline_page_p95_ms": "console: session page until its timeline is drawn, in Chromium, p95, ms",
     "console_browser_live_p50_ms": "console: event-to-browser in Chromium p50, ms",
+    "console_browser_live_p99_ms": "console: event-to-browser in Chromium p99, ms",
     "console_browser_live_max_ms": "console: event-to-browser in Chromium max, ms",
     "console_browser_live_events": "console: events timed in Chromium (n)",
     "console_peak_rss_mb": "console: peak RSS, MB",
