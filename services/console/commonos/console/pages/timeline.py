@@ -279,7 +279,8 @@ def turn_timeline(turn: TurnView, number: int) -> TurnTimeline:
         cost_usd=sum((mc.cost_usd for mc in turn.model_calls if mc.cost_usd is not None), Decimal(0)),
         unpriced_calls=sum(1 for mc in turn.model_calls if mc.cost_usd is None),
     )
-    lay_out(tl.spans, tl.started_at, tl.axis_end)
+    # A model call's start is its end less its latency: it may be before the turn's own start.
+    lay_out(tl.spans, min([tl.started_at, *(sp.started_at for sp in tl.spans)]), tl.axis_end)
     return tl
 
 

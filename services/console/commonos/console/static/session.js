@@ -105,6 +105,7 @@
   function layout(section) {
     var start = number(section.getAttribute("data-start"));
     if (start === null) { return; }
+    var turnStart = start;
     var end = number(section.getAttribute("data-end"));
     var last = number(section.getAttribute("data-last")) || start;
     var rows = section.querySelectorAll(".span");
@@ -113,6 +114,11 @@
       s = number(rows[i].getAttribute("data-start"));
       e = number(rows[i].getAttribute("data-end"));
       last = Math.max(last, s || start, e || start);
+    }
+    // A model call's start is its end less its latency: it may be before the turn's own start.
+    for (i = 0; i < rows.length; i++) {
+      s = number(rows[i].getAttribute("data-start"));
+      if (s !== null) { start = Math.min(start, s); }
     }
     var axisEnd = end === null ? last : Math.max(end, last);
     var total = Math.max(axisEnd - start, 1);
@@ -143,7 +149,7 @@
       if (el) { el.textContent = String(fields[selector]); }
     });
     var shown = section.querySelector(".tl-duration");
-    if (shown) { shown.textContent = duration(end === null ? null : end - start); }
+    if (shown) { shown.textContent = duration(end === null ? null : end - turnStart); }
   }
 
   function layoutAll() {
