@@ -51,7 +51,9 @@ import contextlib
 import itertools
 import json
 import math
+import os
 import random
+import shutil
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
@@ -807,6 +809,7 @@ class ConsolePhase:
             f"event-to-browser over {len(live)} events at {self.live_rate:g}/s: p50 {f['console_live_p50_ms']} ms, "
             f"p99 {f['console_live_p99_ms']} ms, max {f['console_live_max_ms']} ms"
         )
+        await self.timeline_in_a_browser(http, conn, console, out)
 
     async def live(self, http: aiohttp.ClientSession, conn: asyncpg.Connection, console: ServiceRun) -> list[float]:
         """Events of a watched session published to JetStream; the time until each one's fragment is read."""
@@ -911,6 +914,165 @@ class ConsolePhase:
         if missing:
             raise BenchError(f"{missing} of {len(markers)} live events never reached the stream")
         return [seen[m] - sent[m] for m in markers]
+
+    async def timeline_in_a_browser(
+        self, http: aiohttp.ClientSession, conn: asyncpg.Connection, console: ServiceRun, out: ConsoleResult
+    ) -> None:
+        """The session page with its turn timeline in headless Chromium (Debian's, as the console's browser tests
+        drive it; without it the figures are left out, saying why): a session page of the loaded data until its
+        timeline is drawn; then a turn of that session published at `live_rate` as the loop publishes it (model
+        calls, each tool call requested, recorded and answered), from just before each publish to the moment the
+        page shows it (a MutationObserver notes when each event's marker appears; both sides read this machine's
+        wall clock)."""
+        try:
+            from playwright.async_api import Error as PlaywrightError
+            from playwright.async_api import async_playwright
+        except ImportError:
+            self.say("console: timeline in a browser skipped: playwright is not installed (pip install -e '.[dev]')")
+            return
+        chromium = shutil.which(os.environ.get("COS_CHROMIUM") or "chromium")
+        if chromium is None:
+            self.say("console: timeline in a browser skipped: no chromium on PATH (scripts/setup installs it)")
+            return
+        row = await conn.fetchrow(
+            "SELECT s.id, s.profile_id, s.tags, (SELECT max(seq) FROM messages m WHERE m.session_id = s.id) AS seq "
+            "FROM sessions s WHERE s.parent_session_id IS NULL ORDER BY created_at DESC OFFSET 1 LIMIT 1"
+        )
+        if row is None:
+            raise BenchError("no session to watch")
+        sid, profile, tags, seq = row["id"], row["profile_id"], tuple(row["tags"]), int(row["seq"])
+        base = f"http://127.0.0.1:{console.env['COS_CONSOLE_PORT']}"
+        cookies = [
+            {"name": c.key, "value": c.value, "url": base} for c in http.cookie_jar if c.key and c.value is not None
+        ]
+        loads: list[float] = []
+        seen: dict[str, float] = {}
+        sent: dict[str, float] = {}
+        async with async_playwright() as pw:
+            args = ["--no-sandbox"] if os.geteuid() == 0 else []
+            browser = await pw.chromium.launch(executable_path=chromium, headless=True, args=args)
+            try:
+                context = await browser.new_context(base_url=base, viewport={"width": 1280, "height": 800})
+                await context.add_cookies(cookies)  # type: ignore[arg-type]
+                page = await context.new_page()
+                ids = [r["id"] for r in await conn.fetch("SELECT id FROM sessions ORDER BY random() LIMIT 25")]
+                for n, other in enumerate(ids):
+                    started = time.perf_counter()
+                    await page.goto(f"/sessions/{other}", wait_until="domcontentloaded")
+                    await page.wait_for_function("() => document.querySelectorAll('.turn-timeline').length > 0")
+                    if n >= 5:  # the first five warm up
+                        loads.append(time.perf_counter() - started)
+                await page.add_init_script(TIMELINE_WATCH)
+                await page.goto(f"/sessions/{sid}")
+                await page.wait_for_function("() => window.__cosReady === true", timeout=10_000)
+                sent = await self._publish_turn(console, profile, sid, tags, seq)
+                markers = list(sent)
+                try:
+                    await page.wait_for_function(
+                        "(n) => Object.keys(window.__cosSeen).length >= n", arg=len(markers), timeout=15_000
+                    )
+                except PlaywrightError as exc:
+                    self.say(f"console: timeline in a browser: not every event shown ({type(exc).__name__})")
+                seen = await page.evaluate("window.__cosSeen")
+            finally:
+                await browser.close()
+        console.check_alive()
+        missing = [m for m in sent if m not in seen]
+        if missing:
+            raise BenchError(f"{len(missing)} of {len(sent)} events never shown in the browser, e.g. {missing[:3]}")
+        took = [max(seen[m] - sent[m], 0.0) / 1000 for m in sent]  # seconds, as `pct` takes them
+        f = out.figures
+        f["console_timeline_page_p50_ms"] = round(pct(loads, 0.5), 1)
+        f["console_timeline_page_p95_ms"] = round(pct(loads, 0.95), 1)
+        f["console_browser_live_p50_ms"] = round(pct(took, 0.5), 1)
+        f["console_browser_live_p99_ms"] = round(pct(took, 0.99), 1)
+        f["console_browser_live_max_ms"] = round(pct(took, 1.0), 1)
+        f["console_browser_live_events"] = len(took)
+        out.lines.append(
+            f"session page with its timeline drawn, in Chromium ({len(loads)} pages): p50 "
+            f"{f['console_timeline_page_p50_ms']} ms, p95 {f['console_timeline_page_p95_ms']} ms"
+        )
+        out.lines.append(
+            f"event-to-browser in Chromium, merged into the turn and its timeline, over {len(took)} events at "
+            f"{self.live_rate:g}/s: p50 {f['console_browser_live_p50_ms']} ms, p99 {f['console_browser_live_p99_ms']} "
+            f"ms, max {f['console_browser_live_max_ms']} ms"
+        )
+
+    async def _publish_turn(
+        self, console: ServiceRun, profile: str, sid: uuid.UUID, tags: tuple[str, ...], seq: int
+    ) -> dict[str, float]:
+        """A turn of `live_events` events at `live_rate`: per step a model call, an assistant message requesting a
+        tool, the call recorded, its result, each with its own marker; {marker: wall-clock ms just before publish}."""
+        sent: dict[str, float] = {}
+        nc = await nats_connect(Settings(nats_url=_nats_url(console)), "cos-bench-console-timeline")
+        try:
+            publisher = EventPublisher(nc.jetstream(), "urn:commonos:bench", nc=nc)
+            turn = new_id()
+            base: dict[str, Any] = {"profile_id": profile, "session_id": sid, "turn_id": turn}
+            await publisher.publish(ev.TurnStarted(**base, tags=tags, occurred_at=datetime.now(UTC)))
+            interval = 1.0 / self.live_rate
+            next_at = time.perf_counter()
+            for n in range(self.live_events):
+                marker = f"mark{n:05d}q"
+                now = datetime.now(UTC)
+                step, call = n % 4, f"call_{n // 4}"
+                event: ev.Event
+                if step == 0:
+                    event = ev.ModelCallCompleted(
+                        **base, provider="anthropic", model=marker, input_tokens=900, output_tokens=40,
+                        latency_s=0.2, tags=tags, occurred_at=now,
+                    )  # fmt: skip
+                elif step == 1:
+                    seq += 1
+                    request = ToolCall(id=call, name="read_file", args={"path": f"/srv/{marker}.txt"})
+                    event = ev.MessageAppended(
+                        **base, seq=seq, content=AssistantMessage(tool_calls=(request,)), occurred_at=now
+                    )
+                elif step == 2:
+                    event = ev.ToolCallRecorded(
+                        **base, tool_call_id=new_id(), call_id=call, name="read_file", args={"path": "/srv/x"},
+                        result=f"{marker} contents", started_at=now, finished_at=now, occurred_at=now,
+                    )  # fmt: skip
+                else:
+                    seq += 1
+                    event = ev.MessageAppended(
+                        **base, seq=seq, content=AssistantMessage(text=f"Step {n}: {marker}"), occurred_at=now
+                    )
+                sent[marker] = time.time() * 1000
+                await publisher.publish(event)
+                next_at += interval
+                await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
+            await publisher.publish(
+                ev.TurnFinished(**base, status=ev.TurnStatus.COMPLETED, occurred_at=datetime.now(UTC))
+            )
+        finally:
+            await nc.close()
+        return sent
+
+
+#: Before the session page's own scripts: `__cosReady` once its live stream follows, and in `__cosSeen` the
+#: wall-clock time each event's marker (`mark00042q`) first appears in the page.
+TIMELINE_WATCH: Final = r"""
+window.__cosReady = false;
+window.__cosSeen = {};
+const Native = window.EventSource;
+window.EventSource = function (url, init) {
+  const source = new Native(url, init);
+  source.addEventListener("ready", () => { window.__cosReady = true; });
+  return source;
+};
+window.EventSource.prototype = Native.prototype;
+new MutationObserver((records) => {
+  const now = Date.now();
+  for (const r of records) {
+    for (const node of r.addedNodes) {
+      for (const m of (node.textContent || "").matchAll(/mark\d{5}q/g)) {
+        if (!(m[0] in window.__cosSeen)) { window.__cosSeen[m[0]] = now; }
+      }
+    }
+  }
+}).observe(document, { childList: true, subtree: true });
+"""
 
 
 def _filters(params: dict[str, str]) -> SessionFilters:

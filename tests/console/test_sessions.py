@@ -200,7 +200,7 @@ async def test_a_session_page_shows_the_tree_tool_and_model_calls(
     assert "Hostile &lt;b&gt;title&lt;/b&gt;" in html
     assert "Obey &lt;b&gt;nobody&lt;/b&gt;." in html
     assert 'class="child"' in html and "helper" in html
-    assert 'sse-connect="/sessions/' in html
+    assert f'data-live="/sessions/{parent.session_id}/live"' in html and 'id="timeline-turns"' in html
     async with client.get(f"/sessions/{uuid.uuid4()}") as r:
         assert r.status == 404
     async with client.get("/sessions/not-a-uuid") as r:
@@ -295,12 +295,24 @@ async def test_a_running_turn_appears_live(console: RunningConsole, console_db: 
         builder.message(turn, UserMessage(text="<script>live()</script> what now"))
         builder.tool_call(turn, "c9", "read_file", {"path": "/etc/<x>"}, "file body", risk=ev.Risk.HIGH)
         await publish_all(nats_url, builder.events)
-        status = await next_event(html, "status")
-        assert "running" in status
-        message = await next_event(html, "append")
-        assert "&lt;script&gt;live()&lt;/script&gt; what now" in message and "<script>" not in message
-        tool = await next_event(html, "append")
-        assert "read_file" in tool and "risk high" in tool and "/etc/&lt;x&gt;" in tool
+        # Each event is a list of changes to the page, merged into its turn: the turn (its article and its
+        # timeline), the header's status, the message, the tool call in place of its request.
+        started = await next_ops(html)
+        assert {(o["op"], o.get("id")) for o in started} >= {
+            ("put", f"turn-{turn}"),
+            ("put", f"tl-{turn}"),
+            ("status", "session-status"),
+        }
+        assert next(o for o in started if o.get("id") == "session-status")["status"] == "running"
+        [message] = [o for o in await next_ops(html) if o.get("key") == "msg:31"]
+        assert message["into"] == f"turn-{turn}"
+        assert "&lt;script&gt;live()&lt;/script&gt; what now" in message["html"] and "<script>" not in message["html"]
+        tool = await next_ops(html)
+        [call] = [o for o in tool if o.get("key") == "call:c9"]
+        assert call["into"] == f"turn-{turn}"
+        assert "read_file" in call["html"] and "risk high" in call["html"] and "/etc/&lt;x&gt;" in call["html"]
+        [span] = [o for o in tool if o.get("key") == "tool:c9"]
+        assert span["into"] == f"tl-{turn}-spans" and 'data-kind="tool"' in span["html"]
         assert json.loads(await next_event(raw, "turn_started"))["turn_id"] == str(turn)
         appended = json.loads(await next_event(raw, "message_appended"))
         assert appended["content"]["text"] == "<script>live()</script> what now"
@@ -308,8 +320,19 @@ async def test_a_running_turn_appears_live(console: RunningConsole, console_db: 
         builder.events.clear()
         builder.finish(turn)
         await publish_all(nats_url, builder.events)
-        assert "completed" in await next_event(html, "status")
+        finished = await next_ops(html)
+        assert {o["id"]: o["status"] for o in finished if o["op"] == "status"} == {
+            f"turn-status-{turn}": "completed",
+            f"tl-status-{turn}": "completed",
+            "session-status": "completed",
+        }
         assert json.loads(await next_event(raw, "turn_finished"))["status"] == "completed"
+
+
+async def next_ops(queue: asyncio.Queue[tuple[str, str]]) -> list[dict[str, Any]]:
+    """The operations of the next `update` of a session page's live stream."""
+    ops: list[dict[str, Any]] = json.loads(await next_event(queue, "update"))
+    return ops
 
 
 async def test_pages_need_a_database(start_console: StartConsole, nats_url: str) -> None:

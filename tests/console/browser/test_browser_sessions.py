@@ -130,18 +130,19 @@ async def test_a_script_in_a_message_renders_as_text(
     await page.wait_for_function("window.__cosLiveReady > 0")
     await shoot(page, "session", full_page=True)
 
-    # The same text arriving live (htmx swapping the server's fragments in) is text too.
+    # The same text arriving live (the server's fragments put in the page by static/session.js) is text too.
     parent.events.clear()
     turn = parent.start_turn()
     parent.message(turn, UserMessage(text=LIVE_SCRIPT))
     parent.tool_call(turn, "x1", "fetch_url", {"url": "<script>"}, LIVE_RESULT, risk=ev.Risk.HIGH)
     parent.message(turn, ToolResultMessage(call_id="x1", content=LIVE_RESULT))
     await publish_all(nats_url, parent.events)
-    log = page.locator("#live-log")
+    log = page.locator(f"#turn-{turn}")
     await expect(log.locator(".message.user .text")).to_have_text(LIVE_SCRIPT)
     await expect(log.locator("details.toolcall")).to_contain_text("fetch_url")
-    await expect(log.locator(".message.tool pre")).to_have_text(LIVE_RESULT)
-    await expect(page.locator(".live-status")).to_contain_text("running")
+    await expect(log.locator("details.toolcall pre").nth(1)).to_have_text(LIVE_RESULT)
+    await expect(page.locator(f"#tl-{turn} [data-key='tool:x1']")).to_contain_text("fetch_url")
+    await expect(page.locator("#session-status")).to_have_text("running")
     assert await page.locator("main img, main b, main script").count() == 0
     await shoot(page, "session-live", full_page=True)
 

@@ -38,10 +38,10 @@ from commonos.console.auth import SignedIn
 from commonos.console.db import Database, get_db
 from commonos.console.live import Live, Overflow
 from commonos.console.metrics import LIVE_WATCHERS
-from commonos.console.templating import ENV, render
-from commonos.proto import events as ev
+from commonos.console.pages import timeline
+from commonos.console.templating import render
 from commonos.proto.events import encode_event, event_type
-from commonos.proto.messages import AssistantMessage, ToolResultMessage, UserMessage
+from commonos.proto.requests import ApprovalRequest
 from commonos.proto.subjects import session_filter
 from commonos.runtime.postgres import Conn
 
@@ -735,7 +735,7 @@ async def api_session(who: SignedIn, db: Db, session_id: uuid.UUID) -> SessionVi
 @router.get("/sessions/{session_id}", include_in_schema=False, response_class=HTMLResponse)
 async def session_page(request: Request, who: SignedIn, db: Db, session_id: uuid.UUID) -> HTMLResponse:
     view = await _session_or_404(db, who, session_id)
-    return render(request, "session.html", {"s": view})
+    return render(request, "session.html", {"s": view, "timeline": timeline.session_timeline(view)})
 
 
 # Live: what happens in the session from now on.
@@ -753,54 +753,17 @@ async def _visible_profile(db: Database, who: SignedIn, session_id: uuid.UUID) -
     return str(profile)
 
 
-def fragment(event: ev.Event) -> tuple[str, str] | None:
-    """The SSE event name and the HTML fragment htmx puts in the page for one of the session's events."""
-    template = ENV.get_template("session_live.html")
-    match event:
-        case ev.MessageAppended(content=content):
-            if isinstance(content, UserMessage):
-                role, text = "user", content.text
-            elif isinstance(content, AssistantMessage):
-                role, text = "assistant", content.text or ""
-            elif isinstance(content, ToolResultMessage):
-                role, text = "tool_result", content.content
-            else:  # pragma: no cover - every message type is above
-                return None
-            calls = content.tool_calls if isinstance(content, AssistantMessage) else ()
-            return "append", template.render(kind="message", e=event, role=role, text=text, calls=calls)
-        case ev.ToolCallRecorded():
-            ms = (event.finished_at - event.started_at).total_seconds() * 1000
-            return "append", template.render(
-                kind="tool", e=event, duration_ms=ms, args=json.dumps(event.args, indent=2)
-            )
-        case ev.ApprovalDecided():
-            return "append", template.render(kind="approval", e=event)
-        case ev.ModelCallCompleted():
-            return "append", template.render(kind="model", e=event)
-        case ev.TurnStarted() | ev.TurnFinished():
-            return "status", template.render(kind="status", e=event)
-        case ev.SessionCreated() | ev.MessageDeactivated():
-            return "append", template.render(kind="note", e=event)
-    return None
-
-
-async def _stream(request: Request, live: Live, subject: str, as_json: bool) -> AsyncIterator[dict[str, str]]:
+async def _stream(live: Live, subject: str) -> AsyncIterator[dict[str, str]]:
+    """Each of the session's events as its JSON, named by its type."""
     LIVE_WATCHERS.inc()
     try:
         async with live.follow(subject) as events:
             yield {"event": "ready", "data": "following"}
             async for event in events:
-                if await request.is_disconnected():
-                    return
                 if isinstance(event, Overflow):
                     yield {"event": "reload", "data": f"{event.dropped} events were dropped: reload the page"}
-                    continue
-                if as_json:
+                elif not isinstance(event, ApprovalRequest):
                     yield {"event": event_type(event), "data": encode_event(event).decode()}
-                    continue
-                out = fragment(event)
-                if out is not None:
-                    yield {"event": out[0], "data": out[1]}
     finally:
         LIVE_WATCHERS.dec()
 
@@ -814,11 +777,12 @@ def _live(request: Request) -> Live:
 
 @router.get("/sessions/{session_id}/live", include_in_schema=False)
 async def session_live(request: Request, who: SignedIn, db: Db, session_id: uuid.UUID) -> EventSourceResponse:
-    """Server-sent events of HTML fragments: `append` (a message, tool call, approval, model call), `status`
-    (a turn started or finished), `reload` (events were dropped)."""
-    profile = await _visible_profile(db, who, session_id)
+    """Server-sent events for the page (pages/timeline.py): `update` (what changed, merged into its turn),
+    `reload` (events were dropped)."""
+    profile, known = await timeline.known_or_404(db, who, session_id)
     live = _live(request)
-    return EventSourceResponse(_stream(request, live, session_filter(profile, session_id), False), ping=15)
+    view = timeline.LiveSession(session_id, known)
+    return EventSourceResponse(timeline.stream(live, timeline.subjects(profile, session_id), view), ping=15)
 
 
 @router.get(
@@ -830,4 +794,4 @@ async def api_session_events(request: Request, who: SignedIn, db: Db, session_id
     """Server-sent events: each of the session's events from now on, named by its type, as its JSON."""
     profile = await _visible_profile(db, who, session_id)
     live = _live(request)
-    return EventSourceResponse(_stream(request, live, session_filter(profile, session_id), True), ping=15)
+    return EventSourceResponse(_stream(live, session_filter(profile, session_id)), ping=15)
