@@ -103,8 +103,10 @@ async def test_the_imported_list_has_a_cost_column_and_fits_a_1400px_window(
         await tab.sign_in("olivia", start="/imported")
         table = page.locator("table.imported")
         await expect(table.get_by_role("columnheader", name="Cost")).to_be_visible()
-        await expect(table.locator("tbody td.cost").first).to_contain_text("$")
-        await expect(table.get_by_role("link", name=long_title)).to_be_visible()
+        row = table.locator("tbody tr", has=page.get_by_role("link", name=long_title))
+        await expect(row.locator("td.cost")).to_contain_text("$")
+        # Its subagent's calls are billed with it.
+        await expect(table.locator("tbody td.cost", has_text="in parent").first).to_be_visible()
         width = await page.evaluate("document.documentElement.scrollWidth")
         assert width <= 1400, f"the page is {width} px wide"
         await shoot(page, "imported-1400")
