@@ -865,8 +865,8 @@ class ConsolePhase:
                 for name, query in (("", ""), (" by cost", "sort=cost")):
                     cursor: str | None = None
                     for _ in range(5):
-                        params = "&".join(p for p in (query, f"cursor={cursor}" if cursor else "") if p)
-                        took, body = await self._get(http, "/api/sessions" + (f"?{params}" if params else ""))
+                        page_query = "&".join(p for p in (query, f"cursor={cursor}" if cursor else "") if p)
+                        took, body = await self._get(http, "/api/sessions" + (f"?{page_query}" if page_query else ""))
                         api.add(f"list no filter{name}, next pages", took)
                         if name:
                             by_cost.add(f"list no filter{name}, next pages", took)
