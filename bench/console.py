@@ -525,7 +525,10 @@ async def load(dsn: str, sessions: int, say: Callable[[str], None], chunk_sessio
 
         async def copy(c: asyncpg.Connection, tables: Sequence[str], chunk: Chunk) -> None:
             for table in tables:
-                await c.copy_records_to_table(table, records=chunk.rows[table], columns=COLUMNS[table])
+                schema, _, name = table.rpartition(".")  # asyncpg quotes the name whole: the schema apart
+                await c.copy_records_to_table(
+                    name, records=chunk.rows[table], columns=COLUMNS[table], schema_name=schema or None
+                )
 
         pending: Awaitable[Any] | None = None
         while gen.done < gen.sessions:
