@@ -20,15 +20,20 @@ The text: a Zipf-distributed vocabulary (the tests' words first, then 3,000 made
 words for search (`SEARCH_WORDS`: at 1M messages in about 15, 700 and 2,100 messages (all under the console's
 FEW_HITS, so searched from their matches; the common words are searched from the newest sessions), and in none);
 five profiles, a client tag on every session and a team tag on some, sources cli/web/api, 4% of sessions ending
-failed, 2% delegated children.
+failed, 2% delegated children. Beside them, imported Claude Code trees of the session graph (one for every ten
+sessions, `IMPORTED_SHARE`): prompts and replies of the same text in `graph.user_inputs` and
+`graph.assistant_messages` (their `search` columns generated), calls billed to the tree's top-level session.
 
 **What is measured**, each request alone on a keep-alive connection (aiohttp), signed in as an operator
 through POST /api/login (the cookie), timed from sending the request to the end of its body:
 
-* the session list (/api/sessions): the first page, keyset pages deep in the list (cursors at 10% to 90%)
-  and the next pages after them, with no filter and with each filter (profile, tag, source, status, a
-  time range); p50, p95, max;
-* search (/api/sessions?q=): each planted word, a common word and a two-word query, with their snippets;
+* the session list (/api/sessions, each row with its cost, tokens, model calls, models and duration): the first
+  page, keyset pages deep in the list (cursors at 10% to 90%) and the next pages after them, with no filter and
+  with each filter (profile, tag, source, status, a time range), the imported sessions alone, and sorted by cost
+  (the default range, 30 days, a week's range, with a filter; the next pages); p50, p95, max (and the cost-sorted
+  lists' p95 alone);
+* search (/api/sessions?q=, the loop's messages and the imported prompts and replies): each planted word, a common
+  word and a two-word query, with their snippets; imported work alone; sorted by cost;
 * a session page: the HTML page /sessions/{id} a browser loads, of random sessions (and a few with
   delegated children). The console sends no Server-Timing header: the target's figure is the whole request
   on the loopback interface, an upper bound of the server's time; the console's own histogram
@@ -108,6 +113,12 @@ SEARCH_WORDS: Final = {"zanzibar": 2e-5, "quokka": 1e-3, "marmalade": 3e-3, "xyl
 COMMON_QUERIES: Final = ("invoice", "deploy budget")
 FAILED_SHARE: Final = 0.04
 CHILD_SHARE: Final = 0.02
+#: Imported Claude Code trees beside the loop's sessions (one for every ten), in the same 60 days: 2 to 4 prompts,
+#: each answered by one or two model invocations with their text (the planted words at the same rates), billed to
+#: the tree's top-level session; one in twenty with a subagent session.
+IMPORTED_SHARE: Final = 0.1
+IMPORTED_CHILD_SHARE: Final = 0.05
+IMPORTED_PROFILE: Final = "claude-code"
 #: Messages per session: a turn of 4 (user, assistant calling a tool, its result, answer) and one of 6 (two tools).
 MESSAGES_PER_SESSION: Final = 10
 
@@ -221,7 +232,46 @@ COLUMNS: Final[dict[str, tuple[str, ...]]] = {
     ),
     "approvals": ("id", "tool_call_id", "turn_id", "profile_id", "status", "decided_by", "decided_at"),
     "model_calls": tuple(c.name for c in MODEL_CALLS.columns),
+    # The session graph's, as the graph writer fills them (`search` is generated).
+    "graph.sessions": (
+        "id",
+        "parent_session_id",
+        "spawned_by_tool_use_id",
+        "started_at",
+        "ended_at",
+        "title",
+        "outcome",
+        "profile_id",
+    ),
+    "graph.user_inputs": (
+        "id",
+        "session_id",
+        "ordinal",
+        "text",
+        "triggered_at",
+        "interrupted",
+        "kind",
+        "origin",
+        "metadata",
+    ),
+    "graph.model_invocations": (
+        "id",
+        "session_id",
+        "user_input_id",
+        "model",
+        "input_tokens",
+        "output_tokens",
+        "cache_read_tokens",
+        "cache_write_tokens",
+        "total_tokens",
+        "stop_reason",
+        "started_at",
+    ),
+    "graph.assistant_messages": ("id", "session_id", "user_input_id", "model_invocation_id", "text", "timestamp"),
+    "graph.vendor_ids": ("our_type", "vendor", "vendor_id_kind", "vendor_id", "our_id", "session_id"),
 }
+#: The graph's tables, loaded by the second connection with the calls.
+GRAPH_COPY: Final = tuple(t for t in COLUMNS if t.startswith("graph."))
 
 
 @dataclass
@@ -262,16 +312,19 @@ class Generator:
     def profiles(self) -> list[tuple[Any, ...]]:
         return [(p, [], self.start, self.start) for p in self.profile_names]
 
-    def _model_call(self, chunk: Chunk, profile: str, sid: Id, tid: Id, tags: Any, at: datetime) -> None:
+    def _model_call(
+        self, chunk: Chunk, profile: str, sid: Id, tid: Id | None, tags: Any, at: datetime, models: int = len(MODELS)
+    ) -> None:
+        """A priced call of the session (and turn); its model one of the first `models` of MODELS."""
         rand = self.rng.random
-        key = (int(rand() * len(MODELS)), int(rand() * 40), int(rand() * 20))
+        key = (int(rand() * models), int(rand() * 40), int(rand() * 20))
         priced = self.priced.get(key)
         if priced is None:
             provider, model = MODELS[key[0]]
             event = ev.ModelCallCompleted(
                 profile_id=profile,
                 session_id=uuid.UUID(bytes=sid.bytes),
-                turn_id=uuid.UUID(bytes=tid.bytes),
+                turn_id=None if tid is None else uuid.UUID(bytes=tid.bytes),
                 provider=provider,
                 model=model,
                 input_tokens=200 + 150 * key[1],
@@ -388,8 +441,42 @@ class Generator:
                 self.recent_roots.append((sid, profile, turn_ids[0], tags))
                 if len(self.recent_roots) > 20:
                     self.recent_roots.pop(0)
+            if rand() < IMPORTED_SHARE:
+                self._imported_tree(chunk, at + ms(0, 1000))
         self.done = min(self.done + count, self.sessions)
         return chunk
+
+    def _imported_tree(self, chunk: Chunk, at: datetime) -> None:
+        """An imported Claude Code tree's graph rows and its billed calls (see IMPORTED_SHARE)."""
+        rows, text, rand = chunk.rows, self.text, self.rng.random
+        root = uuid7()
+        t = at
+        tree: list[tuple[Id, Id | None]] = [(root, None)]
+        if rand() < IMPORTED_CHILD_SHARE:
+            tree.append((uuid7(), root))
+        for sid, parent in tree:
+            started = t
+            title: str | None = None
+            for ordinal in range(1 if parent else 2 + int(rand() * 3)):
+                prompt = text.sentence(6 + int(rand() * 35))
+                title = title or _text(title_from_text(prompt))
+                input_id = uuid7()
+                origin = "agent" if parent else "human"
+                rows["graph.user_inputs"].append((input_id, sid, ordinal, prompt, t, False, "prompt", origin, "{}"))
+                for _ in range(1 + int(rand() * 2)):
+                    t += timedelta(milliseconds=500 + int(rand() * 20_000))
+                    invocation = uuid7()
+                    tokens = (300 + int(rand() * 4000), 20 + int(rand() * 800), int(rand() * 30_000))
+                    rows["graph.model_invocations"].append(
+                        (invocation, sid, input_id, MODELS[0][1], *tokens, 0, sum(tokens), "end_turn", t)
+                    )
+                    reply = text.sentence(5 + int(rand() * 56))
+                    rows["graph.assistant_messages"].append((uuid7(), sid, input_id, invocation, reply, t))
+                    # The importer bills a tree's calls to its top-level session.
+                    self._model_call(chunk, IMPORTED_PROFILE, root, None, ["vendor:claude-code"], t, models=2)
+            spawned_by = uuid7() if parent else None
+            rows["graph.sessions"].append((sid, parent, spawned_by, started, t, title, "unknown", IMPORTED_PROFILE))
+        rows["graph.vendor_ids"].append(("session", "claude-code", "session_id", str(root), root, root))
 
 
 async def _connect(dsn: str) -> asyncpg.Connection:
@@ -415,14 +502,15 @@ async def load(dsn: str, sessions: int, say: Callable[[str], None], chunk_sessio
         await apply_schemas(conn, [CORE_SCHEMA, BILLING_SCHEMA, GRAPH_SCHEMA])
         indexes = await conn.fetch(
             """
-            SELECT i.indexname, i.indexdef FROM pg_indexes i
-            WHERE i.schemaname = 'public' AND i.tablename = ANY($1::text[])
+            SELECT i.schemaname, i.indexname, i.indexdef FROM pg_indexes i
+            WHERE (i.schemaname || '.' || i.tablename = ANY($1::text[])
+                   OR i.schemaname = 'public' AND i.tablename = ANY($1::text[]))
               AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conname = i.indexname)
             """,
             list(COLUMNS),
         )
         for r in indexes:
-            await conn.execute(f'DROP INDEX "{r["indexname"]}"')
+            await conn.execute(f'DROP INDEX "{r["schemaname"]}"."{r["indexname"]}"')
         gen = Generator(sessions)
         # The months the rows fall in (the tables that grow are partitioned by month): made before the COPY.
         await partitions.ensure_range(conn, gen.start, gen.end + timedelta(days=1))
@@ -439,7 +527,10 @@ async def load(dsn: str, sessions: int, say: Callable[[str], None], chunk_sessio
 
         async def copy(c: asyncpg.Connection, tables: Sequence[str], chunk: Chunk) -> None:
             for table in tables:
-                await c.copy_records_to_table(table, records=chunk.rows[table], columns=COLUMNS[table])
+                schema, _, name = table.rpartition(".")  # asyncpg quotes the name whole: the schema apart
+                await c.copy_records_to_table(
+                    name, records=chunk.rows[table], columns=COLUMNS[table], schema_name=schema or None
+                )
 
         pending: Awaitable[Any] | None = None
         while gen.done < gen.sessions:
@@ -450,7 +541,7 @@ async def load(dsn: str, sessions: int, say: Callable[[str], None], chunk_sessio
                 say(f"console: {gen.done:,} of {gen.sessions:,} sessions generated")
             pending = asyncio.gather(
                 copy(loaders[0], ("sessions", "turns", "messages"), chunk),
-                copy(loaders[1], ("tool_calls", "approvals", "model_calls"), chunk),
+                copy(loaders[1], ("tool_calls", "approvals", "model_calls", *GRAPH_COPY), chunk),
             )
         if pending is not None:
             await pending
@@ -459,7 +550,7 @@ async def load(dsn: str, sessions: int, say: Callable[[str], None], chunk_sessio
         started = time.monotonic()
         for c in loaders:
             await c.execute("SET maintenance_work_mem = '256MB'")
-        queue = sorted(indexes, key=lambda r: r["indexname"] != "messages_search")  # the longest first
+        queue = sorted(indexes, key=lambda r: not r["indexname"].endswith("_search"))  # the longest first
 
         async def build(c: asyncpg.Connection) -> None:
             while queue:
@@ -471,7 +562,10 @@ async def load(dsn: str, sessions: int, say: Callable[[str], None], chunk_sessio
         started = time.monotonic()
         await asyncio.gather(
             loaders[0].execute("VACUUM (ANALYZE) messages"),
-            loaders[1].execute("VACUUM (ANALYZE) sessions, turns, tool_calls, approvals, model_calls, profiles"),
+            loaders[1].execute(
+                "VACUUM (ANALYZE) sessions, turns, tool_calls, approvals, model_calls, profiles, "
+                + ", ".join(GRAPH_COPY)
+            ),
         )
         took["vacuum_s"] = time.monotonic() - started
         for table in await _leaf_tables(loaders[0], COLUMNS):
@@ -628,11 +722,14 @@ class ConsolePhase:
             result.figures |= {
                 "console_sessions": counts["sessions"],
                 "console_messages": counts["messages"],
+                "console_imported_sessions": counts["graph.sessions"],
+                "console_imported_texts": counts["graph.user_inputs"] + counts["graph.assistant_messages"],
                 "console_load_s": round(load_s, 1),
             }
             self.say(
                 f"console: loaded {counts['sessions']:,} sessions, {counts['messages']:,} messages, "
-                f"{counts['tool_calls']:,} tool calls, {counts['model_calls']:,} model calls in {load_s:.1f} s "
+                f"{counts['tool_calls']:,} tool calls, {counts['model_calls']:,} model calls, "
+                f"{counts['graph.sessions']:,} imported sessions in {load_s:.1f} s "
                 f"(COPY {took['copy_s']:.1f} s, indexes {took['index_s']:.1f} s, "
                 f"VACUUM ANALYZE {took['vacuum_s']:.1f} s); CPU used: "
                 + ", ".join(f"{k} {v:.0f} s" for k, v in sorted(cpu.items()))
@@ -695,12 +792,43 @@ class ConsolePhase:
             for name, params in filters
             for _, cursor in cursors
         ]
+        # Sorted by cost (the first page; the next pages are walked in `measure`): the default range (the last
+        # days), a month, a range of a week two weeks back, with a filter; the imported sessions alone.
+        month_ago = (newest - timedelta(days=30)).isoformat()
+        by_cost: list[tuple[str, dict[str, str]]] = [
+            ("by cost", {"sort": "cost"}),
+            ("by cost, last 30 days", {"sort": "cost", "since": month_ago}),
+            ("by cost, time range", {"sort": "cost", "since": two_weeks_ago, "until": week_ago}),
+            ("by cost + profile", {"sort": "cost", "profile": "ops"}),
+            ("by cost + tag", {"sort": "cost", "tag": "client:initech"}),
+            ("by cost, imported", {"sort": "cost", "kind": "imported", "since": month_ago}),
+        ]
+        lists += [Request(f"list {name}", params, _filters(params), None) for name, params in by_cost]
+        lists += [
+            Request(f"list imported{name}", {"kind": "imported"}, _filters({"kind": "imported"}), cursor)
+            for name, cursor in (("", None), (", at 50%", cursors[2][1]))
+        ]
         queries = [*SEARCH_WORDS, *COMMON_QUERIES]
         searches = [
             Request(f"search {q!r}", {"q": q}, _filters({"q": q}), cursor) for q in queries for _, cursor in cursors[:2]
         ]
         searches += [
             Request(f"search {q!r} + profile", {"q": q, "profile": "ops"}, _filters({"q": q, "profile": "ops"}), None)
+            for q in ("quokka", "invoice")
+        ]
+        # Imported work alone (its prompts and replies), and search sorted by cost.
+        searches += [
+            Request(f"search {q!r}, imported", params, _filters(params), None)
+            for q in ("quokka", "invoice")
+            for params in ({"q": q, "kind": "imported"},)
+        ]
+        searches += [
+            Request(
+                f"search {q!r} by cost, last 30 days",
+                {"q": q, "sort": "cost", "since": month_ago},
+                _filters({"q": q, "sort": "cost", "since": month_ago}),
+                None,
+            )
             for q in ("quokka", "invoice")
         ]
         return lists, searches
@@ -714,6 +842,8 @@ class ConsolePhase:
         lists, searches = await self._list_requests(conn)
         api, direct = Timings(), Timings()
         search_api, search_direct = Timings(), Timings()
+        #: The cost-sorted lists among `api`'s, on their own too.
+        by_cost = Timings()
         # One untimed pass (connections of the console's pool, caches), then `rounds` timed passes, interleaved
         # with the direct queries so both see the same state of the machine.
         for rnd in range(self.rounds + 1):
@@ -733,20 +863,26 @@ class ConsolePhase:
                 is_search = req.filters.q is not None
                 (search_api if is_search else api).add(req.case, took)
                 (search_direct if is_search else direct).add(req.case, direct_took)
-            # The next pages after the first: a person paging on.
+                if not is_search and req.filters.sort == "cost":
+                    by_cost.add(req.case, took)
+            # The next pages after the first: a person paging on, newest first and by cost.
             if rnd:
-                cursor: str | None = None
-                for _ in range(5):
-                    path = "/api/sessions" + (f"?cursor={cursor}" if cursor else "")
-                    took, body = await self._get(http, path)
-                    api.add("list no filter, next pages", took)
-                    cursor = _next_cursor(body)
+                for name, query in (("", ""), (" by cost", "sort=cost")):
+                    cursor: str | None = None
+                    for _ in range(5):
+                        page_query = "&".join(p for p in (query, f"cursor={cursor}" if cursor else "") if p)
+                        took, body = await self._get(http, "/api/sessions" + (f"?{page_query}" if page_query else ""))
+                        api.add(f"list no filter{name}, next pages", took)
+                        if name:
+                            by_cost.add(f"list no filter{name}, next pages", took)
+                        cursor = _next_cursor(body)
             console.check_alive()
         f, b = out.figures, out.baselines
         f["console_list_p50_ms"] = round(pct(api.all(), 0.5), 1)
         f["console_list_p95_ms"] = round(pct(api.all(), 0.95), 1)
         f["console_list_max_ms"] = round(pct(api.all(), 1.0), 1)
         f["console_list_requests"] = len(api.all())
+        f["console_list_by_cost_p95_ms"] = round(pct(by_cost.all(), 0.95), 1)
         b["console_list_direct_p95_ms"] = round(pct(direct.all(), 0.95), 1)
         f["console_search_p50_ms"] = round(pct(search_api.all(), 0.5), 1)
         f["console_search_p95_ms"] = round(pct(search_api.all(), 0.95), 1)
@@ -1076,15 +1212,8 @@ new MutationObserver((records) => {
 
 
 def _filters(params: dict[str, str]) -> SessionFilters:
-    return SessionFilters(
-        profile=params.get("profile"),
-        source=params.get("source"),
-        status=params.get("status"),
-        tag=params.get("tag"),
-        since=datetime.fromisoformat(params["since"]) if "since" in params else None,
-        until=datetime.fromisoformat(params["until"]) if "until" in params else None,
-        q=params.get("q"),
-    )
+    """The filters a request's query gives (the console's own model: its times parsed as it parses them)."""
+    return SessionFilters.model_validate(params)
 
 
 def _next_cursor(body: bytes) -> str | None:

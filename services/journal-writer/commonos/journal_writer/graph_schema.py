@@ -15,6 +15,9 @@ that lacks a row it points at is rejected rather than stored half-linked. The on
 a foreign key is ``sessions.spawned_by_tool_use_id``: a nested session is inserted before the tool
 uses of the graph, and ``validate`` has checked the link already.
 
+A person's inputs and the assistant's text are searched by words: ``user_inputs.search`` and
+``assistant_messages.search`` are generated tsvectors with GIN indexes, as the core's ``messages.search`` is.
+
 Deleting a profile (``profile_deleted``) deletes the sessions its imports created (``profile_id``), and
 with them every row of theirs; rows stored before ``profile_id`` existed carry none and stay.
 """
@@ -105,6 +108,12 @@ _TOOL_USE_UPDATE: Final = Upsert(
     where=f"(EXCLUDED.status <> 'no_result' OR t.status = 'no_result') "
     f"AND (t.status, t.metadata) IS DISTINCT FROM ({_NEW_STATUS}, EXCLUDED.metadata)",
 )
+
+
+def _search(text: str) -> dict[str, str]:
+    """A full-text `search` column of `text`, generated as `messages.search` is (the console's search reads it
+    through its GIN index); added to tables made before it existed."""
+    return {"search": f"tsvector GENERATED ALWAYS AS (to_tsvector('english', {text})) STORED"}
 
 
 def _counts(*names: str) -> dict[str, str]:
@@ -293,6 +302,8 @@ USER_INPUTS: Final = Table(
         "origin": one_of("origin", InputOrigin),
     },
     constraints=("UNIQUE (session_id, ordinal)",),
+    added_extra=_search("text"),
+    indexes={"user_inputs_search": "USING gin (search)"},
     readers=_READERS,
 )
 MODEL_INVOCATIONS: Final = Table(
@@ -326,8 +337,10 @@ ASSISTANT_MESSAGES: Final = Table(
     owner=JOURNAL_WRITER,
     details={"session_id": _TO_SESSION, "user_input_id": _TO_INPUT, "model_invocation_id": _TO_INVOCATION},
     constraints=("CHECK (text IS NOT NULL OR content IS NOT NULL)",),
+    added_extra=_search("coalesce(text, '')"),
     indexes={
         "assistant_messages_session": "(session_id)",
+        "assistant_messages_search": "USING gin (search)",
         "assistant_messages_input": "(user_input_id)",
         "assistant_messages_invocation": "(model_invocation_id)",
     },

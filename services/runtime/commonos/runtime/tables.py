@@ -265,6 +265,10 @@ class Table:
     primary_key: str | None = None
     #: Columns added after the table was first created (`ADD COLUMN IF NOT EXISTS`, in the DDL's end).
     added: tuple[str, ...] = ()
+    #: Columns the row does not carry that a later version added (`name: definition`, such as a generated
+    #: `tsvector GENERATED ALWAYS AS (...) STORED`): `ADD COLUMN IF NOT EXISTS`, before the indexes, so that an
+    #: existing table gains them and an index may name them.
+    added_extra: Mapping[str, str] = field(default_factory=dict)
     #: `name: definition` of each index (`(profile_id, created_at)`, `USING gin (tags)`, `UNIQUE (...)`).
     indexes: Mapping[str, str] = field(default_factory=dict)
     readers: tuple[Read, ...] = ()
@@ -337,6 +341,8 @@ class Table:
         for column in self.columns:
             if column.name in self.added:
                 out += f"ALTER TABLE {self.name} ADD COLUMN IF NOT EXISTS {column.ddl()};\n"
+        for name, definition in self.added_extra.items():
+            out += f"ALTER TABLE {self.name} ADD COLUMN IF NOT EXISTS {name} {definition};\n"
         for index, definition in self.indexes.items():
             unique = "UNIQUE " if definition.startswith("UNIQUE ") else ""
             out += f"CREATE {unique}INDEX IF NOT EXISTS {index} ON {self.name} {definition.removeprefix(unique)};\n"

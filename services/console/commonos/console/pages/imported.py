@@ -3,7 +3,8 @@ projects from `transcript_imported` events), /imported and /api/imported (the li
 /api/imported/{id} (one session).
 
 The list is the Sessions page's own query (`sessions.list_sessions`, kind "imported": keyset pages on
-(started_at, id), newest first, the same filters), with each row's counts added for that page only. A session
+(started_at, id), newest first, or by cost, the same filters and columns: cost billed, models, duration), with
+each row's counts from the transcript added for that page only. A session
 shows its user inputs in order, and under each its model invocations (tokens), assistant text, tool uses with
 their results, and file touches; its subagent sessions; and what billing billed for its tree (the importer
 bills a tree's calls to the top-level session, `model_calls.session_id`).
@@ -27,14 +28,20 @@ from pydantic import BaseModel, Field
 from commonos.console.auth import SignedIn
 from commonos.console.db import Database, get_db
 from commonos.console.pages.sessions import (
+    COST_WINDOW_DAYS,
     TIME_HELP,
     Cursor,
     Limit,
     SessionFilters,
+    SessionId,
+    Sort,
     clean,
     decode_cursor,
+    list_query,
     list_sessions,
     parse_time,
+    sort_queries,
+    wider_ranges,
 )
 from commonos.console.templating import render
 from commonos.proto.vendors import VENDORS
@@ -73,6 +80,16 @@ class ImportedRow(BaseModel):
     tool_uses: int
     files_touched: int
     url: str
+    #: What billing billed for a top-level session's tree (the importer bills its calls to it): the priced calls'
+    #: cost, null when none is priced or for a subagent session (`billed_with_parent`).
+    cost_usd: Decimal | None = None
+    billed_calls: int = 0
+    unpriced_calls: int = 0
+    #: The models of the billed calls (a subagent session: of its own invocations).
+    models: list[str] = Field(default_factory=list)
+    #: From the transcript's first line to its last.
+    duration_s: float | None = None
+    billed_with_parent: bool = False
 
 
 class ImportedFilters(BaseModel):
@@ -81,13 +98,16 @@ class ImportedFilters(BaseModel):
     outcome: str | None = None
     since: datetime | None = None
     until: datetime | None = None
+    sort: Sort = "time"
 
 
 class ImportedList(BaseModel):
     sessions: list[ImportedRow]
-    #: Pass as `cursor` for the next (older) page; null on the last page.
+    #: Pass as `cursor` for the next (older, or cheaper) page; null on the last page.
     next_cursor: str | None
     filters: ImportedFilters
+    #: Sorted by cost: the start of the range ranked (`since`, else the last COST_WINDOW_DAYS days).
+    ranked_since: datetime | None = None
 
 
 COUNTS_SQL: Final = """
@@ -108,11 +128,17 @@ async def list_imported(
     conn: Conn, f: ImportedFilters, cursor: str | None = None, limit: int = PAGE_SIZE
 ) -> ImportedList:
     if cursor:
-        decode_cursor(cursor)  # a 422 for a cursor of no list
+        decode_cursor(cursor, f.sort)  # a 422 for a cursor of no list
     page = await list_sessions(
         conn,
         SessionFilters(
-            kind="imported", profile=f.profile, vendor=f.vendor, status=f.outcome, since=f.since, until=f.until
+            kind="imported",
+            profile=f.profile,
+            vendor=f.vendor,
+            status=f.outcome,
+            since=f.since,
+            until=f.until,
+            sort=f.sort,
         ),
         cursor,
         limit,
@@ -141,9 +167,15 @@ async def list_imported(
                 tool_uses=c["tool_uses"] if c else 0,
                 files_touched=c["files_touched"] if c else 0,
                 url=f"/imported/{s.id}",
+                cost_usd=s.cost_usd,
+                billed_calls=0 if s.billed_with_parent else s.model_calls,
+                unpriced_calls=s.unpriced_calls,
+                models=s.models,
+                duration_s=s.duration_s,
+                billed_with_parent=s.billed_with_parent,
             )
         )
-    return ImportedList(sessions=rows, next_cursor=page.next_cursor, filters=f)
+    return ImportedList(sessions=rows, next_cursor=page.next_cursor, filters=f, ranked_since=page.ranked_since)
 
 
 def _filters(
@@ -152,6 +184,13 @@ def _filters(
     outcome: Annotated[str | None, Query(max_length=32, description=", ".join(OUTCOMES))] = None,
     since: Annotated[str | None, Query(max_length=64, description="started at or after; " + TIME_HELP)] = None,
     until: Annotated[str | None, Query(max_length=64, description="started before; " + TIME_HELP)] = None,
+    sort: Annotated[
+        Sort,
+        Query(
+            description="time: newest first; cost: the most expensive first, among the sessions started from "
+            f"`since` on (without it, the last {COST_WINDOW_DAYS} days)"
+        ),
+    ] = "time",
 ) -> ImportedFilters:
     return ImportedFilters(
         profile=clean(profile),
@@ -159,6 +198,7 @@ def _filters(
         outcome=clean(outcome),
         since=parse_time("since", since),
         until=parse_time("until", until),
+        sort=sort,
     )
 
 
@@ -169,7 +209,8 @@ Filters = Annotated[ImportedFilters, Depends(_filters)]
 async def api_imported(
     who: SignedIn, db: Db, filters: Filters, cursor: Cursor = None, limit: Limit = PAGE_SIZE
 ) -> ImportedList:
-    """Imported Claude Code and Codex sessions, newest first (keyset pages), with their counts."""
+    """Imported Claude Code and Codex sessions, newest first or the most expensive first (keyset pages), with
+    their counts, what billing billed for them, their models and duration."""
     async with db.reader(who.user) as conn:
         return await list_imported(conn, filters, cursor, limit)
 
@@ -180,11 +221,20 @@ async def imported_page(
 ) -> HTMLResponse:
     async with db.reader(who.user) as conn:
         page = await list_imported(conn, filters, cursor, limit)
-    query = {k: v for k, v in filters.model_dump(mode="json").items() if v not in (None, "")}
+    query = list_query(filters)
     return render(
         request,
         "imported.html",
-        {"page": page, "f": filters, "query": query, "vendors": VENDORS, "outcomes": OUTCOMES},
+        {
+            "page": page,
+            "f": filters,
+            "query": query,
+            "vendors": VENDORS,
+            "outcomes": OUTCOMES,
+            "wider": wider_ranges(query),
+            "sort_queries": sort_queries(query),
+            "cost_window_days": COST_WINDOW_DAYS,
+        },
     )
 
 
@@ -511,7 +561,7 @@ async def _imported_or_404(db: Database, who: SignedIn, session_id: uuid.UUID) -
     response_model=ImportedSessionView,
     responses={404: {"description": "no such imported session"}},
 )
-async def api_imported_session(who: SignedIn, db: Db, session_id: uuid.UUID) -> ImportedSessionView:
+async def api_imported_session(who: SignedIn, db: Db, session_id: SessionId) -> ImportedSessionView:
     """One imported session: its inputs, model invocations (tokens), assistant text, tool uses and results, file
     touches, subagent sessions, and what billing billed for it."""
     return await _imported_or_404(db, who, session_id)
@@ -538,7 +588,7 @@ def tool_counts(tool_uses: list[ToolUseView]) -> str:
 
 
 @router.get("/imported/{session_id}", include_in_schema=False, response_class=HTMLResponse)
-async def imported_session_page(request: Request, who: SignedIn, db: Db, session_id: uuid.UUID) -> HTMLResponse:
+async def imported_session_page(request: Request, who: SignedIn, db: Db, session_id: SessionId) -> HTMLResponse:
     view = await _imported_or_404(db, who, session_id)
     return render(
         request,

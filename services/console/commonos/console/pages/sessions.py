@@ -3,8 +3,15 @@
 The list pages by keyset on (created_at, id), newest first: the loop's sessions (index sessions_created) and
 the imported Claude Code and Codex sessions of the session graph (graph.sessions, by started_at), merged.
 Filters: profile, source (the loop's), status (the latest turn's; an imported session's outcome), tag (the
-loop's), vendor (imported only), a time range, and `q`: full-text search over the messages' `search` column
-(then only the loop's sessions with a matching message, each with a highlighted snippet of its first match).
+loop's, its profile's included), vendor (imported only), a time range, and `q`: full-text search over the
+messages' `search` column and the graph's user inputs' and assistant messages' (then only the sessions with a
+match, each with a highlighted snippet of its first match).
+
+Each row carries billing's model calls of the session with those of its delegated sessions (an imported
+top-level session: its tree's, which the importer bills to it), their cost, tokens and models, and its
+duration, computed for the page's rows only. `sort=cost` ranks by that cost the sessions started in a range
+(`since`, else the last COST_WINDOW_DAYS days): keyset on (cost, created_at, id), the calls summed from the
+range's months of model_calls.
 
 A session shows its conversation turn by turn, each tool call with its arguments, result, risk, duration and
 approval, each model call with tokens and cost (model_calls), and its delegated child sessions inline under the
@@ -22,13 +29,14 @@ import base64
 import binascii
 import json
 import uuid
-from collections.abc import AsyncIterator, Sequence
-from datetime import UTC, datetime
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Annotated, Any, Final, Literal
 
 import asyncpg
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from fastapi.responses import HTMLResponse
 from markupsafe import Markup, escape
 from pydantic import BaseModel, Field
@@ -68,6 +76,16 @@ MESSAGE_TEXT: Final = "coalesce(m.content ->> 'text', '') || ' ' || coalesce(m.c
 
 # The list.
 
+#: How the list is ordered: newest first, or the most expensive first (then newest).
+Sort = Literal["time", "cost"]
+#: Sorted by cost without `since`, the list ranks the sessions started in this many days up to now: ranking
+#: sums every call of the range, so the range bounds the work (and, through model_calls' monthly partitions, the
+#: months read). The page says so, with links to look further back.
+COST_WINDOW_DAYS: Final = 7
+#: A call is counted with a session from this long before the session's own start: producers' clocks differ a
+#: little. The bound lets PostgreSQL skip the months of model_calls and turns before it.
+CLOCK_SLACK: Final = "interval '1 day'"
+
 
 class SessionRow(BaseModel):
     id: uuid.UUID
@@ -76,6 +94,7 @@ class SessionRow(BaseModel):
     source: str
     vendor: str | None = None
     title: str | None
+    #: The loop's: the profile's tags with the session's own (what its turns carry, as a child's copy shows).
     tags: list[str]
     status: str | None
     created_at: datetime
@@ -86,6 +105,23 @@ class SessionRow(BaseModel):
     #: The same, escaped, with each match in <mark>…</mark>: safe to insert as HTML.
     snippet_html: str | None = None
     url: str
+    #: Billing's model calls of the session and of the sessions it delegated to, at any depth (an imported
+    #: top-level session: its whole tree, which the importer bills to it). The priced calls' cost; null when
+    #: none of its calls is priced, or for an imported subagent session (`billed_with_parent`).
+    cost_usd: Decimal | None = None
+    unpriced_calls: int = 0
+    model_calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    #: The models of those calls, by name.
+    models: list[str] = Field(default_factory=list)
+    #: From its first turn's start to its last turn's end (imported: the transcript's first and last line).
+    duration_s: float | None = None
+    #: An imported subagent session: its calls are billed with its top-level session's; calls, tokens and models
+    #: here are the transcript's own invocations.
+    billed_with_parent: bool = False
 
 
 class SessionFilters(BaseModel):
@@ -98,29 +134,59 @@ class SessionFilters(BaseModel):
     since: datetime | None = None
     until: datetime | None = None
     q: str | None = None
+    sort: Sort = "time"
 
 
 class SessionList(BaseModel):
     sessions: list[SessionRow]
-    #: Pass as `cursor` for the next (older) page; null on the last page.
+    #: Pass as `cursor` for the next (older, or cheaper) page; null on the last page.
     next_cursor: str | None
     filters: SessionFilters
+    #: Sorted by cost: the start of the range ranked (`since`, else COST_WINDOW_DAYS before now).
+    ranked_since: datetime | None = None
 
 
-def encode_cursor(created_at: datetime, session_id: uuid.UUID) -> str:
-    raw = json.dumps([created_at.isoformat(), str(session_id)]).encode()
+def encode_cursor(created_at: datetime, session_id: uuid.UUID, cost: Decimal | None = None) -> str:
+    """A keyset cursor: (created_at, id), or by cost (cost, created_at, id)."""
+    key: list[str] = [created_at.isoformat(), str(session_id)]
+    if cost is not None:
+        key.insert(0, str(cost))
+    raw = json.dumps(key).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
-def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
+#: A cursor's cost: bounded and at billing's scale, so that PostgreSQL takes it as a numeric.
+MAX_COST: Final = Decimal(10) ** 28
+COST_QUANTUM: Final = Decimal("1e-10")
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where a page starts: after this session in the list's order."""
+
+    created_at: datetime
+    id: uuid.UUID
+    #: Sorted by cost: the session's ranked cost.
+    cost: Decimal | None = None
+
+
+def decode_cursor(cursor: str, sort: Sort = "time") -> Position:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        when, sid = json.loads(raw)
+        key = json.loads(raw)
+        if not isinstance(key, list) or len(key) != (3 if sort == "cost" else 2):
+            raise ValueError("another list's cursor")
+        cost = Decimal(key.pop(0)) if sort == "cost" else None
+        if cost is not None:
+            if not cost.is_finite() or abs(cost) >= MAX_COST:
+                raise ValueError("cost")
+            cost = cost.quantize(COST_QUANTUM)  # the scale billing keeps (model_calls.cost_usd)
+        when, sid = key
         at = datetime.fromisoformat(when)
         if at.tzinfo is None:
             raise ValueError("naive")
-        return at, uuid.UUID(sid)
-    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
+        return Position(at, uuid.UUID(sid), cost)
+    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError, ArithmeticError):
         raise HTTPException(422, "cursor: not a cursor of this list") from None
 
 
@@ -147,7 +213,22 @@ class _Query:
         return (" WHERE " + " AND ".join(self.where)) if self.where else ""
 
 
-LATEST_STATUS: Final = "(SELECT t.status FROM turns t WHERE t.session_id = s.id ORDER BY t.started_at DESC LIMIT 1)"
+#: A loop session's turns: each month of `turns` before the session's start is skipped.
+_OWN_TURNS: Final = f"turns t WHERE t.session_id = s.id AND t.started_at >= s.created_at - {CLOCK_SLACK}"
+LATEST_STATUS: Final = f"(SELECT t.status FROM {_OWN_TURNS} ORDER BY t.started_at DESC LIMIT 1)"
+LOOP_DURATION: Final = (
+    "(SELECT extract(epoch FROM max(coalesce(t.finished_at, t.started_at)) - min(t.started_at))::float8 "
+    f"FROM {_OWN_TURNS})"
+)
+#: The profile's tags with the session's own, sorted, once each (as a turn's tags are made).
+LOOP_TAGS: Final = (
+    "ARRAY(SELECT DISTINCT x FROM unnest(s.tags || coalesce((SELECT p.tags FROM profiles p "
+    "WHERE p.id = s.profile_id), '{}')) AS x ORDER BY x)"
+)
+#: A tag, of the session or of its profile.
+LOOP_TAG_FILTER: Final = (
+    "(s.tags @> ARRAY[{0}]::text[] OR s.profile_id IN (SELECT p.id FROM profiles p WHERE p.tags @> ARRAY[{0}]::text[]))"
+)
 
 
 #: With fewer matching messages than this, search starts from the matches (the GIN index, read once: the count
@@ -168,25 +249,88 @@ def _first_match(session: str, ts: str) -> str:
     )
 
 
+def _graph_match(session: str, ts: str) -> str:
+    """An imported session's first matching text: its inputs in order, then the assistant's messages in order,
+    each read by its session index and filtered (OFFSET 0, as in `_first_match`)."""
+    tsq = f"websearch_to_tsquery('english', {ts})"
+    return (
+        "(SELECT x.text FROM ("
+        f"(SELECT u.text FROM (SELECT u.ordinal, u.text, u.search FROM graph.user_inputs u "
+        f"WHERE u.session_id = {session} ORDER BY u.ordinal OFFSET 0) u WHERE u.search @@ {tsq} "
+        "ORDER BY u.ordinal LIMIT 1) "
+        "UNION ALL "
+        f'(SELECT a.text FROM (SELECT a.id, a."timestamp", a.text, a.search FROM graph.assistant_messages a '
+        f"WHERE a.session_id = {session} OFFSET 0) a WHERE a.search @@ {tsq} "
+        'ORDER BY a."timestamp" NULLS LAST, a.id LIMIT 1)'
+        ") x LIMIT 1)"
+    )
+
+
+def _after(order: str, at: Position, q: _Query, cost: str) -> str:
+    """The keyset condition: rows after `at` in the list's order (`order`: time or cost)."""
+    if order == "cost":
+        return f"({cost}, {{t}}, {{id}}) < ({q.arg(at.cost)}::numeric, {q.arg(at.created_at)}, {q.arg(at.id)})"
+    return f"({{t}}, {{id}}) < ({q.arg(at.created_at)}, {q.arg(at.id)})"
+
+
+def _loop_ranked() -> str:
+    """Each loop session's cost with its delegated sessions' (any depth up to MAX_CHILD_DEPTH), over the calls
+    from `since` on (its month partitions only): `ranked(session_id, usd)`. {w} is the range's parameter."""
+    return f"""
+WITH RECURSIVE own AS (
+    SELECT m.session_id, coalesce(sum(m.cost_usd), 0) AS usd FROM model_calls m
+    WHERE m.created_at >= {{w}}::timestamptz - {CLOCK_SLACK} GROUP BY m.session_id
+), up AS (
+    SELECT c.id AS session_id, c.parent_session_id AS ancestor, 1 AS level FROM sessions c
+    WHERE c.parent_session_id IS NOT NULL AND c.created_at >= {{w}}
+    UNION ALL
+    SELECT up.session_id, p.parent_session_id, up.level + 1 FROM up JOIN sessions p ON p.id = up.ancestor
+    WHERE p.parent_session_id IS NOT NULL AND up.level < {MAX_CHILD_DEPTH}
+), ranked AS (
+    SELECT x.session_id, sum(x.usd) AS usd FROM (
+        SELECT own.session_id, own.usd FROM own
+        UNION ALL
+        SELECT up.ancestor, own.usd FROM up JOIN own ON own.session_id = up.session_id
+    ) x GROUP BY x.session_id
+)"""
+
+
 def _loop_query(
-    f: SessionFilters, after: tuple[datetime, uuid.UUID] | None, limit: int, hits: list[uuid.UUID] | None = None
+    f: SessionFilters,
+    after: Position | None,
+    limit: int,
+    hits: list[uuid.UUID] | None = None,
+    since: datetime | None = None,
 ) -> tuple[str, list[Any]]:
     """The loop's sessions; with `q`, those with a matching message, each with its first match's snippet.
 
     `hits` (with `q`): every session with a match, when they were few; the page comes from them, looked up by id.
     Without it, from the newest sessions, each checked in seq order until a message matches. The search's
     statements are planned for their own `q` (plan_cache_mode, see list_sessions): the tsquery is computed
-    once, when planning, and a rare word's estimate is its own.
+    once, when planning, and a rare word's estimate is its own. Sorted by cost: the sessions started from
+    `since` on, ranked by `_loop_ranked`.
     """
     q = _Query()
+    by_cost = f.sort == "cost"
+    prefix = ""
     source = "sessions s"
-    select = (
-        "SELECT s.id, 'loop' AS kind, s.profile_id, s.source, NULL::text AS vendor, s.title, s.tags, "
-        f"{LATEST_STATUS} AS status, s.created_at, s.updated_at, s.parent_session_id"
+    rank = "NULL::numeric"
+    if by_cost:
+        w = q.arg(since)
+        prefix = _loop_ranked().replace("{w}", w)
+        source = "sessions s LEFT JOIN ranked r ON r.session_id = s.id"
+        rank = "coalesce(r.usd, 0)"
+        q.add(f"s.created_at >= {w}")
+    columns = (
+        "s.id, 'loop' AS kind, s.profile_id, s.source, NULL::text AS vendor, s.title, "
+        f"{LOOP_TAGS} AS tags, {LATEST_STATUS} AS status, s.created_at, s.updated_at, s.parent_session_id, "
+        f"{LOOP_DURATION} AS duration_s"
     )
     ts = q.arg(f.q) if f.q else ""
     if f.q and hits is not None:
         q.add(f"s.id = ANY({q.arg(hits)}::uuid[])")
+    elif f.q and by_cost:
+        q.add(f"EXISTS (SELECT 1 FROM {_first_match('s.id', ts)})")
     elif f.q:
         source = f"sessions s CROSS JOIN LATERAL (SELECT 1 FROM {_first_match('s.id', ts)}) h"
     if f.profile:
@@ -194,36 +338,77 @@ def _loop_query(
     if f.source:
         q.add(f"s.source = {q.arg(f.source)}")
     if f.tag:
-        q.add(f"s.tags @> ARRAY[{q.arg(f.tag)}]::text[]")
-    if f.since:
+        q.add(LOOP_TAG_FILTER.format(q.arg(f.tag)))
+    if f.since and not by_cost:
         q.add(f"s.created_at >= {q.arg(f.since)}")
     if f.until:
         q.add(f"s.created_at < {q.arg(f.until)}")
     if f.status:
         q.add(f"{LATEST_STATUS} = {q.arg(f.status)}")
     if after is not None:
-        q.add(f"(s.created_at, s.id) < ({q.arg(after[0])}, {q.arg(after[1])})")
-    sql = f"{select} FROM {source}{q.sql()} ORDER BY s.created_at DESC, s.id DESC LIMIT {int(limit)}"
+        q.add(_after(f.sort, after, q, rank).format(t="s.created_at", id="s.id"))
+    if by_cost:
+        # The page's sessions by their rank first; their other columns (subqueries each) for those rows only.
+        ranked = (
+            f"{prefix} SELECT s.id, {rank} AS rank_usd FROM {source}{q.sql()} "
+            f"ORDER BY rank_usd DESC, s.created_at DESC, s.id DESC LIMIT {int(limit)}"
+        )
+        sql = f"SELECT {columns}, k.rank_usd FROM ({ranked}) k JOIN sessions s ON s.id = k.id"
+    else:
+        sql = (
+            f"SELECT {columns}, NULL::numeric AS rank_usd FROM {source}{q.sql()} "
+            f"ORDER BY s.created_at DESC, s.id DESC LIMIT {int(limit)}"
+        )
+    outer = "p.rank_usd DESC, p.created_at DESC, p.id DESC" if by_cost else "p.created_at DESC, p.id DESC"
     if f.q:
         # The snippet of each session's first matching message, for this page's rows only.
         sql = (
             f"SELECT p.*, h.snippet FROM ({sql}) p LEFT JOIN LATERAL ("
             f"SELECT ts_headline('english', translate({MESSAGE_TEXT}, E'\\x02\\x03', ''), "
             f"websearch_to_tsquery('english', {ts}), {q.arg(HEADLINE_OPTIONS)}) AS snippet "
-            f"FROM {_first_match('p.id', ts)}) h ON true ORDER BY p.created_at DESC, p.id DESC"
+            f"FROM {_first_match('p.id', ts)}) h ON true ORDER BY {outer}"
         )
     else:
-        sql = f"SELECT p.*, NULL::text AS snippet FROM ({sql}) p"
+        sql = f"SELECT p.*, NULL::text AS snippet FROM ({sql}) p ORDER BY {outer}"
     return sql, q.args
 
 
-def _imported_query(f: SessionFilters, after: tuple[datetime, uuid.UUID] | None, limit: int) -> tuple[str, list[Any]]:
+def _imported_query(
+    f: SessionFilters,
+    after: Position | None,
+    limit: int,
+    hits: list[uuid.UUID] | None = None,
+    since: datetime | None = None,
+) -> tuple[str, list[Any]]:
+    """The imported sessions (graph.sessions); with `q`, those whose inputs or assistant text match (`hits`,
+    or each of the newest checked, as for the loop's). Sorted by cost: a top-level session's billed calls (its
+    tree's), from `since` on."""
     q = _Query()
+    by_cost = f.sort == "cost"
     vendor = (
         "(SELECT v.vendor FROM graph.vendor_ids v WHERE v.session_id = g.id AND v.our_type = 'session' "
         "ORDER BY v.vendor LIMIT 1)"
     )
+    source = "graph.sessions g"
+    rank = "NULL::numeric"
+    prefix = ""
     q.add("g.started_at IS NOT NULL")
+    if by_cost:
+        w = q.arg(since)
+        prefix = (
+            "WITH ranked AS (SELECT m.session_id, coalesce(sum(m.cost_usd), 0) AS usd "
+            "FROM model_calls m JOIN graph.sessions r ON r.id = m.session_id "
+            f"WHERE m.created_at >= {w}::timestamptz - {CLOCK_SLACK} AND r.parent_session_id IS NULL "
+            f"AND r.started_at >= {w} GROUP BY m.session_id)"
+        )
+        source = "graph.sessions g LEFT JOIN ranked r ON r.session_id = g.id"
+        rank = "coalesce(r.usd, 0)"
+        q.add(f"g.started_at >= {w}")
+    ts = q.arg(f.q) if f.q else ""
+    if f.q and hits is not None:
+        q.add(f"g.id = ANY({q.arg(hits)}::uuid[])")
+    elif f.q:
+        q.add(f"EXISTS {_graph_match('g.id', ts)}")
     if f.profile:
         q.add(f"g.profile_id = {q.arg(f.profile)}")
     if f.vendor:
@@ -233,25 +418,85 @@ def _imported_query(f: SessionFilters, after: tuple[datetime, uuid.UUID] | None,
         )
     if f.status:
         q.add(f"g.outcome = {q.arg(f.status)}")
-    if f.since:
+    if f.since and not by_cost:
         q.add(f"g.started_at >= {q.arg(f.since)}")
     if f.until:
         q.add(f"g.started_at < {q.arg(f.until)}")
     if after is not None:
-        q.add(f"(g.started_at, g.id) < ({q.arg(after[0])}, {q.arg(after[1])})")
-    sql = (
-        f"SELECT g.id, 'imported' AS kind, g.profile_id, 'import' AS source, {vendor} AS vendor, g.title, "
+        q.add(_after(f.sort, after, q, rank).format(t="g.started_at", id="g.id"))
+    columns = (
+        f"g.id, 'imported' AS kind, g.profile_id, 'import' AS source, {vendor} AS vendor, g.title, "
         "'{}'::text[] AS tags, g.outcome AS status, g.started_at AS created_at, g.ended_at AS updated_at, "
-        f"g.parent_session_id, NULL::text AS snippet FROM graph.sessions g{q.sql()} "
-        f"ORDER BY g.started_at DESC, g.id DESC LIMIT {int(limit)}"
+        "g.parent_session_id, extract(epoch FROM g.ended_at - g.started_at)::float8 AS duration_s"
     )
+    if by_cost:
+        ranked = (
+            f"{prefix} SELECT g.id, {rank} AS rank_usd FROM {source}{q.sql()} "
+            f"ORDER BY rank_usd DESC, g.started_at DESC, g.id DESC LIMIT {int(limit)}"
+        )
+        sql = f"SELECT {columns}, k.rank_usd FROM ({ranked}) k JOIN graph.sessions g ON g.id = k.id"
+    else:
+        sql = (
+            f"SELECT {columns}, NULL::numeric AS rank_usd FROM {source}{q.sql()} "
+            f"ORDER BY g.started_at DESC, g.id DESC LIMIT {int(limit)}"
+        )
+    outer = "p.rank_usd DESC, p.created_at DESC, p.id DESC" if by_cost else "p.created_at DESC, p.id DESC"
+    if f.q:
+        snippet = (
+            f"ts_headline('english', translate(h.text, E'\\x02\\x03', ''), websearch_to_tsquery('english', {ts}), "
+            f"{q.arg(HEADLINE_OPTIONS)})"
+        )
+        sql = (
+            f"SELECT p.*, {snippet} AS snippet FROM ({sql}) p "
+            f"LEFT JOIN LATERAL (SELECT {_graph_match('p.id', ts)} AS text) h ON true ORDER BY {outer}"
+        )
+    else:
+        sql = f"SELECT p.*, NULL::text AS snippet FROM ({sql}) p ORDER BY {outer}"
     return sql, q.args
 
 
-def _row(r: Row) -> SessionRow:
+#: Billing's calls of each loop session of the page and its delegated sessions ($1 the ids, $2 the depth).
+LOOP_TOTALS: Final = f"""
+WITH RECURSIVE tree AS (
+    SELECT s.id AS root, s.id, s.created_at, 0 AS level FROM sessions s WHERE s.id = ANY($1::uuid[])
+    UNION ALL
+    SELECT t.root, c.id, c.created_at, t.level + 1 FROM sessions c JOIN tree t ON c.parent_session_id = t.id
+    WHERE t.level < $2
+)
+SELECT t.root AS id, count(m.event_id) AS calls, sum(m.cost_usd) AS usd,
+       count(m.event_id) FILTER (WHERE m.cost_usd IS NULL) AS unpriced,
+       coalesce(sum(m.input_tokens), 0) AS input_tokens, coalesce(sum(m.output_tokens), 0) AS output_tokens,
+       coalesce(sum(m.cache_read_tokens), 0) AS cache_read_tokens,
+       coalesce(sum(m.cache_write_5m_tokens + m.cache_write_1h_tokens), 0) AS cache_write_tokens,
+       array_remove(array_agg(DISTINCT m.model), NULL) AS models, false AS billed_with_parent
+FROM tree t LEFT JOIN model_calls m ON m.session_id = t.id AND m.created_at >= t.created_at - {CLOCK_SLACK}
+GROUP BY t.root
+"""
+#: An imported top-level session's billed calls (its tree's); a subagent session's own invocations.
+IMPORTED_TOTALS: Final = f"""
+SELECT g.id, count(m.event_id) AS calls, sum(m.cost_usd) AS usd,
+       count(m.event_id) FILTER (WHERE m.cost_usd IS NULL) AS unpriced,
+       coalesce(sum(m.input_tokens), 0) AS input_tokens, coalesce(sum(m.output_tokens), 0) AS output_tokens,
+       coalesce(sum(m.cache_read_tokens), 0) AS cache_read_tokens,
+       coalesce(sum(m.cache_write_5m_tokens + m.cache_write_1h_tokens), 0) AS cache_write_tokens,
+       array_remove(array_agg(DISTINCT m.model), NULL) AS models, false AS billed_with_parent
+FROM graph.sessions g LEFT JOIN model_calls m ON m.session_id = g.id AND m.created_at >= g.started_at - {CLOCK_SLACK}
+WHERE g.id = ANY($1::uuid[]) AND g.parent_session_id IS NULL
+GROUP BY g.id
+UNION ALL
+SELECT g.id, count(i.id) FILTER (WHERE i.total_tokens > 0), NULL, 0,
+       coalesce(sum(i.input_tokens), 0), coalesce(sum(i.output_tokens), 0), coalesce(sum(i.cache_read_tokens), 0),
+       coalesce(sum(i.cache_write_tokens), 0), array_remove(array_agg(DISTINCT i.model), NULL), true
+FROM graph.sessions g LEFT JOIN graph.model_invocations i ON i.session_id = g.id
+WHERE g.id = ANY($1::uuid[]) AND g.parent_session_id IS NOT NULL
+GROUP BY g.id
+"""
+
+
+def _row(r: Row, totals: Row | None) -> SessionRow:
     snippet = r["snippet"]
     kind = r["kind"]
-    return SessionRow(
+    row = SessionRow(
         id=r["id"],
         kind=kind,
         profile_id=r["profile_id"],
@@ -266,40 +511,96 @@ def _row(r: Row) -> SessionRow:
         snippet=None if snippet is None else snippet.replace(START, "").replace(STOP, ""),
         snippet_html=None if snippet is None else str(highlight(snippet)),
         url=f"/sessions/{r['id']}" if kind == "loop" else f"/imported/{r['id']}",
+        duration_s=r["duration_s"],
+        cost_usd=Decimal(0),
     )
+    if totals is not None:
+        row.model_calls, row.unpriced_calls = int(totals["calls"]), int(totals["unpriced"])
+        # No priced call: nothing spent when there was no call, an unknown cost when every call is unpriced.
+        usd = totals["usd"]
+        row.cost_usd = usd if usd is not None else (Decimal(0) if row.model_calls == 0 else None)
+        row.input_tokens = int(totals["input_tokens"])
+        row.output_tokens = int(totals["output_tokens"])
+        row.cache_read_tokens = int(totals["cache_read_tokens"])
+        row.cache_write_tokens = int(totals["cache_write_tokens"])
+        row.models = sorted(totals["models"] or ())
+        if totals["billed_with_parent"]:
+            row.billed_with_parent, row.cost_usd = True, None
+    return row
+
+
+async def _totals(conn: Conn, rows: Sequence[Row]) -> dict[uuid.UUID, Row]:
+    """Calls, cost, tokens and models of this page's sessions only."""
+    loop = [r["id"] for r in rows if r["kind"] == "loop"]
+    imported = [r["id"] for r in rows if r["kind"] == "imported"]
+    out: dict[uuid.UUID, Row] = {}
+    if loop:
+        out |= {t["id"]: t for t in await conn.fetch(LOOP_TOTALS, loop, MAX_CHILD_DEPTH)}
+    if imported:
+        out |= {t["id"]: t for t in await conn.fetch(IMPORTED_TOTALS, imported)}
+    return out
+
+
+async def _hits(conn: Conn, sql: str, q: str) -> list[uuid.UUID] | None:
+    """The sessions with a match of `q`, when there are fewer than FEW_HITS matches; else None."""
+    probe = await conn.fetchrow(sql, q, FEW_HITS)
+    if probe is not None and probe["n"] < FEW_HITS:
+        return list(probe["ids"] or ())
+    return None
+
+
+LOOP_HITS: Final = (
+    "SELECT count(*) AS n, array_agg(DISTINCT x.session_id) AS ids FROM (SELECT m.session_id "
+    "FROM messages m WHERE m.search @@ websearch_to_tsquery('english', $1) LIMIT $2) x"
+)
+IMPORTED_HITS: Final = (
+    "SELECT count(*) AS n, array_agg(DISTINCT x.session_id) AS ids FROM ("
+    "(SELECT u.session_id FROM graph.user_inputs u WHERE u.search @@ websearch_to_tsquery('english', $1) LIMIT $2) "
+    "UNION ALL "
+    "(SELECT a.session_id FROM graph.assistant_messages a "
+    "WHERE a.search @@ websearch_to_tsquery('english', $1) LIMIT $2)) x"
+)
+
+
+def _order_key(sort: Sort) -> Callable[[Row], tuple[Any, ...]]:
+    if sort == "cost":
+        return lambda r: (r["rank_usd"], r["created_at"], r["id"])
+    return lambda r: (r["created_at"], r["id"])
 
 
 async def list_sessions(
     conn: Conn, f: SessionFilters, cursor: str | None = None, limit: int = PAGE_SIZE
 ) -> SessionList:
-    after = decode_cursor(cursor) if cursor else None
+    after = decode_cursor(cursor, f.sort) if cursor else None
     loop_wanted = f.kind != "imported" and not f.vendor
-    # Imported sessions have no messages (search), tags or loop sources.
-    imported_wanted = f.kind != "loop" and not (f.q or f.tag or f.source)
+    # Imported sessions have no tags or loop sources.
+    imported_wanted = f.kind != "loop" and not (f.tag or f.source)
+    since = None
+    if f.sort == "cost":
+        since = f.since or datetime.now(UTC) - timedelta(days=COST_WINDOW_DAYS)
+    if f.q:
+        # Planned for this `q` each time: a generic plan of a prepared statement (asyncpg's, after five runs)
+        # computes the tsquery again for every row it checks, and cannot tell a rare word from a common one.
+        await conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
     rows: list[Row] = []
     if loop_wanted:
-        hits: list[uuid.UUID] | None = None
-        if f.q:
-            # Planned for this `q` each time: a generic plan of a prepared statement (asyncpg's, after five runs)
-            # computes the tsquery again for every row it checks, and cannot tell a rare word from a common one.
-            await conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
-            probe = await conn.fetchrow(
-                "SELECT count(*) AS n, array_agg(DISTINCT x.session_id) AS ids FROM (SELECT m.session_id "
-                "FROM messages m WHERE m.search @@ websearch_to_tsquery('english', $1) LIMIT $2) x",
-                f.q,
-                FEW_HITS,
-            )
-            if probe is not None and probe["n"] < FEW_HITS:
-                hits = list(probe["ids"] or ())
-        sql, args = _loop_query(f, after, limit + 1, hits)
+        hits = await _hits(conn, LOOP_HITS, f.q) if f.q else None
+        sql, args = _loop_query(f, after, limit + 1, hits, since)
         rows += await conn.fetch(sql, *args)
     if imported_wanted:
-        sql, args = _imported_query(f, after, limit + 1)
+        hits = await _hits(conn, IMPORTED_HITS, f.q) if f.q else None
+        sql, args = _imported_query(f, after, limit + 1, hits, since)
         rows += await conn.fetch(sql, *args)
-    rows.sort(key=lambda r: (r["created_at"], r["id"]), reverse=True)
+    rows.sort(key=_order_key(f.sort), reverse=True)
     page = rows[:limit]
-    next_cursor = encode_cursor(page[-1]["created_at"], page[-1]["id"]) if len(rows) > limit else None
-    return SessionList(sessions=[_row(r) for r in page], next_cursor=next_cursor, filters=f)
+    next_cursor = None
+    if len(rows) > limit:
+        last = page[-1]
+        next_cursor = encode_cursor(last["created_at"], last["id"], last["rank_usd"] if f.sort == "cost" else None)
+    totals = await _totals(conn, page)
+    return SessionList(
+        sessions=[_row(r, totals.get(r["id"])) for r in page], next_cursor=next_cursor, filters=f, ranked_since=since
+    )
 
 
 def parse_time(name: str, raw: str | None) -> datetime | None:
@@ -337,7 +638,20 @@ def _filters(
     kind: Literal["all", "loop", "imported"] = "all",
     since: Annotated[str | None, Query(max_length=64, description="from this time on; " + TIME_HELP)] = None,
     until: Annotated[str | None, Query(max_length=64, description="before this time; " + TIME_HELP)] = None,
-    q: Annotated[str | None, Query(max_length=500, description="full-text search over the messages")] = None,
+    q: Annotated[
+        str | None,
+        Query(
+            max_length=500,
+            description="full-text search over the messages, and imported sessions' inputs and assistant text",
+        ),
+    ] = None,
+    sort: Annotated[
+        Sort,
+        Query(
+            description="time: newest first; cost: the most expensive first, among the sessions started from "
+            f"`since` on (without it, the last {COST_WINDOW_DAYS} days)"
+        ),
+    ] = "time",
 ) -> SessionFilters:
     return SessionFilters(
         profile=clean(profile),
@@ -349,6 +663,7 @@ def _filters(
         since=parse_time("since", since),
         until=parse_time("until", until),
         q=clean(q),
+        sort=sort,
     )
 
 
@@ -361,7 +676,9 @@ Limit = Annotated[int, Query(ge=1, le=200)]
 async def api_sessions(
     who: SignedIn, db: Db, filters: Filters, cursor: Cursor = None, limit: Limit = PAGE_SIZE
 ) -> SessionList:
-    """Sessions, newest first (keyset pages), filtered; with `q`, those with a message matching it."""
+    """Sessions, newest first or the most expensive first (keyset pages), filtered, each with its cost (its
+    delegated sessions' included), tokens, model calls, models and duration; with `q`, those with a message (an
+    imported session: an input or the assistant's text) matching it."""
     async with db.reader(who.user) as conn:
         return await list_sessions(conn, filters, cursor, limit)
 
@@ -372,10 +689,46 @@ async def sessions_page(
 ) -> HTMLResponse:
     async with db.reader(who.user) as conn:
         page = await list_sessions(conn, filters, cursor, limit)
-    query = {k: v for k, v in filters.model_dump(mode="json").items() if v not in (None, "", "all")}
+    query = list_query(filters)
     # snippet_html was escaped before its <mark> tags were added (highlight): it is markup of ours.
     snippets = {s.id: Markup(s.snippet_html) for s in page.sessions if s.snippet_html is not None}
-    return render(request, "sessions.html", {"page": page, "f": filters, "query": query, "snippets": snippets})
+    return render(
+        request,
+        "sessions.html",
+        {
+            "page": page,
+            "f": filters,
+            "query": query,
+            "snippets": snippets,
+            "wider": wider_ranges(query),
+            "sort_queries": sort_queries(query),
+            "cost_window_days": COST_WINDOW_DAYS,
+        },
+    )
+
+
+def sort_queries(query: dict[str, str]) -> dict[str, dict[str, str]]:
+    """The list's query sorted each way (the columns' links)."""
+    by_time = {k: v for k, v in query.items() if k != "sort"}
+    return {"time": by_time, "cost": dict(by_time, sort="cost")}
+
+
+def list_query(filters: BaseModel) -> dict[str, str]:
+    """A list's filters as its URL's query (a blank filter and the defaults left out)."""
+    return {
+        k: v
+        for k, v in filters.model_dump(mode="json").items()
+        if v not in (None, "", "all") and not (k == "sort" and v == "time")
+    }
+
+
+def wider_ranges(query: dict[str, str]) -> dict[str, dict[str, str]]:
+    """Sorted by cost: the same list over the last 30 days and the last year (what `since` to give)."""
+    now = datetime.now(UTC).replace(microsecond=0)
+    return {
+        label: dict(query, since=(now - timedelta(days=days)).isoformat())
+        for label, days in (("the last 30 days", 30), ("the last year", 365))
+    }
 
 
 # One session.
@@ -712,6 +1065,22 @@ TurnView.model_rebuild()
 SessionView.model_rebuild()
 
 
+def parse_session_id(
+    session_id: Annotated[str, Path(max_length=100, description="the session's id, a UUID")],
+) -> uuid.UUID:
+    """A session's id from the URL: anything but a UUID names no session, a 404 that says what an id looks like."""
+    try:
+        return uuid.UUID(session_id)
+    except ValueError:
+        raise HTTPException(
+            404, f"no session “{session_id}”: a session id is a UUID, such as 0193a2f0-5c1e-7a41-9d3b-2f6c8e1b4a70"
+        ) from None
+
+
+#: A path's `{session_id}`, parsed by `parse_session_id`.
+SessionId = Annotated[uuid.UUID, Depends(parse_session_id)]
+
+
 async def _session_or_404(db: Database, who: SignedIn, session_id: uuid.UUID) -> SessionView:
     async with db.reader(who.user) as conn:
         view = await load_session(conn, session_id)
@@ -727,13 +1096,13 @@ async def _session_or_404(db: Database, who: SignedIn, session_id: uuid.UUID) ->
 @router.get(
     "/api/sessions/{session_id}", response_model=SessionView, responses={404: {"description": "no such session"}}
 )
-async def api_session(who: SignedIn, db: Db, session_id: uuid.UUID) -> SessionView:
+async def api_session(who: SignedIn, db: Db, session_id: SessionId) -> SessionView:
     """One session: its turns, messages, tool calls, model calls and delegated child sessions."""
     return await _session_or_404(db, who, session_id)
 
 
 @router.get("/sessions/{session_id}", include_in_schema=False, response_class=HTMLResponse)
-async def session_page(request: Request, who: SignedIn, db: Db, session_id: uuid.UUID) -> HTMLResponse:
+async def session_page(request: Request, who: SignedIn, db: Db, session_id: SessionId) -> HTMLResponse:
     view = await _session_or_404(db, who, session_id)
     return render(request, "session.html", {"s": view, "timeline": timeline.session_timeline(view)})
 
@@ -776,7 +1145,7 @@ def _live(request: Request) -> Live:
 
 
 @router.get("/sessions/{session_id}/live", include_in_schema=False)
-async def session_live(request: Request, who: SignedIn, db: Db, session_id: uuid.UUID) -> EventSourceResponse:
+async def session_live(request: Request, who: SignedIn, db: Db, session_id: SessionId) -> EventSourceResponse:
     """Server-sent events for the page (pages/timeline.py): `update` (what changed, merged into its turn),
     `reload` (events were dropped)."""
     profile, known = await timeline.known_or_404(db, who, session_id)
@@ -790,7 +1159,7 @@ async def session_live(request: Request, who: SignedIn, db: Db, session_id: uuid
     response_class=EventSourceResponse,
     responses={200: {"content": {"text/event-stream": {}}, "description": "the session's events as they happen"}},
 )
-async def api_session_events(request: Request, who: SignedIn, db: Db, session_id: uuid.UUID) -> EventSourceResponse:
+async def api_session_events(request: Request, who: SignedIn, db: Db, session_id: SessionId) -> EventSourceResponse:
     """Server-sent events: each of the session's events from now on, named by its type, as its JSON."""
     profile = await _visible_profile(db, who, session_id)
     live = _live(request)
