@@ -40,7 +40,7 @@ from commonos.accounting.cost_queries import (
 )
 from commonos.billing.report import GroupBy, cost_report
 from commonos.billing.schema import REBUILD_CALL_DAYS, SCHEMA
-from commonos.console.pages.costs import GROUPINGS, MAX_GROUPS, ORIGIN, load
+from commonos.console.pages.costs import GROUPINGS, MAX_GROUPS, ORIGIN, Params, load
 from commonos.runtime.embedded import PostgresCluster
 
 #: The report's count of the calls outside the range as it was, over model_calls.
@@ -95,7 +95,7 @@ async def raw_page(conn: asyncpg.Connection, since: datetime) -> list[Any]:
 
 async def rollup_page(conn: asyncpg.Connection, since: datetime) -> Any:
     async with conn.transaction():
-        return await load(conn, since, None, "client")
+        return await load(conn, Params(since, None, "client"))
 
 
 def same(raw: list[Any], page: Any) -> bool:

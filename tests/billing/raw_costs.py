@@ -17,6 +17,7 @@ from commonos.accounting.cost_queries import (
     UNTAGGED_SQL,
     CostRow,
     grouped_sql,
+    tag_counting_note,
 )
 from commonos.billing.report import CostReport, GroupBy
 from commonos.runtime.postgres import Conn
@@ -47,11 +48,8 @@ async def raw_report(conn: Conn, group_by: GroupBy, since: datetime | None, unti
     assert total is not None and outside is not None
     total_row = CostRow.from_record(total, None, TOTAL_LABEL)
     notes: list[str] = []
-    if group_by.kind == "tag":
-        notes.append(
-            f"Each call is counted once in every {group_by.tag_key}: group it carries, so groups can add up to "
-            "more than the total; the total counts each call once."
-        )
+    if group_by.tag_key is not None:  # a grouping by a tag key
+        notes.append(tag_counting_note(group_by.tag_key))
     if outside["before"]:
         first = outside["first"].date().isoformat()
         notes.append(

@@ -75,6 +75,27 @@ def call(at: datetime, model: str = "gpt-99-imaginary", **fields: Any) -> ev.Mod
     )
 
 
+async def test_the_tag_note_reads_as_a_sentence(nats_url: str, database_url: str) -> None:
+    """Issue 32: the note of a tag grouping read "counted once in every client: group it carries". It says in
+    plain words what the numbers above it show: a call of two clients is in both groups, once in the total."""
+    now = datetime.now(UTC)
+    calls = [call(now, "o4-mini", tags=("client:acme", "client:initech")), call(now, "o4-mini")]
+    acks = await publish_all(nats_url, calls)
+    async with billing(nats_url, database_url):
+        await wait_for_position(database_url, "billing", acks[-1].seq, table=POSITIONS)
+    run = await acos(database_url, "report", "cost", "--group-by", "tag:client")
+    assert (run.code, run.err) == (0, "")
+    rows = {line.split()[0]: line.split()[2] for line in run.out.splitlines()[2:] if line.startswith("client:")}
+    assert rows == {"client:acme": "2", "client:initech": "1"}
+    assert [line for line in run.out.splitlines() if line.startswith("Note: ")] == [
+        "Note: A call that carries more than one client tag (client:a and client:b) is counted in the group of "
+        "each, so the groups can add up to more than the total, which counts every call once."
+    ]
+    assert "group it carries" not in run.out
+    as_json = await acos(database_url, "report", "cost", "--group-by", "tag:team", "--format", "json")
+    assert as_json.json()["notes"][0].startswith("A call that carries more than one team tag (team:a and team:b)")
+
+
 async def test_report_sums_are_exact_beyond_64_bits(nats_url: str, database_url: str) -> None:
     now = datetime.now(UTC)
     calls = [

@@ -149,6 +149,10 @@ def test_the_first_five_minutes(tmp_path: Path) -> None:
         )
         table = cos(up.data, "report", "cost")
         assert table.returncode == 0 and lines(table.stdout)[0].startswith("Cost by model, ")
+        # The README's cost per client: the default profile bills its turns to client:acme, not to "(none)".
+        by_client = report(up, "--group-by", "tag:client")
+        assert [(g["group"], g["calls"]) for g in by_client["groups"]] == [("client:acme", 1)]
+        assert by_client["untagged"] is None and by_client["total"]["usd"] == month["total"]["usd"]
 
         state = cos(up.data, "status", "--format", "json")
         assert state.returncode == 0, state.stdout

@@ -22,12 +22,19 @@ def write(root: Path, profile_id: str, config: str) -> Path:
 def test_the_sample_profile_loads_and_its_script_parses() -> None:
     profiles = load_profiles(REPO / "profiles")
     default = profiles["default"]
-    assert default.tags == ("area:demo", "team:core")
+    assert default.tags == ("area:demo", "client:acme", "team:core")
     assert default.tools == BUILTIN_TOOLS
     assert default.approval.for_tool("shell", high_risk=True) is Policy.ASK
     assert default.approval.for_tool("write_file", high_risk=True) is Policy.DENY
     assert isinstance(build_provider(default), ScriptedProvider)
     assert tuple(builtin_tools()) == BUILTIN_TOOLS
+
+
+def test_the_default_profile_bills_its_turns_to_a_client() -> None:
+    """Issue 32: under `cos up` the default profile had no `client:` tag, so the README's cost per client showed
+    only "(none)"; its turns now carry one, which `cos report cost --group-by tag:client` groups by."""
+    default = load_profiles(REPO / "profiles")["default"]
+    assert [tag for tag in default.tags if tag.startswith("client:")] == ["client:acme"]
 
 
 def test_defaults_and_a_prompt_file(tmp_path: Path) -> None:

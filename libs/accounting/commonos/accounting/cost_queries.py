@@ -10,6 +10,11 @@ A range of arbitrary times reads the rollup for the whole UTC days it covers and
 of days at its ends (`days_args` splits it: ``$1`` since, ``$2`` until, ``$3`` the first whole day's start,
 ``$4`` the end of the last one, and ``$5`` the tag prefix); the two never hold the same call, so every sum is
 the one the queries over `model_calls` give, to the digit.
+
+The rollup's queries also take a `CallFilter` (a profile, a model, tag values such as ``client:acme``): its
+condition reads only the rollup's key, so a filtered sum is as exact as an unfiltered one; its arguments follow
+the query's own. What the rollup cannot answer, the calls per UTC hour, is read from `model_calls`
+(`hours_source`) with the same columns.
 """
 
 from __future__ import annotations
@@ -180,19 +185,69 @@ def days_args(since: datetime, until: datetime | None) -> list[datetime]:
     return [since, end, midnight, last]
 
 
-#: One row per call of the range's partial days, one per rollup row of its whole days: the same columns.
-DAYS_SOURCE: Final = """(
+@dataclass(frozen=True, slots=True)
+class CallFilter:
+    """Which calls a report counts: those of one profile, of one model and carrying every one of `tags` (None or
+    empty: any). It reads only columns of the rollup's key (`profile_id`, `model`, the tag set), so the rollup
+    answers it as exactly as `model_calls` does."""
+
+    profile: str | None = None
+    model: str | None = None
+    tags: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return self.profile is not None or self.model is not None or bool(self.tags)
+
+    def condition(self, first: int) -> tuple[str, list[Any]]:
+        """The SQL condition (over the columns `model_calls` and `model_call_days` share) and its arguments,
+        numbered from ``$first``: ``true`` and none when it lets every call through."""
+        parts: list[str] = []
+        args: list[Any] = []
+        for column, value in (("profile_id", self.profile), ("model", self.model)):
+            if value is not None:
+                args.append(value)
+                parts.append(f"{column} = ${first + len(args) - 1}")
+        if self.tags:
+            args.append(list(self.tags))
+            parts.append(f"tags @> ${first + len(args) - 1}::text[]")
+        return " AND ".join(parts) or "true", args
+
+
+#: One call as a row of the rollup's columns (after its day).
+_CALL_AS_SUMS: Final = """profile_id, provider, model, cost_status, tags, 1 AS calls,
+           (cost_usd IS NULL)::int AS unpriced_calls, coalesce(cost_usd, 0) AS usd, input_tokens, output_tokens,
+           cache_read_tokens, cache_write_5m_tokens, cache_write_1h_tokens, reasoning_tokens"""
+
+
+def days_source(where: str = "true") -> str:
+    """One row per call of the range's partial days, one per rollup row of its whole days: the same columns.
+    Only the rows where `where` (a `CallFilter.condition`) holds."""
+    return f"""(
     SELECT day, profile_id, provider, model, cost_status, tags, calls, unpriced_calls, usd, input_tokens,
            output_tokens, cache_read_tokens, cache_write_5m_tokens, cache_write_1h_tokens, reasoning_tokens
     FROM model_call_days
     WHERE day >= ($3::timestamptz AT TIME ZONE 'UTC')::date AND day < ($4::timestamptz AT TIME ZONE 'UTC')::date
+      AND ({where})
     UNION ALL
-    SELECT (created_at AT TIME ZONE 'UTC')::date, profile_id, provider, model, cost_status, tags, 1,
-           (cost_usd IS NULL)::int, coalesce(cost_usd, 0), input_tokens, output_tokens, cache_read_tokens,
-           cache_write_5m_tokens, cache_write_1h_tokens, reasoning_tokens
+    SELECT (created_at AT TIME ZONE 'UTC')::date, {_CALL_AS_SUMS}
     FROM model_calls
-    WHERE (created_at >= $1 AND created_at < $3) OR (created_at >= $4 AND created_at < $2)
+    WHERE ((created_at >= $1 AND created_at < $3) OR (created_at >= $4 AND created_at < $2)) AND ({where})
 ) AS c"""
+
+
+def hours_source(where: str = "true") -> str:
+    """The calls from ``$1`` to ``$2`` (exclusive) where `where` holds, each a row of the rollup's columns with its
+    UTC hour (`hour`, a timestamptz) for a day: what the rollup cannot answer, read from `model_calls` (whose
+    monthly partitions the range prunes)."""
+    return f"""(
+    SELECT date_trunc('hour', created_at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' AS hour, {_CALL_AS_SUMS}
+    FROM model_calls
+    WHERE created_at >= $1 AND created_at < $2 AND ({where})
+) AS c"""
+
+
+#: Every call of the range: what `cos report cost` reads.
+DAYS_SOURCE: Final = days_source()
 
 _SUMS: Final = (
     "calls",
@@ -206,13 +261,19 @@ _SUMS: Final = (
     "reasoning_tokens",
 )
 
-#: `DAYS_SOURCE` summed per tag set first: what a grouping by the tags alone reads (far fewer rows to unnest or
-#: to look into than the days' rows).
-DAYS_BY_TAGS: Final = f"""(
+
+def days_by_tags(where: str = "true") -> str:
+    """`days_source(where)` summed per tag set first: what a grouping by the tags alone reads (far fewer rows to
+    unnest or to look into than the days' rows)."""
+    return f"""(
     SELECT tags, {", ".join(f"sum({c}) AS {c}" for c in _SUMS)}
-    FROM {DAYS_SOURCE}
+    FROM {days_source(where)}
     GROUP BY tags
 ) AS t"""
+
+
+DAYS_BY_TAGS: Final = days_by_tags()
+
 
 #: `AGGREGATES` over `DAYS_SOURCE`: the USD is null when no call of the group is priced.
 DAYS_AGGREGATES: Final = """
@@ -228,13 +289,31 @@ DAYS_AGGREGATES: Final = """
 #: `GROUP_EXPRESSIONS` over `DAYS_SOURCE` (its `day` is the UTC date already).
 DAYS_GROUP_EXPRESSIONS: Final = {**GROUP_EXPRESSIONS, "day": "to_char(day, 'YYYY-MM-DD')"}
 
-DAYS_TOTAL_SQL: Final = f"SELECT {DAYS_AGGREGATES} FROM {DAYS_SOURCE}"
-#: The calls without a tag of the key ($5).
-DAYS_UNTAGGED_SQL: Final = f"""
-    SELECT {DAYS_AGGREGATES} FROM {DAYS_BY_TAGS}
+
+def days_total_sql(where: str = "true") -> str:
+    return f"SELECT {DAYS_AGGREGATES} FROM {days_source(where)}"
+
+
+def days_untagged_sql(where: str = "true") -> str:
+    """The calls without a tag of the key ($5)."""
+    return f"""
+    SELECT {DAYS_AGGREGATES} FROM {days_by_tags(where)}
     WHERE NOT EXISTS (SELECT 1 FROM unnest(tags) AS tag WHERE starts_with(tag, $5))"""
-#: How many calls the range holds and the UTC day of the first (null when none).
-DAYS_CALLS_SQL: Final = f"SELECT coalesce(sum(calls), 0)::bigint AS calls, min(day) AS first FROM {DAYS_SOURCE}"
+
+
+def days_calls_sql(where: str = "true") -> str:
+    """How many calls the range holds, and the UTC days of the first and of the last (null when none)."""
+    return (
+        "SELECT coalesce(sum(calls), 0)::bigint AS calls, min(day) AS first, max(day) AS last "
+        f"FROM {days_source(where)}"
+    )
+
+
+DAYS_TOTAL_SQL: Final = days_total_sql()
+#: The calls without a tag of the key ($5).
+DAYS_UNTAGGED_SQL: Final = days_untagged_sql()
+#: How many calls the range holds and the UTC days of the first and the last (null when none).
+DAYS_CALLS_SQL: Final = days_calls_sql()
 
 
 def days_grouped_sql(
@@ -242,21 +321,22 @@ def days_grouped_sql(
     expressions: Mapping[str, str] = DAYS_GROUP_EXPRESSIONS,
     limit: int | None = None,
     of_tags: Collection[str] = (),
+    where: str = "true",
 ) -> str:
-    """`grouped_sql` over `DAYS_SOURCE` (the tag prefix is $5): the same groups, in the same order. `tag` and
-    the kinds of `of_tags` (an expression of `tags` alone) read the sums per tag set (`DAYS_BY_TAGS`)."""
+    """`grouped_sql` over `days_source(where)` (the tag prefix is $5): the same groups, in the same order. `tag`
+    and the kinds of `of_tags` (an expression of `tags` alone) read the sums per tag set (`days_by_tags`)."""
     cut = f"\n            LIMIT {limit}" if limit is not None else ""
     if kind == "tag":
         return f"""
             SELECT tag AS grp, {DAYS_AGGREGATES}
-            FROM {DAYS_BY_TAGS}, unnest(tags) AS tag
+            FROM {days_by_tags(where)}, unnest(tags) AS tag
             WHERE starts_with(tag, $5)
             GROUP BY tag
             ORDER BY usd DESC NULLS LAST, grp{cut}"""
     order = "grp" if kind == "day" else "usd DESC NULLS LAST, grp"
     return f"""
             SELECT {expressions[kind]} AS grp, {DAYS_AGGREGATES}
-            FROM {DAYS_BY_TAGS if kind in of_tags else DAYS_SOURCE}
+            FROM {days_by_tags(where) if kind in of_tags else days_source(where)}
             GROUP BY grp
             ORDER BY {order}{cut}"""
 
@@ -309,3 +389,12 @@ combos AS MATERIALIZED (
 ),
 by_tags AS MATERIALIZED (SELECT tags, {sums} FROM combos GROUP BY tags)
 {union}"""
+
+
+def tag_counting_note(tag_key: str) -> str:
+    """What a grouping by a tag key says of the calls that carry two tags of the key, in one sentence: `cos report
+    cost`'s note and the console's."""
+    return (
+        f"A call that carries more than one {tag_key} tag ({tag_key}:a and {tag_key}:b) is counted in the group of "
+        "each, so the groups can add up to more than the total, which counts every call once."
+    )

@@ -36,6 +36,7 @@ from commonos.accounting.cost_queries import (
     days_args,
     days_grouped_sql,
     parse_when,
+    tag_counting_note,
 )
 from commonos.accounting.csv_cells import cost_csv
 from commonos.runtime.cli_support import shown
@@ -131,11 +132,8 @@ async def cost_report(
         CostRow.from_record(untagged, None, UNTAGGED_LABEL) if untagged is not None and untagged["calls"] else None
     )
     notes: list[str] = []
-    if group_by.kind == "tag":
-        notes.append(
-            f"Each call is counted once in every {group_by.tag_key}: group it carries, so groups can add up to "
-            "more than the total; the total counts each call once."
-        )
+    if group_by.tag_key is not None:  # a grouping by a tag key
+        notes.append(tag_counting_note(group_by.tag_key))
     if before["calls"]:
         first = before["first"].isoformat()
         notes.append(
