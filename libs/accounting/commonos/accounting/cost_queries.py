@@ -348,9 +348,12 @@ TOTAL_KIND: Final = "total"
 STATUS_KIND: Final = "status"
 
 
-def days_tables_sql(expressions: Mapping[str, str], of_tags: Collection[str] = (), limit: int | None = None) -> str:
+def days_tables_sql(
+    expressions: Mapping[str, str], of_tags: Collection[str] = (), limit: int | None = None, where: str = "true"
+) -> str:
     """Every table of a cost page in one statement over `DAYS_SOURCE` ($1 to $4 as `days_args` gives them, $5
-    the tag prefix): rows of (kind, grp, the `DAYS_AGGREGATES` columns), kind being `tag`, a key of
+    the tag prefix; `where` filters the calls as `days_source` does): rows of (kind, grp, the `DAYS_AGGREGATES`
+    columns), kind being `tag`, a key of
     `expressions`, `UNTAGGED_KIND`, `TOTAL_KIND` or `STATUS_KIND` (grp the cost status); each kind's groups
     in `days_grouped_sql`'s order, at most `limit` of them. The same sums as those queries one by one.
 
@@ -382,7 +385,7 @@ def days_tables_sql(expressions: Mapping[str, str], of_tags: Collection[str] = (
         )
     union = "\nUNION ALL\n".join(parts)
     return f"""
-WITH src AS MATERIALIZED (SELECT * FROM {DAYS_SOURCE}),
+WITH src AS MATERIALIZED (SELECT * FROM {days_source(where)}),
 combos AS MATERIALIZED (
     SELECT profile_id, provider, model, cost_status, tags, {sums}
     FROM src GROUP BY profile_id, provider, model, cost_status, tags

@@ -55,17 +55,18 @@ from pydantic import BaseModel, Field
 from commonos.accounting.cost_queries import (
     DAYS_AGGREGATES,
     FIRST_INSTANT,
+    STATUS_KIND,
+    TOTAL_KIND,
     TOTAL_LABEL,
+    UNTAGGED_KIND,
     UNTAGGED_LABEL,
     CallFilter,
     CostRow,
     ReportError,
     days_args,
     days_calls_sql,
-    days_grouped_sql,
     days_source,
-    days_total_sql,
-    days_untagged_sql,
+    days_tables_sql,
     hours_source,
     parse_when,
     tag_counting_note,
@@ -427,18 +428,28 @@ def status_sql(where: str) -> str:
 STATUS_SQL: Final = status_sql("true")
 
 
-async def _table(conn: Conn, kind: str, times: list[datetime], tag_key: str, only: CallFilter) -> CostTable:
-    where, args = with_filter([*times, f"{tag_key}:"] if kind == "tag" else times, only)
-    sql = days_grouped_sql(kind, GROUP_EXPRESSIONS, MAX_GROUPS + 1, of_tags=("origin",), where=where)
-    records = await conn.fetch(sql, *args)
-    rows = [CostRow.from_record(r, r["grp"], str(r["grp"])) for r in records[:MAX_GROUPS]]
-    untagged: CostRow | None = None
-    if kind == "tag":
-        found = await conn.fetchrow(days_untagged_sql(where), *args)
-        if found is not None and found["calls"]:
-            untagged = CostRow.from_record(found, None, UNTAGGED_LABEL)
-    name = f"tag:{tag_key}" if kind == "tag" else kind
-    return CostTable(group_by=name, rows=rows, untagged=untagged, truncated=len(records) > MAX_GROUPS)
+async def _tables(
+    conn: Conn, times: list[datetime], tag_key: str, only: CallFilter
+) -> tuple[dict[str, CostTable], CostRow, list[StatusRow]]:
+    """Every table, the total and the statuses in one statement (`days_tables_sql`: the range's rows read once)."""
+    where, args = with_filter([*times, f"{tag_key}:"], only)
+    sql = days_tables_sql(GROUP_EXPRESSIONS, of_tags=("origin",), limit=MAX_GROUPS + 1, where=where)
+    by_kind: dict[str, list[Any]] = {}
+    for record in await conn.fetch(sql, *args):
+        by_kind.setdefault(record["kind"], []).append(record)
+    tables: dict[str, CostTable] = {}
+    for kind in GROUPINGS:
+        records = by_kind.get(kind, [])
+        rows = [CostRow.from_record(r, r["grp"], str(r["grp"])) for r in records[:MAX_GROUPS]]
+        untagged: CostRow | None = None
+        if kind == "tag":
+            found = by_kind[UNTAGGED_KIND][0]
+            untagged = CostRow.from_record(found, None, UNTAGGED_LABEL) if found["calls"] else None
+        name = f"tag:{tag_key}" if kind == "tag" else kind
+        tables[kind] = CostTable(group_by=name, rows=rows, untagged=untagged, truncated=len(records) > MAX_GROUPS)
+    total = CostRow.from_record(by_kind[TOTAL_KIND][0], None, TOTAL_LABEL)
+    statuses = [StatusRow(cost_status=r["grp"], calls=r["calls"], usd=r["usd"]) for r in by_kind.get(STATUS_KIND, [])]
+    return tables, total, statuses
 
 
 async def _outside(conn: Conn, since: datetime, until: datetime | None, only: CallFilter) -> OutsideRange:
@@ -693,12 +704,7 @@ async def load(conn: Conn, p: Params) -> CostReport:
             {"interval": "day"},
         )
     times = days_args(resolved, p.until)
-    tables = {kind: await _table(conn, kind, times, p.tag_key, p.only) for kind in GROUPINGS}
-    where, args = with_filter(times, p.only)
-    total = await conn.fetchrow(days_total_sql(where), *args)
-    assert total is not None
-    statuses = [StatusRow(**dict(r)) for r in await conn.fetch(status_sql(where), *args)]
-    total_row = CostRow.from_record(total, None, TOTAL_LABEL)
+    tables, total_row, statuses = await _tables(conn, times, p.tag_key, p.only)
     series = await _series(conn, p, resolved, reach, times, tables)
     outside = await _outside(conn, resolved, p.until, p.only)
     notes = [tag_counting_note(p.tag_key)]
