@@ -66,6 +66,14 @@ def moment(text: str) -> datetime:
     return value.astimezone(UTC)
 
 
+def duration(text: str) -> float:
+    """Seconds: `30`, `30s`, `15m`, `2h`, `7d`."""
+    match = _DURATION.fullmatch(text.strip()) or re.fullmatch(r"(\d+(?:\.\d+)?)()", text.strip())
+    if match is None or float(match.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 30s, 15m or 7d")
+    return float(match.group(1)) * _UNITS.get(match.group(2), 1)
+
+
 def rfc3339(value: datetime) -> str:
     return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
@@ -146,8 +154,12 @@ def wanted_config(args: argparse.Namespace) -> ConsumerConfig:
         filter_subject=args.filter,
         deliver_policy=DeliverPolicy.ALL,
         ack_policy=AckPolicy.EXPLICIT,
-        ack_wait=30,
-        max_ack_pending=1000,
+        ack_wait=args.ack_wait,
+        # One event in flight: an event a crashed run held comes back (after ack_wait) before any later one,
+        # so each session's events arrive in stream order, across restarts too (deploy/SUBSCRIBERS.md).
+        max_ack_pending=1,
+        # Removed by the server after this long without a reader: no consumer is left behind forever.
+        inactive_threshold=args.inactive_threshold,
     )
     if args.from_seq is not None:
         config.deliver_policy, config.opt_start_seq = DeliverPolicy.BY_START_SEQUENCE, args.from_seq
@@ -196,7 +208,11 @@ async def ensure_consumer(nc: Client, args: argparse.Namespace) -> ConsumerInfo:
     same_filter = have_filter == args.filter
     same_start = not start_asked or start_of(have) == start_of(wanted)
     if same_filter and same_start and not args.reset:
-        return existing  # goes on after its last acknowledged event
+        # Goes on after its last acknowledged event, with this recipe's order and expiry (editable settings).
+        kept = {key: getattr(wanted, key) for key in ("ack_wait", "max_ack_pending", "inactive_threshold")}
+        if any(getattr(have, key) != value for key, value in kept.items()):
+            return await js.add_consumer(STREAM, have.evolve(**kept))
+        return existing
     if not args.reset:
         differs = f"reads {have_filter!r}" if not same_filter else f"started {start_of(have)}"
         at = existing.delivered.stream_seq if existing.delivered else 0
@@ -246,8 +262,8 @@ async def read(nc: Client, args: argparse.Namespace, stop: asyncio.Event) -> Non
         while not stop.is_set() and (args.max is None or seen < args.max):
             if args.idle_exit is not None and time.monotonic() - last_event >= args.idle_exit:
                 return
-            want = 100 if args.max is None else min(100, args.max - seen)
-            fetching = asyncio.ensure_future(sub.fetch(want, timeout=1.0))
+            # One at a time: the consumer has at most one event in flight (max_ack_pending=1).
+            fetching = asyncio.ensure_future(sub.fetch(1, timeout=1.0))
             await asyncio.wait({fetching, stopping}, return_when="FIRST_COMPLETED")
             if not fetching.done():  # SIGTERM during the wait: leave at once (nothing was handed to us)
                 fetching.cancel()
@@ -312,6 +328,20 @@ def parser() -> argparse.ArgumentParser:
         "--from-time", type=moment, metavar="T", help="a new consumer starts at store time T (RFC 3339, or 15m ago)"
     )
     start.add_argument("--new", action="store_true", help="a new consumer reads only what comes next")
+    p.add_argument(
+        "--ack-wait",
+        type=duration,
+        default=30.0,
+        metavar="S",
+        help="how long an event handed out and not acknowledged (a crash) waits before it comes again (default 30s)",
+    )
+    p.add_argument(
+        "--inactive-threshold",
+        type=duration,
+        default=7 * 86400.0,
+        metavar="S",
+        help="the server removes the consumer after this long without a reader (default 7d)",
+    )
     p.add_argument("--reset", action="store_true", help="give an existing consumer this filter and start again")
     p.add_argument("--occurred-after", type=moment, metavar="T", help="skip events whose occurred_at is before T")
     p.add_argument("--max", "--count", type=int, default=None, metavar="N", help="stop after N events")
