@@ -40,6 +40,13 @@ function moment(text: string): Date {
   return value;
 }
 
+/** Seconds: `30`, `30s`, `15m`, `2h`, `7d`. */
+function seconds(text: string): number {
+  const match = /^(\d+(?:\.\d+)?)([smhd]?)$/.exec(text.trim());
+  if (!match || Number(match[1]) <= 0) throw new Refused(`${text} is not a duration such as 30s, 15m or 7d`);
+  return Number(match[1]) * ({ "": 1, s: 1, m: 60, h: 3600, d: 86400 }[match[2] as "" | "s" | "m" | "h" | "d"]);
+}
+
 const { values: opts } = parseArgs({
   options: {
     server: { type: "string", default: process.env.COS_NATS_URL ?? "nats://127.0.0.1:4222" },
@@ -51,6 +58,8 @@ const { values: opts } = parseArgs({
     "from-time": { type: "string" },
     new: { type: "boolean", default: false },
     reset: { type: "boolean", default: false },
+    "ack-wait": { type: "string", default: "30s" },
+    "inactive-threshold": { type: "string", default: "7d" },
     "occurred-after": { type: "string" },
     max: { type: "string" },
     "idle-exit": { type: "string" },
@@ -93,8 +102,12 @@ function wantedConfig(): Partial<ConsumerConfig> {
     filter_subject: opts.filter,
     deliver_policy: DeliverPolicy.All,
     ack_policy: AckPolicy.Explicit,
-    ack_wait: 30_000_000_000, // nanoseconds
-    max_ack_pending: 1000,
+    ack_wait: seconds(opts["ack-wait"] ?? "30s") * 1e9, // nanoseconds
+    // One event in flight: an event a crashed run held comes back (after ack_wait) before any later one,
+    // so each session's events arrive in stream order, across restarts too (deploy/SUBSCRIBERS.md).
+    max_ack_pending: 1,
+    // Removed by the server after this long without a reader: no consumer is left behind forever.
+    inactive_threshold: seconds(opts["inactive-threshold"] ?? "7d") * 1e9,
   };
   if (opts["from-seq"] !== undefined) {
     config.deliver_policy = DeliverPolicy.StartSequence;
@@ -149,7 +162,18 @@ async function ensureConsumer(nc: NatsConnection): Promise<void> {
   const startAsked = opts["from-seq"] !== undefined || opts["from-time"] !== undefined || opts.new;
   const sameFilter = haveFilter === opts.filter;
   const sameStart = !startAsked || startOf(have) === startOf(wanted);
-  if (sameFilter && sameStart && !opts.reset) return; // goes on after its last acknowledged event
+  if (sameFilter && sameStart && !opts.reset) {
+    // Goes on after its last acknowledged event, with this recipe's order and expiry (editable settings).
+    const kept = {
+      ack_wait: wanted.ack_wait,
+      max_ack_pending: wanted.max_ack_pending,
+      inactive_threshold: wanted.inactive_threshold,
+    };
+    if (Object.entries(kept).some(([key, value]) => have[key as keyof typeof kept] !== value)) {
+      await jsm.consumers.update(STREAM, opts.durable ?? "", kept);
+    }
+    return;
+  }
   if (!opts.reset) {
     const differs = sameFilter ? `started ${startOf(have)}` : `reads '${haveFilter}'`;
     throw new Refused(
@@ -233,7 +257,8 @@ async function main(): Promise<number> {
     let seen = 0;
     let lastEvent = Date.now();
     while (!stopping && seen < max && Date.now() - lastEvent < idleMs) {
-      const batch = await consumer.fetch({ max_messages: Math.min(100, max - seen), expires: 1000 });
+      // One at a time: the consumer has at most one event in flight (max_ack_pending=1).
+      const batch = await consumer.fetch({ max_messages: 1, expires: 1000 });
       wake = () => batch.stop(); // SIGTERM during the wait: leave at once (nothing was handed to us)
       for await (const msg of batch) {
         const event = decode(msg);
