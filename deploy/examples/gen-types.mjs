@@ -77,6 +77,10 @@ function bundle(root, rootUrl) {
       if (["$id", "$schema", "$defs", "definitions", "$comment"].includes(key)) continue;
       out[key] = key === "$ref" && typeof value === "string" ? reference(value, inner) : walk(value, inner);
     }
+    // An object whose keys the schema leaves open (tool `args`: any JSON object) is a map of unknown values,
+    // not `{}` (compile's additionalProperties: false is for the objects whose properties are listed).
+    const open = !("properties" in out || "patternProperties" in out || "additionalProperties" in out);
+    if (out.type === "object" && open) out.additionalProperties = true;
     return out;
   }
   function reference(ref, scope) {
