@@ -7,7 +7,9 @@
 One line per event: the stream sequence, the CloudEvents type, the subject and the event id (`--headers`
 adds the headers, decoded). Each event is acknowledged after it is printed, so a restarted subscriber goes
 on after the last one it acknowledged (the consumer is durable); a crash before the acknowledgement means
-the event comes again: make handling idempotent by its event id.
+the event comes again: make handling idempotent by its event id. One event is in flight at a time
+(`max_ack_pending=1`), so each session's events come in stream order, after a crash too; the consumer is
+removed by the server after `--inactive-threshold` (7 days) without a reader.
 
 Where a new consumer starts: the first event of the stream (default), `--from-seq N`, `--from-time T`
 (JetStream's store time, not the event's time: see deploy/SUBSCRIBERS.md) or `--new`. An existing consumer
