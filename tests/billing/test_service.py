@@ -182,7 +182,7 @@ async def test_rows_the_seed_query_and_the_cost_report(
         assert sum(r.usd or 0 for r in report.groups) > (report.total.usd or 0)
         assert report.untagged is not None and report.untagged.calls == 1
         assert report.total.unpriced_calls == 1
-        assert "once in every client: group" in report.notes[0]
+        assert "counted in the group of each" in report.notes[0]
         total_usd = await conn.fetchval(
             "SELECT sum(cost_usd) FROM model_calls WHERE created_at >= date_trunc('month', now())"
         )

@@ -74,7 +74,8 @@ class Instrumented:
             return
         started = time.perf_counter()
         code = 500
-        cacheable = str(scope.get("path", "")).startswith("/static/")
+        # Static files and the public JSON Schemas (pages/schemas.py) say their own caching; nothing else is stored.
+        cacheable = str(scope.get("path", "")).startswith(("/static/", "/schemas/"))
 
         async def send_wrapped(message: Message) -> None:
             nonlocal code
