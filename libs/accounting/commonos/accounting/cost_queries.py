@@ -249,7 +249,8 @@ def hours_source(where: str = "true") -> str:
 #: Every call of the range: what `cos report cost` reads.
 DAYS_SOURCE: Final = days_source()
 
-_SUMS: Final = (
+#: The columns a source's rows are summed by (`DAYS_AGGREGATES`).
+SUM_COLUMNS: Final = (
     "calls",
     "unpriced_calls",
     "usd",
@@ -266,7 +267,7 @@ def days_by_tags(where: str = "true") -> str:
     """`days_source(where)` summed per tag set first: what a grouping by the tags alone reads (far fewer rows to
     unnest or to look into than the days' rows)."""
     return f"""(
-    SELECT tags, {", ".join(f"sum({c}) AS {c}" for c in _SUMS)}
+    SELECT tags, {", ".join(f"sum({c}) AS {c}" for c in SUM_COLUMNS)}
     FROM {days_source(where)}
     GROUP BY tags
 ) AS t"""
@@ -361,7 +362,7 @@ def days_tables_sql(
     status and tag set, whose far fewer rows every other table sums again (those of `of_tags`, expressions of
     `tags` alone, and `tag` from the sums per tag set)."""
     cut = f" LIMIT {limit}" if limit is not None else ""
-    sums = ", ".join(f"sum({c}) AS {c}" for c in _SUMS)
+    sums = ", ".join(f"sum({c}) AS {c}" for c in SUM_COLUMNS)
     by_cost = "usd DESC NULLS LAST, grp"
     parts = [
         f"(SELECT 'tag' AS kind, tag AS grp, {DAYS_AGGREGATES} FROM by_tags, unnest(tags) AS tag "

@@ -56,6 +56,7 @@ from commonos.accounting.cost_queries import (
     DAYS_AGGREGATES,
     FIRST_INSTANT,
     STATUS_KIND,
+    SUM_COLUMNS,
     TOTAL_KIND,
     TOTAL_LABEL,
     UNTAGGED_KIND,
@@ -394,19 +395,6 @@ ApiParams = Annotated[Params, Depends(_api_params)]
 
 
 # Queries.
-
-#: The columns a source's rows are summed by (`DAYS_AGGREGATES`).
-SUM_COLUMNS: Final = (
-    "calls",
-    "unpriced_calls",
-    "usd",
-    "input_tokens",
-    "output_tokens",
-    "cache_read_tokens",
-    "cache_write_5m_tokens",
-    "cache_write_1h_tokens",
-    "reasoning_tokens",
-)
 
 
 def with_filter(base: Sequence[Any], only: CallFilter) -> tuple[str, list[Any]]:
