@@ -224,6 +224,35 @@ async def test_sorted_by_cost_in_keyset_pages(
     assert costs == sorted(costs, reverse=True) and len(costs) == 3
 
 
+async def test_search_sorted_by_cost_is_the_same_from_the_matches_and_from_the_ranked_sessions(
+    console: RunningConsole, console_db: Seeded, hostile: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A common word sorted by cost checks the ranked sessions in rank order until a page is full; a rare one
+    ranks its matches. Both give the same sessions in the same order, in keyset pages."""
+    client, _ = await console.signed_in("olivia")
+    parent, child = hostile
+
+    async def pages() -> list[tuple[str, str | None]]:
+        seen: list[tuple[str, str | None]] = []
+        cursor: str | None = None
+        while True:
+            url = f"/api/sessions?q=xylophone&sort=cost&since={SINCE}&limit=1" + (f"&cursor={cursor}" if cursor else "")
+            page = await get_json(client, url)
+            seen += [(r["id"], r["cost_usd"]) for r in page["sessions"]]
+            assert all("<mark>xylophone</mark>" in r["snippet_html"] for r in page["sessions"])
+            cursor = page["next_cursor"]
+            if cursor is None:
+                return seen
+
+    monkeypatch.setattr(sessions_page, "FEW_HITS", 2000)
+    from_matches = await pages()
+    monkeypatch.setattr(sessions_page, "FEW_HITS", 1)
+    walked = await pages()
+    assert walked == from_matches
+    # The parent ranks with its child's calls included: first.
+    assert [i for i, _ in walked] == [str(parent.session_id), str(child.session_id)]
+
+
 async def test_a_parent_row_shows_its_profile_tags_as_its_child_does(
     console: RunningConsole, console_db: Seeded, nats_url: str
 ) -> None:

@@ -308,7 +308,8 @@ def _loop_query(
     Without it, from the newest sessions, each checked in seq order until a message matches. The search's
     statements are planned for their own `q` (plan_cache_mode, see list_sessions): the tsquery is computed
     once, when planning, and a rare word's estimate is its own. Sorted by cost: the sessions started from
-    `since` on, ranked by `_loop_ranked`.
+    `since` on, ranked by `_loop_ranked`; with a common word (no `hits`), checked in rank order until the page
+    is full.
     """
     q = _Query()
     by_cost = f.sort == "cost"
@@ -327,10 +328,12 @@ def _loop_query(
         f"{LOOP_DURATION} AS duration_s"
     )
     ts = q.arg(f.q) if f.q else ""
+    # A common word sorted by cost: the ranked sessions are checked in rank order until the page is full (below).
+    walk_ranked = bool(f.q) and by_cost and hits is None
     if f.q and hits is not None:
         q.add(f"s.id = ANY({q.arg(hits)}::uuid[])")
-    elif f.q and by_cost:
-        q.add(f"EXISTS (SELECT 1 FROM {_first_match('s.id', ts)})")
+    elif walk_ranked:
+        pass
     elif f.q:
         source = f"sessions s CROSS JOIN LATERAL (SELECT 1 FROM {_first_match('s.id', ts)}) h"
     if f.profile:
@@ -347,7 +350,18 @@ def _loop_query(
         q.add(f"{LATEST_STATUS} = {q.arg(f.status)}")
     if after is not None:
         q.add(_after(f.sort, after, q, rank).format(t="s.created_at", id="s.id"))
-    if by_cost:
+    if walk_ranked:
+        # Every session of the range ranked (OFFSET 0 keeps the match check out of the sort), then each checked
+        # in that order until `limit` match: a common word matches within the first few, instead of checking
+        # every session of the range before ranking them.
+        ranked = (
+            f"{prefix} SELECT k.id, k.rank_usd FROM (SELECT s.id, {rank} AS rank_usd, s.created_at FROM {source}"
+            f"{q.sql()} ORDER BY rank_usd DESC, s.created_at DESC, s.id DESC OFFSET 0) k "
+            f"WHERE EXISTS (SELECT 1 FROM {_first_match('k.id', ts)}) "
+            f"ORDER BY k.rank_usd DESC, k.created_at DESC, k.id DESC LIMIT {int(limit)}"
+        )
+        sql = f"SELECT {columns}, k.rank_usd FROM ({ranked}) k JOIN sessions s ON s.id = k.id"
+    elif by_cost:
         # The page's sessions by their rank first; their other columns (subqueries each) for those rows only.
         ranked = (
             f"{prefix} SELECT s.id, {rank} AS rank_usd FROM {source}{q.sql()} "
