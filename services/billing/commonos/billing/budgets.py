@@ -59,10 +59,13 @@ __all__ = [
     "alert_for",
     "alert_id",
     "alert_key",
+    "alert_percent",
     "is_recent",
     "period_bounds",
     "projected_exhaustion",
     "spend_deltas",
+    "threshold_usd",
+    "warning_for",
 ]
 
 #: Advisory lock (transaction scope) serialising spend updates of the consumer and of a reprice ("cosbudg").
