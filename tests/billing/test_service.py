@@ -22,7 +22,6 @@ import pytest
 from prometheus_client import REGISTRY
 
 from commonos.accounting.pricing import Pricer, load_price_file
-from commonos.billing.budgets import BudgetAlert
 from commonos.billing.config import BillingConfig, Budget, Period
 from commonos.billing.report import GroupBy, cost_report
 from commonos.billing.reprice import reprice
@@ -33,6 +32,7 @@ from commonos.billing.service import (
 )
 from commonos.journal_writer.schema import SCHEMA as CORE_SCHEMA
 from commonos.proto import events as ev
+from commonos.proto.alerts import BudgetExceeded
 from commonos.proto.ids import new_id
 from commonos.proto.subjects import ALERTS_BUDGET, ALERTS_STREAM, DLQ_STREAM, subject_for
 from commonos.runtime.nats import alerts_stream_config, ensure_stream
@@ -425,7 +425,7 @@ async def test_an_alert_republished_after_a_crash_is_dropped_by_jetstream(nats_u
         js = nc.jetstream()
         await ensure_stream(js, alerts_stream_config())
         the_id = new_id()
-        alert = BudgetAlert(
+        alert = BudgetExceeded(
             event_id=the_id,
             alert_id=the_id,
             budget="b",

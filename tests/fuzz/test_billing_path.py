@@ -22,7 +22,7 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from commonos.accounting.pricing import MAX_PRICE_MTOK, CostStatus, Pricer, parse_price_file
-from commonos.billing.budgets import BudgetAlert, BudgetStep, BudgetTracker, spend_deltas
+from commonos.billing.budgets import BudgetAlert, BudgetStep, BudgetTracker, alert_percent, spend_deltas
 from commonos.billing.config import Budget, MetricsConfig, Period
 from commonos.billing.metrics import TOKEN_TYPES, BillingMetrics
 from commonos.billing.projection import (
@@ -255,7 +255,9 @@ def check_budget_step(budgets: BudgetTracker, row: Any) -> None:
             assert alert.crossed_by_event_id == row.event_id
     if alerts:
         event("budget alert")
-    budgets.committed(BudgetStep(spent=spent, alerted=[(a.budget, a.period_start, False) for _, a, _ in alerts]))
+    budgets.committed(
+        BudgetStep(spent=spent, alerted=[(a.budget, a.period_start, alert_percent(a), False) for _, a, _ in alerts])
+    )
 
 
 def check_metrics(row: Any) -> None:

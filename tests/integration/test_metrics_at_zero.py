@@ -24,6 +24,7 @@ BUDGETS = """
 name = "acme-monthly"
 tag = "client:acme"
 limit_usd = 100
+warn_at = [50, 80]
 
 [[budget]]
 name = "site-daily"
@@ -93,6 +94,8 @@ async def test_every_watched_series_is_there_at_zero_before_its_first_event(
             at_zero(bill, "cos_billing_budget_spent_usd", budget=budget)
             at_zero(bill, "cos_billing_budget_exceeded", budget=budget)
             at_zero(bill, "cos_billing_budget_alerts_total", budget=budget)
+        for percent in ("50", "80"):
+            at_zero(bill, "cos_billing_budget_warnings_total", budget="acme-monthly", percent=percent)
         assert bill["cos_billing_budget_limit_usd"][(("budget", "acme-monthly"),)] == 100.0
 
         loop = await samples(services["loop"].url)

@@ -296,7 +296,24 @@ def alert_samples() -> dict[str, al.Alert]:
             limit_usd=Decimal("100"),
             spent_usd=Decimal("100.0123"),
             crossed_by_event_id=_id(11),
-        )
+        ),
+        "budget_warning": al.BudgetWarning(
+            event_id=uuid.uuid5(
+                uuid.UUID("5b0f3c1e-8f0e-4d3a-9b7a-63e0c0b1d9a2"),
+                "cos-budget-alert:acme-monthly:month:2026-11-01T00:00Z:80",
+            ),
+            occurred_at=T0,
+            budget="acme-monthly",
+            tag="client:acme",
+            period=al.Period.MONTH,
+            period_start=datetime(2026, 11, 1, tzinfo=UTC),
+            period_end=datetime(2026, 12, 1, tzinfo=UTC),
+            limit_usd=Decimal("100"),
+            percent=80,
+            spent_usd=Decimal("80.5"),
+            projected_exhausted_at=datetime(2026, 11, 20, 3, 30, tzinfo=UTC),
+            crossed_by_event_id=_id(11),
+        ),
     }
 
 
@@ -306,6 +323,7 @@ SOURCES: dict[str, str] = {
     "profile_deleted": CLI,
     "transcript_imported": IMPORTER,
     "budget_exceeded": BILLING,
+    "budget_warning": BILLING,
 }
 
 
@@ -363,7 +381,8 @@ def test_golden_alerts_keep_decoding_and_their_headers_agree(name: str) -> None:
         alert = al.decode_alert(json.dumps(golden["body"]).encode())
         assert alert == alert_samples()[name]
         attrs = decode_headers(golden["headers"])
-        assert attrs["id"] == golden["headers"]["Nats-Msg-Id"] == str(alert.event_id) == str(alert.alert_id)
+        the_alert_id = alert.alert_id if isinstance(alert, al.BudgetExceeded) else alert.event_id
+        assert attrs["id"] == golden["headers"]["Nats-Msg-Id"] == str(alert.event_id) == str(the_alert_id)
         assert (attrs["type"], attrs["subject"]) == (f"cos.{name}.v1", alert.budget)
 
 

@@ -64,10 +64,43 @@ class BudgetExceeded(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"
             raise ValueError("event_id and alert_id must be the same id")
 
 
-Alert = BudgetExceeded
+class BudgetWarning(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag="budget_warning"):
+    """A budget's spend reached one of its warning thresholds (`warn_at`, a percent of the limit below 100) in a
+    period: one alert per budget, period and percent, published before the limit's `budget_exceeded`.
+
+    `event_id` (= `ce-id` = `Nats-Msg-Id`) is derived from the budget's name, its period, the period's start
+    and the percent, so a republish is dropped by JetStream. Amounts are exact decimal strings.
+    """
+
+    event_id: uuid.UUID
+    #: When the crossing was found.
+    occurred_at: AwareDatetime
+    #: The budget's name in the billing configuration (also `ce-subject`).
+    budget: Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
+    #: The tag the budget counts the spend of.
+    tag: Tag
+    period: Period
+    #: The period, `[period_start, period_end)`.
+    period_start: AwareDatetime
+    period_end: AwareDatetime
+    limit_usd: Decimal
+    #: The threshold reached, a whole percent of `limit_usd` (1..99).
+    percent: Annotated[int, msgspec.Meta(ge=1, le=99)]
+    #: The period's spend when the crossing was found (>= `percent` % of `limit_usd`; may be past the limit
+    #: when one batch crossed several thresholds).
+    spent_usd: Decimal
+    #: When the spend reaches `limit_usd` at the period's rate so far (`spent_usd` over the time from
+    #: `period_start` to `occurred_at`); null when that rate is 0 or the limit is already reached. It may fall
+    #: after `period_end` (the limit is then not expected to be reached in this period) and is kept as computed.
+    projected_exhausted_at: AwareDatetime | None
+    #: The model call (its `event_id`) that took the spend to the threshold, when billing saw it happen.
+    crossed_by_event_id: uuid.UUID | None
+
+
+Alert = BudgetExceeded | BudgetWarning
 
 #: Every alert type; a new one joins the `Alert` union and this tuple.
-ALERT_TYPES: Final[tuple[type[BudgetExceeded], ...]] = (BudgetExceeded,)
+ALERT_TYPES: Final[tuple[type[BudgetExceeded] | type[BudgetWarning], ...]] = (BudgetExceeded, BudgetWarning)
 
 _decoder: Final = msgspec.json.Decoder(Alert)
 _encoder: Final = msgspec.json.Encoder(decimal_format="string")

@@ -16,6 +16,10 @@ In the consumer's transaction, after the batch's rows are inserted (:meth:`Budge
    the alert is published again with the same id and JetStream drops it as a duplicate; once committed, the
    row stops any further alert for that period. A crossing found for an older period (a replay of history)
    is recorded with ``published = false``.
+3. The same for each ``warn_at`` percent of a budget (spent >= limit × percent / 100): a ``budget_warning``
+   alert, once per budget, period and percent (the ``budget_alerts`` row's key includes the percent; the
+   limit's row has 100). A batch that crosses several thresholds publishes their alerts in ascending order.
+   A warning says when the limit will be reached at the period's rate so far (``projected_exhausted_at``).
 
 Concurrency (several billing partitions, a reprice): spend rows only ever get deltas added by writers, which
 row locks order and which commute. A key is created only under a transaction-scoped advisory lock. A reprice
@@ -36,8 +40,8 @@ from typing import TYPE_CHECKING, Final, Protocol
 import msgspec
 
 from commonos.billing.config import Budget, Period
-from commonos.billing.metrics import BUDGET_ALERTS, BUDGET_EXCEEDED, BUDGET_LIMIT, BUDGET_SPENT
-from commonos.proto.alerts import BudgetExceeded
+from commonos.billing.metrics import BUDGET_ALERTS, BUDGET_EXCEEDED, BUDGET_LIMIT, BUDGET_SPENT, BUDGET_WARNINGS
+from commonos.proto.alerts import Alert, BudgetExceeded, BudgetWarning
 from commonos.proto.events import utcnow
 from commonos.proto.ids import ALERT_NAMESPACE
 
@@ -55,9 +59,13 @@ __all__ = [
     "alert_for",
     "alert_id",
     "alert_key",
+    "alert_percent",
     "is_recent",
     "period_bounds",
+    "projected_exhaustion",
     "spend_deltas",
+    "threshold_usd",
+    "warning_for",
 ]
 
 #: Advisory lock (transaction scope) serialising spend updates of the consumer and of a reprice ("cosbudg").
@@ -131,20 +139,82 @@ def spend_deltas(budgets: Sequence[Budget], rows: Iterable[ModelCallRow]) -> dic
     return deltas
 
 
-#: The body published on ``cos.alerts.budget`` (``commonos.proto.alerts``, schema'd like the events).
-BudgetAlert = BudgetExceeded
+#: The bodies published on ``cos.alerts.budget`` (``commonos.proto.alerts``, schema'd like the events).
+BudgetAlert = Alert
+
+#: The percent of the limit itself: the ``budget_exceeded`` alert.
+LIMIT_PERCENT: Final = 100
 
 
-def alert_key(budget: Budget, period_start: datetime) -> str:
-    """The one alert of a budget and period, named: its id is derived from this (and was its ``Nats-Msg-Id``
-    before alerts carried ``event_id``)."""
-    return f"cos-budget-alert:{budget.name}:{budget.period}:{period_start.astimezone(UTC):%Y-%m-%dT%H:%MZ}"
+def alert_key(budget: Budget, period_start: datetime, percent: int = LIMIT_PERCENT) -> str:
+    """The one alert of a budget, period and percent, named: its id is derived from this (and was its
+    ``Nats-Msg-Id`` before alerts carried ``event_id``). The limit's (100) keeps the name it always had."""
+    key = f"cos-budget-alert:{budget.name}:{budget.period}:{period_start.astimezone(UTC):%Y-%m-%dT%H:%MZ}"
+    return key if percent == LIMIT_PERCENT else f"{key}:{percent}"
 
 
-def alert_id(budget: Budget, period_start: datetime) -> uuid.UUID:
-    """``event_id`` (= ``ce-id`` = ``Nats-Msg-Id``) of the one alert of a budget and period: JetStream drops a
-    republish of it."""
-    return uuid.uuid5(ALERT_NAMESPACE, alert_key(budget, period_start))
+def alert_id(budget: Budget, period_start: datetime, percent: int = LIMIT_PERCENT) -> uuid.UUID:
+    """``event_id`` (= ``ce-id`` = ``Nats-Msg-Id``) of the one alert of a budget, period and percent:
+    JetStream drops a republish of it."""
+    return uuid.uuid5(ALERT_NAMESPACE, alert_key(budget, period_start, percent))
+
+
+def threshold_usd(budget: Budget, percent: int) -> Decimal:
+    """The spend at which ``percent`` of the budget's limit is reached (exact)."""
+    return budget.limit_usd * percent / 100
+
+
+def projected_exhaustion(limit: Decimal, spent: Decimal, period_start: datetime, now: datetime) -> datetime | None:
+    """When ``spent`` reaches ``limit`` at the rate ``spent / (now - period_start)``; None when that rate is 0
+    (or not positive) or the limit is already reached. May fall after the period's end. Pure."""
+    elapsed = now - period_start
+    if spent <= 0 or elapsed <= timedelta(0) or spent >= limit:
+        return None
+    elapsed_us = Decimal(elapsed // timedelta(microseconds=1))
+    remaining_us = (limit - spent) * elapsed_us / spent
+    try:
+        return now + timedelta(microseconds=int(remaining_us))
+    except OverflowError:
+        return None
+
+
+def _crossed_by(threshold: Decimal, spent: Decimal, delta: SpendDelta | None) -> uuid.UUID | None:
+    if delta is None:
+        return None
+    running = spent - delta.usd  # the period's spend before this batch
+    if running >= threshold:
+        return None
+    for event_id, usd in delta.rows:
+        running += usd
+        if running >= threshold:
+            return event_id
+    return None
+
+
+def warning_for(
+    budget: Budget,
+    percent: int,
+    key: SpendKey,
+    period_end: datetime,
+    spent: Decimal,
+    delta: SpendDelta | None,
+    now: datetime,
+) -> BudgetWarning:
+    """The warning for ``budget`` at ``percent`` whose period ``key`` now has ``spent`` (>= the threshold). Pure."""
+    return BudgetWarning(
+        event_id=alert_id(budget, key.period_start, percent),
+        occurred_at=now,
+        budget=budget.name,
+        tag=budget.tag,
+        period=budget.period,
+        period_start=key.period_start,
+        period_end=period_end,
+        limit_usd=budget.limit_usd,
+        percent=percent,
+        spent_usd=spent,
+        projected_exhausted_at=projected_exhaustion(budget.limit_usd, spent, key.period_start, now),
+        crossed_by_event_id=_crossed_by(threshold_usd(budget, percent), spent, delta),
+    )
 
 
 def alert_for(
@@ -154,19 +224,11 @@ def alert_for(
     spent: Decimal,
     delta: SpendDelta | None,
     now: datetime,
-) -> BudgetAlert:
+) -> BudgetExceeded:
     """The alert for ``budget`` whose period ``key`` now has ``spent`` (>= its limit). Pure."""
-    crossed_by: uuid.UUID | None = None
-    if delta is not None:
-        running = spent - delta.usd  # the period's spend before this batch
-        if running < budget.limit_usd:
-            for event_id, usd in delta.rows:
-                running += usd
-                if running >= budget.limit_usd:
-                    crossed_by = event_id
-                    break
+    crossed_by = _crossed_by(budget.limit_usd, spent, delta)
     the_id = alert_id(budget, key.period_start)
-    return BudgetAlert(
+    return BudgetExceeded(
         event_id=the_id,
         alert_id=the_id,
         budget=budget.name,
@@ -181,6 +243,11 @@ def alert_for(
     )
 
 
+def alert_percent(alert: BudgetAlert) -> int:
+    """The percent of the limit an alert is about: 100 for ``budget_exceeded``."""
+    return alert.percent if isinstance(alert, BudgetWarning) else LIMIT_PERCENT
+
+
 class AlertSink(Protocol):
     async def publish(self, alert: BudgetAlert) -> None:
         """Store the alert durably (JetStream PubAck) or raise; a republish (same ``event_id``) is dropped."""
@@ -191,7 +258,8 @@ class BudgetStep:
     """What one transaction learned: spend of the keys it touched, and the alerts it recorded."""
 
     spent: dict[SpendKey, Decimal] = field(default_factory=dict)
-    alerted: list[tuple[str, datetime, bool]] = field(default_factory=list)  # budget, period start, published
+    #: budget, period start, percent, published
+    alerted: list[tuple[str, datetime, int, bool]] = field(default_factory=list)
 
 
 _UPDATE_SPEND: Final = """
@@ -213,18 +281,18 @@ RETURNING spent_usd
 
 _INSERT_ALERTS: Final = """
 INSERT INTO budget_alerts (budget, period_start, period_end, period, tag, limit_usd, spent_usd, alert_id,
-                           crossed_by_event_id, published)
+                           crossed_by_event_id, published, percent)
 SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::timestamptz[], $4::text[], $5::text[], $6::numeric[],
-                     $7::numeric[], $8::uuid[], $9::uuid[], $10::bool[])
-ON CONFLICT (budget, period_start) DO NOTHING
-RETURNING budget, period_start
+                     $7::numeric[], $8::uuid[], $9::uuid[], $10::bool[], $11::smallint[])
+ON CONFLICT (budget, period_start, percent) DO NOTHING
+RETURNING budget, period_start, percent
 """
 
 _CURRENT_SPEND: Final = """
 SELECT spent_usd FROM budget_spend WHERE tag = $1 AND period = $2 AND period_start = $3
 """
 
-_ALERTED: Final = "SELECT 1 FROM budget_alerts WHERE budget = $1 AND period_start = $2"
+_ALERTED: Final = "SELECT percent FROM budget_alerts WHERE budget = $1 AND period_start = $2"
 
 
 class BudgetTracker:
@@ -244,7 +312,7 @@ class BudgetTracker:
         for budget in self.budgets:
             self._periods[budget.tag] = (*self._periods.get(budget.tag, ()), budget.period)
         #: (budget name, period start) with a committed budget_alerts row: no need to ask again.
-        self._alerted: set[tuple[str, datetime]] = set()
+        self._alerted: set[tuple[str, datetime, int]] = set()
         #: Spend keys with a committed budget_spend row.
         self._known: set[SpendKey] = set()
         for budget in self.budgets:
@@ -253,6 +321,8 @@ class BudgetTracker:
             BUDGET_SPENT.labels(budget.name)
             BUDGET_EXCEEDED.labels(budget.name)
             BUDGET_ALERTS.labels(budget.name)
+            for percent in budget.warn_at:
+                BUDGET_WARNINGS.labels(budget.name, str(percent))
 
     async def load(self, conn: Conn) -> None:
         """Set the gauges from the stored spend of each budget's current period (at start)."""
@@ -262,8 +332,8 @@ class BudgetTracker:
             spent = await conn.fetchval(_CURRENT_SPEND, budget.tag, budget.period.value, start)
             if spent is not None:
                 self._known.add(SpendKey(budget.tag, budget.period, start))
-            if await conn.fetchval(_ALERTED, budget.name, start):
-                self._alerted.add((budget.name, start))
+            for record in await conn.fetch(_ALERTED, budget.name, start):
+                self._alerted.add((budget.name, start, record["percent"]))
             self._set_gauges(budget, Decimal(spent or 0))
 
     def check(self, row: ModelCallRow) -> None:
@@ -276,17 +346,24 @@ class BudgetTracker:
     def due_alerts(
         self, deltas: Mapping[SpendKey, SpendDelta], spent: Mapping[SpendKey, Decimal], now: datetime
     ) -> list[tuple[Budget, BudgetAlert, bool]]:
-        """The alerts of the keys that reached their limit with ``spent`` and have none yet, each with whether
-        to publish it (a sink, and the current or previous period). Pure."""
+        """The alerts of the keys that reached a ``warn_at`` percent or their limit with ``spent`` and have none
+        yet for it (ascending percent per key), each with whether to publish it (a sink, and the current or
+        previous period). Pure."""
         alerts: list[tuple[Budget, BudgetAlert, bool]] = []
         for key in sorted(deltas):
             budget = self._by_key[key.tag, key.period]
             total = spent[key]
-            if total < budget.limit_usd or (budget.name, key.period_start) in self._alerted:
-                continue
-            alert = alert_for(budget, key, deltas[key].period_end, total, deltas[key], now)
-            recent = is_recent(budget.period, key.period_start, now)
-            alerts.append((budget, alert, self.sink is not None and recent))
+            recent = self.sink is not None and is_recent(budget.period, key.period_start, now)
+            for percent in (*budget.warn_at, LIMIT_PERCENT):
+                if total < threshold_usd(budget, percent) or (budget.name, key.period_start, percent) in self._alerted:
+                    continue
+                end = deltas[key].period_end
+                alert: BudgetAlert = (
+                    alert_for(budget, key, end, total, deltas[key], now)
+                    if percent == LIMIT_PERCENT
+                    else warning_for(budget, percent, key, end, total, deltas[key], now)
+                )
+                alerts.append((budget, alert, recent))
         return alerts
 
     async def apply(self, conn: Conn, rows: Sequence[ModelCallRow]) -> BudgetStep | None:
@@ -313,8 +390,8 @@ class BudgetTracker:
             )
         alerts = self.due_alerts(deltas, step.spent, self.clock())
         if alerts:
-            recorded = {
-                (r["budget"], r["period_start"])
+            recorded: set[tuple[str, datetime, int]] = {
+                (r["budget"], r["period_start"], r["percent"])
                 for r in await conn.fetch(
                     _INSERT_ALERTS,
                     [a.budget for _, a, _ in alerts],
@@ -324,20 +401,21 @@ class BudgetTracker:
                     [a.tag for _, a, _ in alerts],
                     [a.limit_usd for _, a, _ in alerts],
                     [a.spent_usd for _, a, _ in alerts],
-                    [a.alert_id for _, a, _ in alerts],
+                    [a.event_id for _, a, _ in alerts],
                     [a.crossed_by_event_id for _, a, _ in alerts],
                     [publish for _, _, publish in alerts],
+                    [alert_percent(a) for _, a, _ in alerts],
                 )
             }
             for _, alert, publish in alerts:
-                key_alerted = (alert.budget, alert.period_start)
-                if key_alerted not in recorded:
-                    step.alerted.append((alert.budget, alert.period_start, False))  # an earlier batch did
+                percent = alert_percent(alert)
+                if (alert.budget, alert.period_start, percent) not in recorded:
+                    step.alerted.append((alert.budget, alert.period_start, percent, False))  # an earlier batch did
                     continue
                 if publish:
                     assert self.sink is not None
                     await self.sink.publish(alert)
-                step.alerted.append((alert.budget, alert.period_start, publish))
+                step.alerted.append((alert.budget, alert.period_start, percent, publish))
         return step
 
     @staticmethod
@@ -359,10 +437,12 @@ class BudgetTracker:
     def committed(self, step: BudgetStep) -> None:
         """The transaction of ``step`` committed: remember its keys and alerts, update the gauges."""
         self._known.update(step.spent)
-        for name, period_start, published in step.alerted:
-            self._alerted.add((name, period_start))
-            if published:
+        for name, period_start, percent, published in step.alerted:
+            self._alerted.add((name, period_start, percent))
+            if published and percent == LIMIT_PERCENT:
                 BUDGET_ALERTS.labels(name).inc()
+            elif published:
+                BUDGET_WARNINGS.labels(name, str(percent)).inc()
         now = self.clock()
         for key, spent in step.spent.items():
             budget = self._by_key.get((key.tag, key.period))

@@ -7,6 +7,8 @@ Example::
     period = "month"             # "month" or "day", calendar periods in UTC
     limit_usd = "100"            # exact decimal; a string or a number
     name = "acme-monthly"        # optional; default "<tag>/<period>"; names the alert and the metric label
+    warn_at = [50, 80]           # optional; whole percents of the limit (1..99, no duplicates), each publishing
+                                 # one budget_warning alert per period when the spend reaches it; default none
 
     [metrics]
     tag_label_keys = ["client"]  # tag keys whose values become metric labels (none by default)
@@ -57,6 +59,8 @@ class Budget:
     tag: str
     period: Period
     limit_usd: Decimal
+    #: Percents of the limit (each 1..99, ascending) that publish a ``budget_warning`` once per period.
+    warn_at: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +84,7 @@ class _BudgetTable(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     limit_usd: Decimal  # a TOML number (read exactly) or a decimal string
     period: Period = Period.MONTH
     name: str | None = None
+    warn_at: list[int] = []
 
 
 class _MetricsTable(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -143,7 +148,19 @@ def _budget(table: _BudgetTable, index: int, error: Callable[[str], BillingConfi
         raise error(f"{where('name')}: must be a non-empty string of at most 200 characters")
     if any(ch.isspace() for ch in budget_name):
         raise error(f"{where('name')}: {budget_name!r} must not contain spaces")
-    return Budget(name=budget_name, tag=table.tag, period=table.period, limit_usd=table.limit_usd)
+    for percent in table.warn_at:
+        if not 1 <= percent <= 99:
+            raise error(f"{where('warn_at')}: each percent must be a whole number from 1 to 99, got {percent}")
+    if len(set(table.warn_at)) != len(table.warn_at):
+        duplicate = next(p for p in table.warn_at if table.warn_at.count(p) > 1)
+        raise error(f"{where('warn_at')}: {duplicate} appears more than once")
+    return Budget(
+        name=budget_name,
+        tag=table.tag,
+        period=table.period,
+        limit_usd=table.limit_usd,
+        warn_at=tuple(sorted(table.warn_at)),
+    )
 
 
 def _metrics(table: _MetricsTable, error: Callable[[str], BillingConfigError]) -> MetricsConfig:

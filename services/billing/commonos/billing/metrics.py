@@ -13,7 +13,7 @@ OpenTelemetry GenAI metric ``gen_ai.client.token.usage`` (``gen_ai.provider.name
 * ``cos_billing_tag_cost_usd_total{tag_key,tag_value}`` / ``cos_billing_tag_calls_total{tag_key,tag_value}``:
   only for the tag keys listed in the config (``[metrics] tag_label_keys``); a call counts once per tag it
   carries. Budgets: ``cos_billing_budget_{limit_usd,spent_usd,exceeded}{budget}`` (the current period) and
-  ``cos_billing_budget_alerts_total{budget}``.
+  ``cos_billing_budget_alerts_total{budget}``, ``cos_billing_budget_warnings_total{budget,percent}``.
 
 No label is unbounded: providers, models and each tag key's values are capped (first come, first kept);
 the rest is counted as ``other``, and ``cos_billing_label_overflow_total{label}`` says how often.
@@ -75,6 +75,11 @@ BUDGET_EXCEEDED = Gauge(
 )
 BUDGET_ALERTS = Counter(
     "cos_billing_budget_alerts_total", "Budget alerts published (at most one per budget and period)", ["budget"]
+)
+BUDGET_WARNINGS = Counter(
+    "cos_billing_budget_warnings_total",
+    "Budget warnings published (at most one per budget, period and warn_at percent)",
+    ["budget", "percent"],
 )
 
 #: token_type label -> field of ModelCallRow.usage.

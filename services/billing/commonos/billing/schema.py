@@ -258,16 +258,34 @@ class AlertRow(msgspec.Struct, frozen=True):
     crossed_by_event_id: uuid.UUID | None
     published: bool
     sent_at: datetime
+    #: 100 for the limit (`budget_exceeded`), else the `warn_at` percent (`budget_warning`).
+    percent: int = 100
 
 
 BUDGET_ALERTS: Final = Table(
     "budget_alerts",
     AlertRow,
-    key=("budget", "period_start"),
+    key=("budget", "period_start", "percent"),
     owner=BILLING,
-    details={"sent_at": "DEFAULT now()"},
+    types={"percent": "smallint"},
+    details={"sent_at": "DEFAULT now()", "percent": "DEFAULT 100"},
     readers=(Read(CONSOLE),),
 )
+
+#: A budget_alerts table made before warnings (key budget, period_start): its rows are the 100 % alerts; the
+#: key gains the percent. Idempotent; part of the schema, run under the schema lock.
+MIGRATE_BUDGET_ALERTS: Final = """
+ALTER TABLE budget_alerts ADD COLUMN IF NOT EXISTS percent smallint NOT NULL DEFAULT 100;
+DO $$
+BEGIN
+    IF (SELECT cardinality(conkey) FROM pg_constraint
+        WHERE conrelid = 'budget_alerts'::regclass AND contype = 'p') = 2 THEN
+        EXECUTE (SELECT format('ALTER TABLE budget_alerts DROP CONSTRAINT %I', conname) FROM pg_constraint
+                 WHERE conrelid = 'budget_alerts'::regclass AND contype = 'p');
+        ALTER TABLE budget_alerts ADD PRIMARY KEY (budget, period_start, percent);
+    END IF;
+END $$;
+"""
 
 
 class RepriceRow(msgspec.Struct, frozen=True):
@@ -314,7 +332,7 @@ TABLES: Final = (
     DELETIONS,
 )
 #: The tables' DDL, then the days filled from the calls where they are empty (a database upgraded to them).
-SCHEMA: Final = "\n".join(t.ddl() for t in TABLES) + BACKFILL_CALL_DAYS
+SCHEMA: Final = "\n".join(t.ddl() for t in TABLES) + MIGRATE_BUDGET_ALERTS + BACKFILL_CALL_DAYS
 
 #: Tables of this plugin, for tests and tools.
 BILLING_TABLES: Final = (

@@ -21,7 +21,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from commonos.accounting.pricing import PriceFileError, Pricer, load_price_file
-from commonos.billing.budgets import BudgetAlert, BudgetTracker
+from commonos.billing.budgets import BudgetAlert, BudgetTracker, alert_percent
 from commonos.billing.config import BillingConfig, BillingConfigError, load_billing_config
 from commonos.billing.metrics import BillingMetrics
 from commonos.billing.projection import BillingProjection
@@ -102,10 +102,11 @@ class NatsAlertSink:
             headers=headers,
         )
         log.info(
-            "budget %s reached %s of %s USD for the %s from %s%s",
+            "budget %s reached %s of %s USD (%s %%) for the %s from %s%s",
             alert.budget,
             alert.spent_usd,
             alert.limit_usd,
+            alert_percent(alert),
             alert.period,
             alert.period_start.date(),
             " (duplicate dropped by JetStream)" if ack.duplicate else "",

@@ -622,7 +622,7 @@ async def load_budgets(conn: Conn, now: datetime) -> Budgets:
     )
     alert_rows = await conn.fetch(
         "SELECT budget, tag, period, period_start, period_end, limit_usd, spent_usd, published, sent_at "
-        "FROM budget_alerts ORDER BY sent_at DESC, budget LIMIT 50"
+        "FROM budget_alerts WHERE percent = 100 ORDER BY sent_at DESC, budget LIMIT 50"
     )
     alerts = [BudgetAlertView(**dict(r)) for r in alert_rows]
     spent = {(r["tag"], r["period"]): r for r in spend}
