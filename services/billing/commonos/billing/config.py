@@ -7,6 +7,7 @@ Example::
     period = "month"             # "month" or "day", calendar periods in UTC
     limit_usd = "100"            # exact decimal; a string or a number
     name = "acme-monthly"        # optional; default "<tag>/<period>"; names the alert and the metric label
+    enforce = false              # true: the loop refuses model calls of the tag once the limit is reached
 
     [metrics]
     tag_label_keys = ["client"]  # tag keys whose values become metric labels (none by default)
@@ -57,6 +58,9 @@ class Budget:
     tag: str
     period: Period
     limit_usd: Decimal
+    #: The loop refuses model calls of this budget's tag once the period's limit is reached
+    #: (`commonos.billing.enforcement`).
+    enforce: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +84,7 @@ class _BudgetTable(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     limit_usd: Decimal  # a TOML number (read exactly) or a decimal string
     period: Period = Period.MONTH
     name: str | None = None
+    enforce: bool = False
 
 
 class _MetricsTable(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -143,7 +148,9 @@ def _budget(table: _BudgetTable, index: int, error: Callable[[str], BillingConfi
         raise error(f"{where('name')}: must be a non-empty string of at most 200 characters")
     if any(ch.isspace() for ch in budget_name):
         raise error(f"{where('name')}: {budget_name!r} must not contain spaces")
-    return Budget(name=budget_name, tag=table.tag, period=table.period, limit_usd=table.limit_usd)
+    return Budget(
+        name=budget_name, tag=table.tag, period=table.period, limit_usd=table.limit_usd, enforce=table.enforce
+    )
 
 
 def _metrics(table: _MetricsTable, error: Callable[[str], BillingConfigError]) -> MetricsConfig:
