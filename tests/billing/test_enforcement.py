@@ -27,7 +27,8 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from commonos.accounting.pricing import Pricer, load_price_file
-from commonos.billing.config import BillingConfig, Budget, Period
+from commonos.billing.config import BillingConfig, BillingConfigError, Budget, Period, parse_billing_config
+from commonos.billing.enforcement import budgets_bucket_config
 from commonos.loop.approvals import NatsApprover
 from commonos.loop.budgets import BudgetGuard
 from commonos.loop.locks import NatsSessionLocks
@@ -36,7 +37,7 @@ from commonos.loop.nats_journal import NatsJournal
 from commonos.loop.profiles import Profile
 from commonos.loop.providers import build_provider
 from commonos.loop.providers.base import ModelRequest, ModelResponse, Provider
-from commonos.proto.budget_state import BUDGETS_BUCKET, decode_state
+from commonos.proto.budget_state import BUDGETS_BUCKET, budget_key, decode_state
 from commonos.proto.events import ModelCallCompleted, ModelCallRefused, TurnFinished, TurnStatus
 from commonos.proto.subjects import EVENTS_ALL
 from tests.billing.support import billing
@@ -211,3 +212,39 @@ async def test_concurrent_turns_on_three_replicas_overshoot_only_by_calls_in_fli
         assert refusal.budget == "acme-daily" and refusal.tag == TAG and refusal.limit_usd == LIMIT
         assert refusal.spent_usd >= LIMIT and refusal.reason == result.error
     assert len(refused) == len(failed)
+
+
+async def test_billing_start_stores_enforced_budgets_and_deletes_the_others(
+    streams: JetStreamContext, nats_url: str, database_url: str
+) -> None:
+    kv = await streams.create_key_value(budgets_bucket_config(1))
+    stale = budget_key("old-budget")
+    await kv.put(stale, b"{}")
+    enforced = Budget(name="acme-daily", tag=TAG, period=Period.DAY, limit_usd=LIMIT, enforce=True)
+    watched = Budget(name="beta-daily", tag="client:beta", period=Period.DAY, limit_usd=LIMIT)
+    async with billing(nats_url, database_url, BillingConfig(budgets=(enforced, watched))):
+        deadline = time.monotonic() + 30
+        while set(await kv.keys()) != {budget_key("acme-daily")}:
+            assert time.monotonic() < deadline, await kv.keys()
+            await asyncio.sleep(0.05)
+    entry = await kv.get(budget_key("acme-daily"))
+    assert entry.value is not None
+    stored = decode_state(entry.value)
+    assert (stored.budget, stored.tag, stored.limit_usd, stored.spent_usd, stored.exhausted) == (
+        "acme-daily",
+        TAG,
+        LIMIT,
+        0,
+        False,
+    )
+    assert stored.period_start <= datetime.now(UTC) < stored.period_end
+
+
+def test_enforce_is_read_per_budget_and_off_by_default() -> None:
+    raw = (
+        b'[[budget]]\ntag = "client:acme"\nlimit_usd = 1\nenforce = true\n'
+        b'[[budget]]\ntag = "client:beta"\nlimit_usd = 1\n'
+    )
+    assert [b.enforce for b in parse_billing_config(raw, name="billing.toml").budgets] == [True, False]
+    with pytest.raises(BillingConfigError, match=r"^billing.toml: .*budget\[0\]\.enforce"):
+        parse_billing_config(b'[[budget]]\ntag = "client:acme"\nlimit_usd = 1\nenforce = "yes"\n', name="billing.toml")
