@@ -234,7 +234,7 @@ async def test_billing_start_stores_enforced_budgets_and_deletes_the_others(
         "acme-daily",
         TAG,
         LIMIT,
-        0,
+        Decimal(0),
         False,
     )
     assert stored.period_start <= datetime.now(UTC) < stored.period_end
