@@ -2,17 +2,34 @@
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 import pytest
+from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from commonos.billing.enforcement import budgets_bucket_config
+from commonos.loop.approvals import NatsApprover
 from commonos.loop.budgets import BudgetGuard, BudgetRefused, refusal
+from commonos.loop.cli import _Chat
+from commonos.loop.locks import NatsSessionLocks
+from commonos.loop.loop import Loop
+from commonos.loop.nats_journal import NatsJournal
+from commonos.loop.profiles import Profile
+from commonos.loop.providers import build_provider
+from commonos.loop.service import LoopService
 from commonos.proto.budget_state import BudgetState, budget_key, encode_state
+from commonos.proto.events import ModelCallCompleted, ModelCallRefused
+from commonos.proto.subjects import EVENTS_ALL
+from commonos.runtime.nats import ensure_streams
+from commonos.runtime.settings import Settings
+from tests.loop.helpers import of_type
 from tests.support import wait_until
 
 NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
@@ -20,10 +37,10 @@ DAY = datetime(2026, 11, 30, tzinfo=UTC)
 TAG = "client:acme"
 
 
-def state(spent: str, limit: str = "5", start: datetime = DAY, name: str = "acme daily") -> BudgetState:
+def state(spent: str, limit: str = "5", start: datetime = DAY, name: str = "acme daily", tag: str = TAG) -> BudgetState:
     return BudgetState(
         budget=name,
-        tag=TAG,
+        tag=tag,
         period="day",
         period_start=start,
         period_end=start + timedelta(days=1),
@@ -101,3 +118,42 @@ async def test_a_bucket_created_later_is_found(js: JetStreamContext, guard: Budg
     await wait_until(lambda: bool(guard.enforced_keys([TAG])), timeout_s=10, what="the guard finding the bucket")
     with pytest.raises(BudgetRefused):
         await guard.check([TAG])
+
+
+async def test_cos_chat_says_why_a_turn_was_refused(
+    nc: Client, js: JetStreamContext, bucket: KeyValue, guard: BudgetGuard, profile: Profile, capsys: Any
+) -> None:
+    """The loop service with its guard, `cos chat` asking it: the failed turn's reason is printed."""
+    await ensure_streams(js)
+    await bucket.put(budget_key("core daily"), encode_state(state("7", name="core daily", tag="team:core")))
+    await guard.start()
+    loop = Loop(
+        NatsJournal(js),
+        {profile.id: profile},
+        {profile.id: build_provider(profile)},
+        locks=NatsSessionLocks(js),
+        approver=NatsApprover(nc),
+        budgets=guard,
+    )
+    svc = LoopService(nc, loop, handle_signals=False, grace_s=0.1)
+    await svc.start()
+    serving = asyncio.create_task(svc.serve())
+    try:
+        args = argparse.Namespace(
+            profile=profile.id, session=None, tag=[], yes=False, local=False, timeout=20.0, verbose=False
+        )
+        chat = _Chat(nc, Settings(nats_url=nc.connected_url.geturl() if nc.connected_url else ""), args)
+        assert await chat.turn("hello") == 1
+    finally:
+        svc.stop_event.set()
+        await serving
+        await svc.shutdown()
+    err = capsys.readouterr().err
+    assert (
+        "[turn failed: model call refused: budget 'core daily' (tag team:core) is exhausted: spent 7 USD of its "
+        "5 USD limit for the day from 2026-11-30T00:00Z to 2026-12-01T00:00Z]"
+    ) in err
+    events = await NatsJournal(js).events([EVENTS_ALL])
+    (refused,) = of_type(events, ModelCallRefused)
+    assert (refused.budget, refused.tag, refused.spent_usd) == ("core daily", "team:core", Decimal(7))
+    assert not of_type(events, ModelCallCompleted)
