@@ -13,6 +13,7 @@ import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
+from prometheus_client import REGISTRY
 
 from commonos.billing.enforcement import budgets_bucket_config
 from commonos.loop.approvals import NatsApprover
@@ -49,6 +50,10 @@ def state(spent: str, limit: str = "5", start: datetime = DAY, name: str = "acme
         exhausted=Decimal(spent) >= Decimal(limit),
         updated_at=NOW,
     )
+
+
+def refused_count(budget: str) -> float:
+    return REGISTRY.get_sample_value("cos_loop_model_calls_refused_total", {"budget": budget}) or 0.0
 
 
 def test_refusal_is_exhausted_in_its_period_for_its_tag_only() -> None:
@@ -89,8 +94,10 @@ async def test_refuses_an_exhausted_budget_and_allows_once_raised_rolled_over_or
     await guard.check([TAG])  # under the limit
 
     await bucket.put(key, encode_state(state("5.5")))
+    counted = refused_count("acme daily")
     with pytest.raises(BudgetRefused) as refused:
         await guard.check([TAG, "team:core"])  # read fresh: no waiting for the watch
+    assert refused_count("acme daily") == counted + 1
     assert str(refused.value) == (
         "model call refused: budget 'acme daily' (tag client:acme) is exhausted: spent 5.5 USD of its 5 USD limit "
         "for the day from 2026-11-30T00:00Z to 2026-12-01T00:00Z"

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Final
 
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
 from nats.js.kv import KeyValue
 
 from commonos.billing.budgets import SpendKey, period_bounds
@@ -106,7 +106,7 @@ class Enforcement:
         wanted = {budget_key(name) for name in self.budgets}
         try:
             existing = await self.kv.keys()
-        except Exception:  # nats-py raises NoKeysError for an empty bucket
+        except NoKeysError:  # an empty bucket
             existing = []
         for key in existing:
             if key not in wanted:
