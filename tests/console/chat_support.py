@@ -15,6 +15,7 @@ from nats.aio.client import Client
 
 from commonos.console.users import Role, User, add_user, hash_password
 from commonos.loop.approvals import NatsApprover
+from commonos.loop.budgets import BudgetGuard
 from commonos.loop.deltas import DeltaPublisher
 from commonos.loop.locks import NatsSessionLocks
 from commonos.loop.loop import Loop
@@ -72,6 +73,7 @@ async def serving(nc: Client, nats_url: str, folder: Path, dsn: str, profile_id:
     js = nc.jetstream()
     await ensure_streams(js)
     profile = write_profile(folder, profile_id, config=CONFIG, script=SCRIPT)
+    guard = BudgetGuard(js)  # the enforced budgets, as the service has them (none until billing stores one)
     loop = Loop(
         NatsJournal(js),
         {profile.id: profile},
@@ -79,9 +81,11 @@ async def serving(nc: Client, nats_url: str, folder: Path, dsn: str, profile_id:
         locks=NatsSessionLocks(js),
         approver=NatsApprover(nc),
         deltas=DeltaPublisher(nc).for_turn,
+        budgets=guard,
     )
     service = LoopService(nc, loop, handle_signals=False, grace_s=0.1)
     async with journal_writer(nats_url, dsn):
+        await guard.start(wait_s=1)
         await service.start()
         running = asyncio.create_task(service.serve())
         try:
@@ -90,6 +94,7 @@ async def serving(nc: Client, nats_url: str, folder: Path, dsn: str, profile_id:
             service.stop_event.set()
             await running
             await service.shutdown()
+            await guard.stop()
 
 
 @pytest.fixture

@@ -263,6 +263,19 @@ def samples() -> dict[str, ev.Event]:
             tags=("client:acme",),
             reported_cost_usd=Decimal("0.0123"),
         ),
+        "model_call_refused": ev.ModelCallRefused(
+            event_id=_id(15),
+            **common,
+            turn_id=TID,
+            budget="acme-daily",
+            tag="client:acme",
+            limit_usd=Decimal("5"),
+            spent_usd=Decimal("5.0125"),
+            period_start=datetime(2026, 11, 30, tzinfo=UTC),
+            period_end=datetime(2026, 12, 1, tzinfo=UTC),
+            reason="model call refused: budget 'acme-daily' (tag client:acme) is exhausted: spent 5.0125 USD of "
+            "its 5 USD limit for the day from 2026-11-30T00:00Z to 2026-12-01T00:00Z",
+        ),
         "turn_finished": ev.TurnFinished(
             event_id=_id(12), **common, turn_id=TID, status=ev.TurnStatus.FAILED, error="model timed out"
         ),

@@ -230,6 +230,20 @@ class ModelCallCompleted(EventBase, frozen=True, kw_only=True, tag="model_call_c
     usage_estimated: bool = False
 
 
+class ModelCallRefused(EventBase, frozen=True, kw_only=True, tag="model_call_refused"):
+    """A model call the loop did not make because an enforced budget of the turn's tags was exhausted (as billing
+    stored it); the turn then finishes `failed` with `reason` as its error."""
+
+    turn_id: uuid.UUID
+    budget: str
+    tag: Tag
+    limit_usd: Decimal
+    spent_usd: Decimal
+    period_start: datetime
+    period_end: datetime
+    reason: str
+
+
 #: How a turn can end: every status but `running` (a consumer refuses a `turn_finished` still running).
 FINISHED_STATUSES: Final = tuple(s.value for s in TurnStatus if s is not TurnStatus.RUNNING)
 
@@ -283,6 +297,7 @@ Event = (
     | ApprovalDecided
     | MemoryChanged
     | ModelCallCompleted
+    | ModelCallRefused
     | TurnFinished
     | TranscriptImported
 )

@@ -303,8 +303,11 @@ class BudgetTracker:
         budgets: Sequence[Budget],
         sink: AlertSink | None,
         clock: Callable[[], datetime] = utcnow,
+        on_committed: Callable[[Mapping[SpendKey, Decimal]], None] | None = None,
     ) -> None:
         self.budgets = tuple(budgets)
+        #: Told the spend of each commit (`commonos.billing.enforcement`).
+        self.on_committed = on_committed
         self.sink = sink
         self.clock = clock
         self._by_key: dict[tuple[str, Period], Budget] = {(b.tag, b.period): b for b in self.budgets}
@@ -437,6 +440,8 @@ class BudgetTracker:
     def committed(self, step: BudgetStep) -> None:
         """The transaction of ``step`` committed: remember its keys and alerts, update the gauges."""
         self._known.update(step.spent)
+        if self.on_committed is not None:
+            self.on_committed(step.spent)
         for name, period_start, percent, published in step.alerted:
             self._alerted.add((name, period_start, percent))
             if published and percent == LIMIT_PERCENT:

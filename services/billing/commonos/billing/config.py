@@ -9,6 +9,7 @@ Example::
     name = "acme-monthly"        # optional; default "<tag>/<period>"; names the alert and the metric label
     warn_at = [50, 80]           # optional; whole percents of the limit (1..99, no duplicates), each publishing
                                  # one budget_warning alert per period when the spend reaches it; default none
+    enforce = false              # true: the loop refuses model calls of the tag once the limit is reached
 
     [metrics]
     tag_label_keys = ["client"]  # tag keys whose values become metric labels (none by default)
@@ -61,6 +62,9 @@ class Budget:
     limit_usd: Decimal
     #: Percents of the limit (each 1..99, ascending) that publish a ``budget_warning`` once per period.
     warn_at: tuple[int, ...] = ()
+    #: The loop refuses model calls of this budget's tag once the period's limit is reached
+    #: (`commonos.billing.enforcement`).
+    enforce: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +89,7 @@ class _BudgetTable(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     period: Period = Period.MONTH
     name: str | None = None
     warn_at: list[int] = []
+    enforce: bool = False
 
 
 class _MetricsTable(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -160,6 +165,7 @@ def _budget(table: _BudgetTable, index: int, error: Callable[[str], BillingConfi
         period=table.period,
         limit_usd=table.limit_usd,
         warn_at=tuple(sorted(table.warn_at)),
+        enforce=table.enforce,
     )
 
 

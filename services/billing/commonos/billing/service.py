@@ -23,6 +23,7 @@ from nats.js import JetStreamContext
 from commonos.accounting.pricing import PriceFileError, Pricer, load_price_file
 from commonos.billing.budgets import BudgetAlert, BudgetTracker, alert_percent
 from commonos.billing.config import BillingConfig, BillingConfigError, load_billing_config
+from commonos.billing.enforcement import Enforcement
 from commonos.billing.metrics import BillingMetrics
 from commonos.billing.projection import BillingProjection
 from commonos.billing.schema import SCHEMA
@@ -143,10 +144,23 @@ async def serve(
 
     async def projections(ctx: service.ServiceContext, pool: asyncpg.Pool) -> Sequence[Projection]:
         """The billing projection, its budgets loaded and its alerts published on this connection."""
-        budgets = BudgetTracker(config.budgets, NatsAlertSink(ctx.js, nc=ctx.nc)) if config.budgets else None
+        enforcement = None
+        if any(b.enforce for b in config.budgets):
+            enforcement = await Enforcement.open(ctx.js, config.budgets, settings.stream_replicas)
+        budgets = (
+            BudgetTracker(
+                config.budgets,
+                NatsAlertSink(ctx.js, nc=ctx.nc),
+                on_committed=None if enforcement is None else enforcement.committed,
+            )
+            if config.budgets
+            else None
+        )
         if budgets is not None:
             async with pool.acquire() as conn:
                 await budgets.load(conn)
+                if enforcement is not None:
+                    await enforcement.reconcile(conn)
         return [BillingProjection(pricer, BillingMetrics(config.metrics), budgets, name=name)]
 
     return await service.serve(

@@ -359,6 +359,7 @@ def columns(statement: str, rows: list[tuple[Any, ...]]) -> list[list[Any]]:
 PROJECTED_ELSEWHERE: Final[tuple[type[ev.EventBase], ...]] = (
     ev.MemoryChanged,
     ev.ModelCallCompleted,
+    ev.ModelCallRefused,
     ev.TranscriptImported,
 )
 #: The core's events about one session: each must come from the profile that created the session (the
@@ -557,7 +558,7 @@ def plan_event(plan: Plan, event: ev.Event) -> None:
             )
         case ev.TurnFinished():
             plan.add("turn_finish", (event.turn_id, str(event.status), _text(event.error), event.occurred_at))
-        case ev.MemoryChanged() | ev.ModelCallCompleted() | ev.TranscriptImported():
+        case ev.MemoryChanged() | ev.ModelCallCompleted() | ev.ModelCallRefused() | ev.TranscriptImported():
             # `PROJECTED_ELSEWHERE`: plugin events (model calls, memory) and imported transcripts have
             # projections of their own.
             pass

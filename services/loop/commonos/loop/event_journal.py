@@ -27,6 +27,7 @@ from commonos.loop.journal import (
     ToolCallRecord,
 )
 from commonos.loop.session_state import SessionState, fold_memory, fold_session
+from commonos.proto.budget_state import BudgetState
 from commonos.proto.cloudevents import event_headers
 from commonos.proto.events import (
     ApprovalDecided,
@@ -35,6 +36,7 @@ from commonos.proto.events import (
     MessageAppended,
     MessageDeactivated,
     ModelCallCompleted,
+    ModelCallRefused,
     ProfileDeleted,
     ProfileUpserted,
     SessionCreated,
@@ -332,6 +334,22 @@ class EventJournal(ABC):
                 stop_reason=call.stop_reason,
                 tags=turn.tags,
                 usage_estimated=u.usage_estimated,
+            )
+        )
+
+    async def record_model_call_refused(self, turn: TurnInfo, state: BudgetState, reason: str) -> None:
+        await self._emit(
+            ModelCallRefused(
+                profile_id=turn.profile_id,
+                session_id=turn.session_id,
+                turn_id=turn.turn_id,
+                budget=state.budget,
+                tag=state.tag,
+                limit_usd=state.limit_usd,
+                spent_usd=state.spent_usd,
+                period_start=state.period_start,
+                period_end=state.period_end,
+                reason=reason,
             )
         )
 

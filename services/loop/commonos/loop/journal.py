@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import msgspec
 
 from commonos.accounting.usage import TokenUsage
+from commonos.proto.budget_state import BudgetState
 from commonos.proto.errors import DataError, OperationalError
 from commonos.proto.events import (
     ApprovalStatus,
@@ -249,6 +250,10 @@ class Journal(Protocol):
 
     async def record_model_call(self, turn: TurnInfo, call: ModelCall) -> None:
         """Record one successful model call with the turn's resolved tags (`model_call_completed`)."""
+        ...
+
+    async def record_model_call_refused(self, turn: TurnInfo, state: BudgetState, reason: str) -> None:
+        """Record that a model call of ``turn`` was refused by the enforced budget ``state``."""
         ...
 
     async def record_memory_change(self, turn: TurnInfo, change: MemoryChange) -> None:

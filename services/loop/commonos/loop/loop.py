@@ -27,6 +27,7 @@ import msgspec
 
 from commonos.loop import metrics, tracing
 from commonos.loop.approvals import Approver, new_request
+from commonos.loop.budgets import BudgetGuard, BudgetRefused
 from commonos.loop.hooks import HookFactory, HookFailed, HookLoadError, TurnHooks, build_hooks, record_model_call
 from commonos.loop.journal import (
     ApprovalDecision,
@@ -136,6 +137,7 @@ class Loop:
         deletion_check_s: float = 1.0,
         hook_factories: Mapping[str, HookFactory] | None = None,
         deltas: Callable[[TurnInfo], DeltaCallback] | None = None,
+        budgets: BudgetGuard | None = None,
     ) -> None:
         missing = set(profiles) - set(providers)
         if missing:
@@ -152,6 +154,8 @@ class Loop:
         self.registry: TurnRegistry = registry if registry is not None else NoRegistry()
         #: A turn's sink for its reply while the model produces it (`commonos.loop.deltas`); None: no deltas.
         self.deltas = deltas
+        #: Refuses a model call under an exhausted enforced budget (`commonos.loop.budgets`); None: no budgets.
+        self.budgets = budgets
         #: Set when the service stops: a turn cancelled from now on ends `interrupted`, not `cancelled`.
         self.shutting_down = False
         self._memory_locks: dict[str, asyncio.Lock] = {}
@@ -422,7 +426,7 @@ class Loop:
             except JournalError as exc:
                 log.error("turn %s ended %s but its end was not recorded: %s", turn.turn_id, status.value, exc)
             raise
-        except (_TurnFailed, MessageTooLarge, HookFailed) as exc:
+        except (_TurnFailed, MessageTooLarge, HookFailed, BudgetRefused) as exc:
             status, error = TurnStatus.FAILED, str(exc)
         except ProviderError as exc:
             metrics.MODEL_ERRORS.labels(exc.provider).inc()
@@ -490,6 +494,12 @@ class Loop:
             if hooks:
                 request = await hooks.before_model_call(turn, request)
                 messages = list(request.messages)  # a hook may replace the history the turn goes on from
+            if self.budgets is not None:
+                try:
+                    await self.budgets.check(turn.tags)
+                except BudgetRefused as exc:
+                    await self.journal.record_model_call_refused(turn, exc.state, str(exc))
+                    raise
             with tracing.chat(turn, provider.name, request) as chat:
                 response = await complete_with_deltas(provider, request, on_delta)
                 chat.completed(response)

@@ -25,3 +25,6 @@ MODEL_TOKENS = Histogram(
     buckets=(1, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576),
 )
 MODEL_ERRORS = Counter("cos_loop_model_call_errors_total", "Model calls that failed for good", ["gen_ai_system"])
+MODEL_CALLS_REFUSED = Counter(
+    "cos_loop_model_calls_refused_total", "Model calls refused because an enforced budget was exhausted", ["budget"]
+)

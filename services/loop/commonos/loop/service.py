@@ -35,6 +35,7 @@ from nats.aio.subscription import Subscription
 
 from commonos.loop import metrics
 from commonos.loop.approvals import NatsApprover
+from commonos.loop.budgets import BudgetGuard
 from commonos.loop.deltas import DeltaPublisher
 from commonos.loop.event_journal import LOOP_SOURCE
 from commonos.loop.journal import JournalError, MessageTooLarge, SessionNotFound
@@ -378,11 +379,14 @@ async def _serve(
     """`serve` once the profiles are loaded: the services' life (`commonos.runtime.service.service_context`:
     /metrics /healthz /readyz, NATS, the streams waited for), the loop served in it until stopped."""
     search: MessageSearch = NoSearch()
+    guard: BudgetGuard | None = None
     stop = None if handle_signals else asyncio.Event()
     try:
         async with service_context(settings, "cos-loop", stop) as ctx:
             js = ctx.js
             search = await open_search(settings)
+            guard = BudgetGuard(js)
+            await guard.start()
             registry = NatsTurnRegistry(
                 js, default_owner(), stale_after_s=own.turn_stale_s, replicas=settings.stream_replicas
             )
@@ -397,6 +401,7 @@ async def _serve(
                 search=search,
                 registry=registry,
                 deltas=DeltaPublisher(ctx.nc).for_turn,
+                budgets=guard,
             )
             service = LoopService(
                 ctx.nc,
@@ -413,6 +418,8 @@ async def _serve(
             ctx.on_lost.append(service.connection_closed)
             code = 0 if ctx.stop.is_set() else await service.run()
     finally:
+        if guard is not None:
+            await guard.stop()
         for provider in providers.values():
             await provider.close()
         if isinstance(search, PostgresMessageSearch):
