@@ -49,7 +49,8 @@ class Target:
 TARGETS: Final = (
     Target("journal_writer_vs_raw_ceiling", ">=", 1.0, "journal-writer / raw ceiling"),
     Target("journal_writer_vs_naive", ">=", 8.0, "journal-writer / naive consumer"),
-    Target("billing_calls_per_s", ">=", 10_000, "billing, model calls/s"),
+    Target("billing_calls_per_s", ">=", 10_000, "billing, model calls/s (priced-call events published)"),
+    Target("billing_events_vs_none", ">=", 0.9, "billing with priced-call events / without"),
     Target("latency_p99_ms", "<=", 100, "publish -> visible p99 at 2,000/s, ms"),
     Target("replay_vs_journal_writer", ">=", 1.0, "replay / journal-writer live"),
     Target("journal_writer_peak_rss_mb", "<", 300, "journal-writer peak RSS, 1M backlog, MB"),

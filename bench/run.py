@@ -83,7 +83,12 @@ PHASE_FIGURES: Final[dict[str, tuple[str, ...]]] = {
     "naive": ("naive_consumer_events_per_s",),
     "ceiling": ("raw_ceiling_events_per_s",),
     "replay": ("replay_events_per_s",),
-    "billing": ("billing_calls_per_s", "billing_peak_rss_mb"),
+    "billing": (
+        "billing_calls_per_s",
+        "billing_no_events_calls_per_s",
+        "billing_events_vs_none",
+        "billing_peak_rss_mb",
+    ),
     "loop": ("loop_idle_rss_mb",),
     "latency": ("latency_p50_ms", "latency_p99_ms", "latency_max_ms"),
     "otlp": (
@@ -308,7 +313,7 @@ class Bench:
             # The ceiling has run at about the writer's pace.
             "ceiling": 3 * self.sizes.ceiling_events * self.writer_s / max(self.stream.events, 1),
             "replay": 1.2 * self.writer_s,
-            "billing": 0.4 * self.writer_s,
+            "billing": 2.4 * self.writer_s,  # six runs, with and without priced-call events
             "loop": 10.0,
             "latency": self.sizes.latency_seconds + self.sizes.latency_warmup_s + 15.0,
             "otlp": 90.0,
@@ -489,37 +494,70 @@ class Bench:
         await self.drop_db("replay")
 
     async def billing(self) -> None:
+        """Billing over the stream's model calls, with priced-call events (the default: the clock stops when the
+        last call's event is published) and without (COS_BILLING_PRICED_EVENTS=off), alternating, three runs
+        each: medians, and their ratio."""
         seqs = self.stream.model_call_seqs
         if not seqs:
             raise BenchError("the stream holds no model calls")
+        rates: dict[bool, list[float]] = {True: [], False: []}
+        peaks: list[float] = []
+        for run in range(1, 4):
+            for priced in (False, True):
+                rate, peak_kb, cpu = await self._bill_once(seqs, priced)
+                rates[priced].append(rate)
+                if priced:
+                    peaks.append(peak_kb)
+                    self.record_cpu("billing", cpu)
+                self.say(
+                    f"billing run {run}, priced-call events {'on' if priced else 'off'}: {len(seqs):,} calls, "
+                    f"{rate:,.0f}/s, peak RSS {peak_kb / 1024:.1f} MB"
+                )
+        f = self.results.figures
+        on, off = statistics.median(rates[True]), statistics.median(rates[False])
+        f["billing_calls_per_s"] = round(on)
+        f["billing_no_events_calls_per_s"] = round(off)
+        f["billing_events_vs_none"] = round(on / off, 2)
+        f["billing_peak_rss_mb"] = round(max(peaks) / 1024, 1)
+        self.say(
+            f"billing: {on:,.0f} calls/s with priced-call events published, {off:,.0f} without "
+            f"(medians of 3): {on / off:.2f}x"
+        )
+
+    async def _bill_once(self, seqs: Sequence[int], priced: bool) -> tuple[float, float, CpuUse]:
+        """One billing run into a fresh database; calls/s from its first commit until every call is a row (and,
+        with `priced`, every call's event is published: the outbox is empty)."""
         dsn = await self.fresh_db("billing")
-        svc = ServiceRun("billing", "commonos.billing", self.env(dsn), self.logs / "billing.log")
+        env = {**self.env(dsn), "COS_BILLING_PRICED_EVENTS": "on" if priced else "off"}
+        svc = ServiceRun("billing", "commonos.billing", env, self.logs / "billing.log")
         cpu = CpuUse()
         svc.start()
+        conn = await asyncpg.connect(dsn)
         try:
             progress = await watch_position(
                 dsn, "billing", seqs[-1], table="billing_positions", service=svc, say=self.say
             )
+            done_at = progress.done_at
+            if priced:
+                deadline = time.monotonic() + 300
+                while await conn.fetchval("SELECT count(*) FROM billing_outbox"):
+                    if time.monotonic() > deadline:
+                        raise BenchError("billing's priced calls were not all published within 300 s")
+                    svc.check_alive()
+                    await asyncio.sleep(0.01)
+                done_at = time.monotonic()
             cpu.stop({"service": svc.pid})
-            peak_kb = svc.peak_rss_kb()
-        finally:
-            await svc.stop()
-        assert progress.first_at is not None and progress.done_at is not None
-        before_first = bisect.bisect_right(seqs, progress.first_position)
-        rate = (len(seqs) - before_first) / (progress.done_at - progress.first_at)
-        conn = await asyncpg.connect(dsn)
-        try:
+            peak_kb = svc.peak_rss_kb() or 0
             rows = int(await conn.fetchval("SELECT count(*) FROM model_calls"))
         finally:
             await conn.close()
+            await svc.stop()
+        assert progress.first_at is not None and done_at is not None
         if rows != len(seqs):
             raise BenchError(f"billing wrote {rows} model_calls rows for {len(seqs)} model calls")
-        f = self.results.figures
-        self.record_cpu("billing", cpu)
-        f["billing_calls_per_s"] = round(rate)
-        f["billing_peak_rss_mb"] = round((peak_kb or 0) / 1024, 1)
-        self.say(f"billing: {len(seqs):,} calls, {rate:,.0f}/s, peak RSS {f['billing_peak_rss_mb']} MB")
+        before_first = bisect.bisect_right(seqs, progress.first_position)
         await self.drop_db("billing")
+        return (len(seqs) - before_first) / (done_at - progress.first_at), float(peak_kb), cpu
 
     async def loop_idle(self) -> None:
         env = {**self.env(self.writer_dsn), "COS_PROFILES_DIR": str(REPO / "profiles")}

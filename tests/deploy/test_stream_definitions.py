@@ -16,7 +16,13 @@ from commonos.journal_writer.service import consumer_options, writer_projections
 from commonos.runtime.consumer import BatchConsumer
 from commonos.runtime.http import Health
 from commonos.runtime.lanes import lane_names
-from commonos.runtime.nats import alerts_stream_config, dlq_stream_config, ensure_stream, events_stream_config
+from commonos.runtime.nats import (
+    alerts_stream_config,
+    costs_stream_config,
+    dlq_stream_config,
+    ensure_stream,
+    events_stream_config,
+)
 from commonos.runtime.settings import Settings
 from tests.deploy.conftest import DEPLOY
 
@@ -24,6 +30,7 @@ STREAMS: dict[str, Callable[[int], StreamConfig]] = {
     "COS_EVENTS": events_stream_config,
     "COS_DLQ": dlq_stream_config,
     "COS_ALERTS": alerts_stream_config,
+    "COS_COSTS": costs_stream_config,
 }
 
 

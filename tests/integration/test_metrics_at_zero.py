@@ -90,6 +90,8 @@ async def test_every_watched_series_is_there_at_zero_before_its_first_event(
         at_zero(bill, "cos_consumer_database_retries_total", consumer="billing")
         at_zero(bill, "cos_consumer_redeliveries_skipped_total", consumer="billing")
         at_zero(bill, "cos_billing_unpriced_calls_total", provider="other", model="other")
+        at_zero(bill, "cos_billing_priced_queued")
+        at_zero(bill, "cos_billing_priced_oldest_seconds")
         for budget in ("acme-monthly", "site-daily"):
             at_zero(bill, "cos_billing_budget_spent_usd", budget=budget)
             at_zero(bill, "cos_billing_budget_exceeded", budget=budget)

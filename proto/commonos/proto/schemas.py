@@ -1,9 +1,10 @@
-"""The JSON Schema (draft 2020-12) of every event and alert, derived from their Structs.
+"""The JSON Schema (draft 2020-12) of every event, alert and priced call, derived from their Structs.
 
 `cos schema export` writes :func:`schema_files` under proto/schema/; a test keeps the files equal to it. A file's
 path there is its `$id` under :data:`SCHEMA_BASE`:
 
-* `events/<type>/v<version>.json`, `alerts/<type>/v<version>.json`: one type and version, self-contained
+* `events/<type>/v<version>.json`, `alerts/<type>/v<version>.json`, `costs/<type>/v<version>.json` (billing's
+  priced calls, `commonos.proto.costs`): one type and version, self-contained
   (the shapes it uses under `$defs`); its `$id` is what producers send as `ce-dataschema`;
 * `events.schema.json`: every event type, a `oneOf` on the constant `type` over the types' definitions, one
   document with plain `#/$defs/...` references (for tools that resolve no embedded `$id`). Alerts have one
@@ -39,6 +40,7 @@ import msgspec.inspect as mi
 
 from commonos.proto import deltas, requests
 from commonos.proto.alerts import ALERT_TYPES
+from commonos.proto.costs import COST_TYPES
 from commonos.proto.events import DESCRIBED_BY, EVENT_TYPES
 
 JSON_SCHEMA_DIALECT: Final = "https://json-schema.org/draft/2020-12/schema"
@@ -47,6 +49,7 @@ SCHEMA_BASE: Final = "https://commonos.dev/schemas"
 CONTRACT_VERSION: Final = 1
 EVENTS: Final = "events"
 ALERTS: Final = "alerts"
+COSTS: Final = "costs"
 MESSAGES: Final = "messages"
 #: The core NATS messages (never stored), by the name of their schema file, with the subjects they travel on.
 MESSAGE_TYPES: Final[dict[str, tuple[type[msgspec.Struct], str]]] = {
@@ -279,7 +282,7 @@ class _Pool:
 
 
 def _pool() -> _Pool:
-    return _Pool([*EVENT_TYPES, *ALERT_TYPES], [struct for struct, _ in MESSAGE_TYPES.values()])
+    return _Pool([*EVENT_TYPES, *ALERT_TYPES, *COST_TYPES], [struct for struct, _ in MESSAGE_TYPES.values()])
 
 
 def type_schema(
@@ -335,7 +338,7 @@ def schema_files() -> dict[str, dict[str, Any]]:
     """
     pool = _pool()
     files: dict[str, dict[str, Any]] = {}
-    for kind, structs in ((EVENTS, EVENT_TYPES), (ALERTS, ALERT_TYPES)):
+    for kind, structs in ((EVENTS, EVENT_TYPES), (ALERTS, ALERT_TYPES), (COSTS, COST_TYPES)):
         for struct in structs:
             files[schema_path(kind, _tag(struct))] = type_schema(struct, kind, pool=pool)
     files[union_path(EVENTS)] = union_schema(

@@ -18,6 +18,16 @@ DLQ_ALL: Final = "cos.dlq.>"
 ALERTS_STREAM: Final = "COS_ALERTS"
 ALERTS_ALL: Final = "cos.alerts.>"
 ALERTS_BUDGET: Final = "cos.alerts.budget"
+#: Billing's priced calls (`commonos.proto.costs`): `cos.costs.<profile_id>.priced`.
+COSTS_STREAM: Final = "COS_COSTS"
+COSTS_ALL: Final = "cos.costs.>"
+
+
+def costs_subject(profile_id: str) -> str:
+    """The subject of a profile's priced calls (a profile id is one subject token)."""
+    return f"cos.costs.{profile_id}.priced"
+
+
 MODEL_CALLS_FILTER: Final = "cos.events.*.*.model_call_completed"
 #: Every session's creation: plugin projections learn from it which profile owns a session.
 SESSIONS_CREATED_FILTER: Final = "cos.events.*.*.session_created"

@@ -93,7 +93,8 @@ def _report_cost(args: argparse.Namespace) -> int:
 
 def _reprice(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
-    path: Path | None = args.price_file or BillingSettings.from_env().price_file
+    own = BillingSettings.from_env()
+    path: Path | None = args.price_file or own.price_file
     price_file: PriceFile | None = None
     if path is not None:
         try:
@@ -106,7 +107,9 @@ def _reprice(args: argparse.Namespace) -> int:
 
     async def work(conn: Any) -> str:
         try:
-            result = await reprice(conn, args.since, args.until, price_file, dry_run=args.dry_run)
+            result = await reprice(
+                conn, args.since, args.until, price_file, dry_run=args.dry_run, priced_events=own.priced_events
+            )
         except RepriceError as exc:
             raise CliError(str(exc)) from None
         return render_reprice(result, args.format)

@@ -46,6 +46,7 @@ from commonos.accounting.usage import TokenUsage
 from commonos.billing.budgets import BudgetStep, BudgetTracker
 from commonos.billing.days import INSERT_MODEL_CALLS, add_days
 from commonos.billing.metrics import BillingMetrics, MetricBatch
+from commonos.billing.outbox import INSERT_PRICED_MODEL_CALLS
 from commonos.billing.rows import ModelCallRow
 from commonos.billing.schema import BACKFILL_CALL_DAYS, DELETIONS_TABLE, MODEL_CALLS, TABLES
 from commonos.proto.events import MAX_COUNT, MAX_NAME_CHARS, Event, ModelCallCompleted, SessionCreated
@@ -270,8 +271,12 @@ class BillingProjection(Projection):
         metrics: BillingMetrics,
         budgets: BudgetTracker | None = None,
         name: str = "billing",
+        *,
+        priced_events: bool = True,
     ) -> None:
         self.name = name
+        #: The insert, which also queues each call it adds for the priced-call relay unless that is off.
+        self._insert = INSERT_PRICED_MODEL_CALLS if priced_events else INSERT_MODEL_CALLS
         self.pricer = pricer
         self.metrics = metrics
         self.budgets = budgets
@@ -331,7 +336,7 @@ class BillingProjection(Projection):
         rows = same_request_once([self.row_for(e) for e in events if isinstance(e, ModelCallCompleted)])
         if not rows:
             return
-        records = await conn.fetch(INSERT_MODEL_CALLS, *insert_arguments(rows))
+        records = await conn.fetch(self._insert, *insert_arguments(rows))
         added = [r["event_id"] for r in records]
         fresh = new_rows(rows, set(added))
         step = await self.budgets.apply(conn, fresh) if self.budgets is not None and fresh else None

@@ -30,6 +30,7 @@ import asyncpg
 from commonos.accounting.pricing import PriceFile, Pricer, PriceResult
 from commonos.accounting.usage import TokenUsage
 from commonos.billing.budgets import BUDGET_LOCK_KEY
+from commonos.billing.outbox import QUEUE_REPRICED
 from commonos.billing.projection import MAX_COST_USD
 from commonos.billing.report import columns
 from commonos.billing.schema import DELETE_EMPTY_CALL_DAYS, MOVE_REPRICED_CALL_DAYS
@@ -77,10 +78,13 @@ WHERE b.period_end > $1 AND ($2::timestamptz IS NULL OR b.period_start < $2)
 """
 
 _LOG: Final = """
-INSERT INTO billing_reprices (since, until, genai_version, price_file, price_file_sha, rows_examined,
+INSERT INTO billing_reprices (id, since, until, genai_version, price_file, price_file_sha, rows_examined,
                               rows_changed, usd_before, usd_after)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
 """
+
+#: The run's id, taken first: its changes are queued as priced-call events under it (their revision).
+_RUN_ID: Final = "SELECT nextval(pg_get_serial_sequence('billing_reprices', 'id'))"
 
 
 class RepriceError(DataError):
@@ -145,8 +149,12 @@ async def reprice(
     *,
     dry_run: bool = False,
     chunk: int = _CHUNK,
+    priced_events: bool = True,
 ) -> RepriceResult:
-    """Reprice the calls in ``[since, until)``; with ``dry_run`` report the changes and write nothing."""
+    """Reprice the calls in ``[since, until)``; with ``dry_run`` report the changes and write nothing.
+
+    Each changed call is queued (``priced_events``, COS_BILLING_PRICED_EVENTS) as a priced-call event whose
+    revision is the run's id, with its cost before and after, in the run's transaction (`billing.outbox`)."""
     pricer = Pricer(price_file)
     result = RepriceResult(
         since=since,
@@ -159,9 +167,11 @@ async def reprice(
     #: The changed calls' event ids, and their cost and status before the run (for the rollup's moves).
     moved: tuple[list[uuid.UUID], list[Decimal | None], list[str]] = ([], [], [])
     async with conn.transaction():
+        run_id = 0
         if not dry_run:
             # Held to the end: no spend row is created meanwhile from costs this run is changing.
             await conn.execute("SELECT pg_advisory_xact_lock($1)", BUDGET_LOCK_KEY)
+            run_id = int(await conn.fetchval(_RUN_ID))
         while True:
             rows = await conn.fetch(_SELECT, since, until, after[0], after[1], chunk)
             if not rows:
@@ -169,6 +179,8 @@ async def reprice(
             after = (rows[-1]["created_at"], rows[-1]["event_id"])
             result.examined += len(rows)
             update: list[tuple[Any, ...]] = []
+            #: The changed calls' times and costs before (the update's rows, same order), for the outbox.
+            before: list[tuple[datetime, Decimal | None]] = []
             for row in rows:
                 new = reprice_row(pricer, row)
                 if not _is_change(row, new):
@@ -186,12 +198,25 @@ async def reprice(
                 change.usd_before += row["cost_usd"] or _ZERO
                 change.usd_after += new.cost_usd or _ZERO
                 update.append((row["event_id"], new.cost_usd, new.status.value, new.source, new.version, new.detail))
+                before.append((row["created_at"], row["cost_usd"]))
                 moved[0].append(row["event_id"])
                 moved[1].append(row["cost_usd"])
                 moved[2].append(row["cost_status"])
             result.changed += len(update)
             if update and not dry_run:
                 await conn.execute(_UPDATE, *(list(column) for column in zip(*update, strict=True)))
+                if priced_events:
+                    await conn.execute(
+                        QUEUE_REPRICED,
+                        run_id,
+                        [u[0] for u in update],
+                        [b[0] for b in before],
+                        [u[1] for u in update],
+                        [b[1] for b in before],
+                        [u[2] for u in update],
+                        [u[3] for u in update],
+                        [u[4] for u in update],
+                    )
         result.usd_before = sum((c.usd_before for c in result.changes.values()), _ZERO)
         result.usd_after = sum((c.usd_after for c in result.changes.values()), _ZERO)
         if result.changed and not dry_run:
@@ -204,6 +229,7 @@ async def reprice(
             await conn.execute(DELETE_EMPTY_CALL_DAYS)
             await conn.execute(
                 _LOG,
+                run_id,
                 since,
                 until,
                 pricer.genai_version,

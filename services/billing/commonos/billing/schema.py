@@ -313,6 +313,42 @@ BILLING_REPRICES: Final = Table(
     rebuilt=False,
 )
 
+
+class OutboxRow(msgspec.Struct, frozen=True):
+    """A priced call waiting to be published as a `model_call_priced` event (`commonos.billing.outbox`): written
+    in the transaction that priced it, deleted by the relay once JetStream has stored its event."""
+
+    id: int
+    #: The call (`model_calls.event_id`) and its time (`model_calls.created_at`: the row's key with it).
+    call_id: uuid.UUID
+    created_at: datetime
+    #: 0 for billing's own pricing, else the id of the reprice run (`billing_reprices.id`) that changed it.
+    revision: int
+    #: The call's price at this revision, and its cost at the revision before (NULL at revision 0).
+    cost_usd: Decimal | None
+    previous_cost_usd: Decimal | None
+    cost_status: str
+    price_source: str | None
+    price_version: str | None
+    queued_at: datetime
+
+
+BILLING_OUTBOX: Final = Table(
+    "billing_outbox",
+    OutboxRow,
+    key=("id",),
+    owner=BILLING,
+    types={
+        "id": "bigserial",
+        "revision": "bigint",
+        "cost_usd": "numeric(24, 10)",
+        "previous_cost_usd": "numeric(24, 10)",
+    },
+    details={"queued_at": "DEFAULT now()"},
+    # What is queued is published once, whatever a replay rebuilds (a republish carries the same ids).
+    rebuilt=False,
+)
+
 #: Who owns each session billing has seen (its session_created, or the first model call naming it): a model
 #: call of another profile is a profile_mismatch dead letter, never billed to the owner's session.
 OWNERS: Final = owners_table("billing_session_owners", BILLING)
@@ -328,6 +364,7 @@ TABLES: Final = (
     BUDGET_SPEND,
     BUDGET_ALERTS,
     BILLING_REPRICES,
+    BILLING_OUTBOX,
     OWNERS,
     DELETIONS,
 )
@@ -342,5 +379,6 @@ BILLING_TABLES: Final = (
     "budget_spend",
     "budget_alerts",
     "billing_reprices",
+    "billing_outbox",
     "billing_session_owners",
 )

@@ -5,8 +5,10 @@ journal-writer), binds the
 durable consumer ``billing`` filtered on ``cos.events.*.*.model_call_completed``, and writes one priced
 ``model_calls`` row per event in batches, each in one transaction with its position in ``billing_positions``;
 messages are acknowledged after the commit. Budget alerts go to ``cos.alerts.budget`` in the ``COS_ALERTS``
-stream. Configuration: ``COS_PRICE_FILE`` (operator prices, TOML), ``COS_BILLING_CONFIG`` (budgets, metric
-labels, TOML), and the common ``COS_*`` settings.
+stream. Each priced call is queued in the same transaction and published by the relay, a process the service
+starts beside itself, as a ``model_call_priced`` event on ``cos.costs.<profile>.priced`` (stream ``COS_COSTS``,
+`commonos.billing.outbox`). Configuration: ``COS_PRICE_FILE`` (operator prices, TOML), ``COS_BILLING_CONFIG``
+(budgets, metric labels, TOML), ``COS_BILLING_PRICED_EVENTS`` (on/off), and the common ``COS_*`` settings.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from commonos.billing.budgets import BudgetAlert, BudgetTracker, alert_percent
 from commonos.billing.config import BillingConfig, BillingConfigError, load_billing_config
 from commonos.billing.enforcement import Enforcement
 from commonos.billing.metrics import BillingMetrics
+from commonos.billing.outbox import RelayProcess
 from commonos.billing.projection import BillingProjection
 from commonos.billing.schema import SCHEMA
 from commonos.billing.settings import BillingSettings
@@ -161,7 +164,14 @@ async def serve(
                 await budgets.load(conn)
                 if enforcement is not None:
                     await enforcement.reconcile(conn)
-        return [BillingProjection(pricer, BillingMetrics(config.metrics), budgets, name=name)]
+        if own.priced_events:
+            # Priced calls are queued by the projection's insert and published by the relay, beside it.
+            ctx.start_task(RelayProcess(settings, settings.log_level).run(ctx.stop, pool), "priced-call relay")
+        return [
+            BillingProjection(
+                pricer, BillingMetrics(config.metrics), budgets, name=name, priced_events=own.priced_events
+            )
+        ]
 
     return await service.serve(
         settings,
@@ -169,7 +179,10 @@ async def serve(
         billing_schemas(),
         projections,
         stop=stop,
-        streams=[cos_nats.alerts_stream_config(settings.stream_replicas)],
+        streams=[
+            cos_nats.alerts_stream_config(settings.stream_replicas),
+            cos_nats.costs_stream_config(settings.stream_replicas),
+        ],
         logger=log,
     )
 

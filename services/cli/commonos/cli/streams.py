@@ -21,12 +21,17 @@ from commonos.runtime.settings import Settings
 
 def stream_configs(replicas: int, settings: Settings | None = None) -> list[StreamConfig]:
     """Every stream of the system: the events (with COS_EVENTS_MAX_AGE / _MAX_BYTES when set), the dead
-    letters, billing's budget alerts."""
-    from commonos.runtime.nats import alerts_stream_config, dlq_stream_config, events_stream_config
+    letters, billing's budget alerts and priced calls."""
+    from commonos.runtime.nats import (
+        alerts_stream_config,
+        costs_stream_config,
+        dlq_stream_config,
+        events_stream_config,
+    )
 
     s = settings or Settings()
     events = events_stream_config(replicas, s.events_max_age_s, s.events_max_bytes)
-    return [events, dlq_stream_config(replicas), alerts_stream_config(replicas)]
+    return [events, dlq_stream_config(replicas), alerts_stream_config(replicas), costs_stream_config(replicas)]
 
 
 async def ensure_all(settings: Settings, nats_url: str) -> list[tuple[str, int, int]]:
@@ -80,7 +85,7 @@ def register(sub: Any) -> None:
     streams_sub = command_group(sub, "streams", "the JetStream streams (an admin's task)", __doc__)
     ensure = streams_sub.add_parser(
         "ensure",
-        help="create or update COS_EVENTS, COS_DLQ and COS_ALERTS (COS_STREAM_REPLICAS replicas)",
+        help="create or update COS_EVENTS, COS_DLQ, COS_ALERTS and COS_COSTS (COS_STREAM_REPLICAS replicas)",
         description=__doc__,
     )
     ensure.set_defaults(handler=_ensure)

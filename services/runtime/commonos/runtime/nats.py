@@ -13,7 +13,16 @@ from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfi
 from nats.js.errors import BadRequestError, NotFoundError
 
 from commonos.proto.errors import OperationalError
-from commonos.proto.subjects import ALERTS_ALL, ALERTS_STREAM, DLQ_ALL, DLQ_STREAM, EVENTS_ALL, EVENTS_STREAM
+from commonos.proto.subjects import (
+    ALERTS_ALL,
+    ALERTS_STREAM,
+    COSTS_ALL,
+    COSTS_STREAM,
+    DLQ_ALL,
+    DLQ_STREAM,
+    EVENTS_ALL,
+    EVENTS_STREAM,
+)
 from commonos.runtime.settings import Settings
 
 if TYPE_CHECKING:
@@ -74,6 +83,19 @@ def alerts_stream_config(replicas: int = 1) -> StreamConfig:
         discard=DiscardPolicy.OLD,
         num_replicas=replicas,
         duplicate_window=ALERTS_DUPLICATE_WINDOW_S,
+    )
+
+
+def costs_stream_config(replicas: int = 1) -> StreamConfig:
+    """Billing's priced calls (`cos.costs.>`, `commonos.proto.costs`), kept apart from the events."""
+    return StreamConfig(
+        name=COSTS_STREAM,
+        subjects=[COSTS_ALL],
+        storage=StorageType.FILE,
+        retention=RetentionPolicy.LIMITS,
+        discard=DiscardPolicy.OLD,
+        num_replicas=replicas,
+        duplicate_window=DUPLICATE_WINDOW_S,
     )
 
 
