@@ -225,6 +225,10 @@ BEGIN
         ALTER TABLE billing_reprices OWNER TO cos_billing;
         REVOKE ALL ON billing_reprices FROM PUBLIC, cos_journal_writer, cos_loop, cos_console, cos_analyst;
     END IF;
+    IF to_regclass('public.billing_outbox') IS NOT NULL THEN
+        ALTER TABLE billing_outbox OWNER TO cos_billing;
+        REVOKE ALL ON billing_outbox FROM PUBLIC, cos_journal_writer, cos_loop, cos_console, cos_analyst;
+    END IF;
     IF to_regclass('public.billing_session_owners') IS NOT NULL THEN
         ALTER TABLE billing_session_owners OWNER TO cos_billing;
         REVOKE ALL ON billing_session_owners FROM PUBLIC, cos_journal_writer, cos_loop, cos_console, cos_analyst;

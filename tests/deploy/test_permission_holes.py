@@ -160,6 +160,7 @@ async def test_a_service_waits_for_the_streams_an_admin_creates(
             "COS_EVENTS: 1 replica(s), 0 messages",
             "COS_DLQ: 1 replica(s), 0 messages",
             "COS_ALERTS: 1 replica(s), 0 messages",
+            "COS_COSTS: 1 replica(s), 0 messages",
         ]
         await wait_http(writer.url + "/readyz", 200, timeout_s=30)
     finally:

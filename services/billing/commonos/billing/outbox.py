@@ -44,6 +44,7 @@ from commonos.proto.schemas import COSTS, schema_id
 from commonos.proto.subjects import COSTS_STREAM, costs_subject
 from commonos.proto.text import unescape_nul
 from commonos.runtime import nats as cos_nats
+from commonos.runtime.errors import OperationalError
 from commonos.runtime.postgres import create_pool
 from commonos.runtime.retry import sleep_or_stop
 from commonos.runtime.settings import Settings
@@ -215,7 +216,7 @@ class PricedRelay:
                 await sleep_or_stop(stop, self.idle_s)
 
 
-class RelayError(Exception):
+class RelayError(OperationalError):
     """A batch the relay could not publish whole (it stays queued)."""
 
 
