@@ -73,30 +73,27 @@ def dlq_stream_config(replicas: int = 1) -> StreamConfig:
     )
 
 
-def alerts_stream_config(replicas: int = 1) -> StreamConfig:
-    """Billing's budget alerts (`cos.alerts.>`), kept apart from the events."""
+def _billing_stream(name: str, subjects: str, duplicate_window_s: float, replicas: int) -> StreamConfig:
+    """A stream billing publishes to, kept apart from the events: limits, on file, oldest dropped when full."""
     return StreamConfig(
-        name=ALERTS_STREAM,
-        subjects=[ALERTS_ALL],
+        name=name,
+        subjects=[subjects],
         storage=StorageType.FILE,
         retention=RetentionPolicy.LIMITS,
         discard=DiscardPolicy.OLD,
         num_replicas=replicas,
-        duplicate_window=ALERTS_DUPLICATE_WINDOW_S,
+        duplicate_window=duplicate_window_s,
     )
+
+
+def alerts_stream_config(replicas: int = 1) -> StreamConfig:
+    """Billing's budget alerts (`cos.alerts.>`)."""
+    return _billing_stream(ALERTS_STREAM, ALERTS_ALL, ALERTS_DUPLICATE_WINDOW_S, replicas)
 
 
 def costs_stream_config(replicas: int = 1) -> StreamConfig:
-    """Billing's priced calls (`cos.costs.>`, `commonos.proto.costs`), kept apart from the events."""
-    return StreamConfig(
-        name=COSTS_STREAM,
-        subjects=[COSTS_ALL],
-        storage=StorageType.FILE,
-        retention=RetentionPolicy.LIMITS,
-        discard=DiscardPolicy.OLD,
-        num_replicas=replicas,
-        duplicate_window=DUPLICATE_WINDOW_S,
-    )
+    """Billing's priced calls (`cos.costs.>`, `commonos.proto.costs`)."""
+    return _billing_stream(COSTS_STREAM, COSTS_ALL, DUPLICATE_WINDOW_S, replicas)
 
 
 #: The stream `cos status` writes one message to, to learn whether JetStream takes writes: it keeps that message
