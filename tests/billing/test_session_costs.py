@@ -32,7 +32,7 @@ from commonos.proto import events as ev
 from commonos.runtime import partitions
 from commonos.runtime.postgres import Conn, apply_schemas, connect
 from commonos.runtime.settings import Settings
-from tests.billing.raw_costs import days_of_calls
+from tests.billing.raw_costs import days_of_calls, stored_days
 from tests.billing.support import POSITIONS, billing, publish_copies
 from tests.billing.test_days import PRICES, START, bill, calls
 from tests.billing.test_report_cli import acos
@@ -148,7 +148,7 @@ def months_ago(n: int, day: int = 10) -> datetime:
 
 async def test_retention_takes_a_dropped_months_calls_out_of_their_sessions(nats_url: str, database_url: str) -> None:
     """Sessions whose calls were all in the dropped months go; a session with calls in a dropped month and in a
-    kept one keeps the kept calls, its first call found again among them."""
+    kept one keeps the kept calls, its first call found again among them. The dropped months' days go too."""
     from tests.cli.test_retention import _cos
 
     rng = random.Random(37)
@@ -172,6 +172,9 @@ async def test_retention_takes_a_dropped_months_calls_out_of_their_sessions(nats
         straddling = [k for k, s in before.items() if s[4] < kept <= s[5]]
         assert straddling and all(after[k][4] > before[k][4] for k in straddling)
         assert not await conn.fetchval("SELECT count(*) FROM session_costs WHERE calls = 0")
+        # The daily rollup loses the dropped months' days too: the reports over them give what model_calls does.
+        assert await stored_days(conn) == await days_of_calls(conn)
+        assert await conn.fetchval("SELECT min(day) FROM model_call_days") >= kept.date()
     finally:
         await conn.close()
 

@@ -125,6 +125,15 @@ class CallDayRow(msgspec.Struct, frozen=True):
 #: The key of a `model_call_days` row, in the order every writer locks rows in (no deadlock between writers).
 DAY_KEY: Final = ("day", "profile_id", "provider", "model", "cost_status", "tags")
 
+#: A month of `model_calls` that retention drops (`{month}`, detached: exactly the calls that left), taken out of
+#: the days in the transaction that drops it: every UTC day of a UTC month is in that month's table, so the days
+#: from its first call to its last hold its calls and no other (`Table.drops`).
+DELETE_DROPPED_CALL_DAYS: Final = (
+    "DELETE FROM model_call_days WHERE day "
+    "BETWEEN (SELECT (min(m.created_at) AT TIME ZONE 'UTC')::date FROM {month} m) "
+    "AND (SELECT (max(m.created_at) AT TIME ZONE 'UTC')::date FROM {month} m)"
+)
+
 MODEL_CALL_DAYS: Final = Table(
     "model_call_days",
     CallDayRow,
@@ -136,6 +145,9 @@ MODEL_CALL_DAYS: Final = Table(
     # on the sums: an upsert's proposed row (a reprice's negative differences) is checked before its conflict.
     indexes={"model_call_days_empty": "(day) WHERE calls = 0"},
     readers=(Read(CONSOLE), Read(ANALYST, by_profile())),
+    # Retention drops months of model_calls: their days go in the same transaction (before the sessions' rows,
+    # the order every writer takes them in).
+    drops={MODEL_CALLS.name: (DELETE_DROPPED_CALL_DAYS,)},
 )
 
 _DAY_COLUMNS: Final = ", ".join(c.name for c in MODEL_CALL_DAYS.columns)
