@@ -11,7 +11,9 @@ own `_json`, `role` its tag, the session's title `title_from_text` of its first 
 turn's context snapshot on the session (with updated_at), the turn's finish on its row, tool calls with
 their risk and approval (and the approval's row, its id derived by the writer's `_approval_id`), and the
 `search` tsvector is the table's own generated column, computed by PostgreSQL as for every insert. The
-model calls are billing's rows (`build_row` with the real Pricer; each distinct call priced once). The
+model calls are billing's rows (`build_row` with the real Pricer; each distinct call priced once), and their
+per-session totals (`session_costs`, what sorting by cost reads) are filled from them as billing's schema fills
+them on a database billed before the table existed (`BACKFILL_SESSION_COSTS`). The
 secondary indexes are dropped before the load and created again from their own definitions after it,
 foreign keys are not re-checked during it (`session_replication_role = replica`: every row's parent is
 loaded in the same run), then VACUUM (ANALYZE), as after the writer's phase.
@@ -76,7 +78,7 @@ from uuid_utils import uuid7
 from bench.services import BenchError, ServiceRun, cpu_seconds
 from commonos.accounting.pricing import Pricer
 from commonos.billing.projection import build_row
-from commonos.billing.schema import MODEL_CALLS
+from commonos.billing.schema import BACKFILL_SESSION_COSTS, MODEL_CALLS
 from commonos.billing.schema import SCHEMA as BILLING_SCHEMA
 from commonos.console.pages.sessions import SessionFilters, encode_cursor, list_sessions, load_session
 from commonos.console.users import Role, User, hash_password, render_users
@@ -560,10 +562,14 @@ async def load(dsn: str, sessions: int, say: Callable[[str], None], chunk_sessio
         await asyncio.gather(*(build(c) for c in loaders))
         took["index_s"] = time.monotonic() - started
         started = time.monotonic()
+        # Billing's per-session totals of the calls, as its schema fills them on a database billed before them.
+        await loaders[1].execute(BACKFILL_SESSION_COSTS)
+        took["rollup_s"] = time.monotonic() - started
+        started = time.monotonic()
         await asyncio.gather(
             loaders[0].execute("VACUUM (ANALYZE) messages"),
             loaders[1].execute(
-                "VACUUM (ANALYZE) sessions, turns, tool_calls, approvals, model_calls, profiles, "
+                "VACUUM (ANALYZE) sessions, turns, tool_calls, approvals, model_calls, session_costs, profiles, "
                 + ", ".join(GRAPH_COPY)
             ),
         )
@@ -731,6 +737,7 @@ class ConsolePhase:
                 f"{counts['tool_calls']:,} tool calls, {counts['model_calls']:,} model calls, "
                 f"{counts['graph.sessions']:,} imported sessions in {load_s:.1f} s "
                 f"(COPY {took['copy_s']:.1f} s, indexes {took['index_s']:.1f} s, "
+                f"session_costs {took['rollup_s']:.1f} s, "
                 f"VACUUM ANALYZE {took['vacuum_s']:.1f} s); CPU used: "
                 + ", ".join(f"{k} {v:.0f} s" for k, v in sorted(cpu.items()))
             )

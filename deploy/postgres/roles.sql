@@ -206,6 +206,17 @@ BEGIN
         DROP POLICY IF EXISTS analyst_by_profile ON model_call_days;
         CREATE POLICY analyst_by_profile ON model_call_days FOR SELECT TO cos_analyst USING (profile_id IN (SELECT profile_id FROM analyst_grants WHERE role_name = current_user));
     END IF;
+    IF to_regclass('public.session_costs') IS NOT NULL THEN
+        ALTER TABLE session_costs OWNER TO cos_billing;
+        REVOKE ALL ON session_costs FROM PUBLIC, cos_journal_writer, cos_loop, cos_console, cos_analyst;
+        GRANT SELECT ON session_costs TO cos_console;
+        GRANT SELECT ON session_costs TO cos_analyst;
+        ALTER TABLE session_costs ENABLE ROW LEVEL SECURITY;
+        DROP POLICY IF EXISTS console_reads_all ON session_costs;
+        CREATE POLICY console_reads_all ON session_costs FOR SELECT TO cos_console USING (true);
+        DROP POLICY IF EXISTS analyst_by_profile ON session_costs;
+        CREATE POLICY analyst_by_profile ON session_costs FOR SELECT TO cos_analyst USING (profile_id IN (SELECT profile_id FROM analyst_grants WHERE role_name = current_user));
+    END IF;
     IF to_regclass('public.billing_positions') IS NOT NULL THEN
         ALTER TABLE billing_positions OWNER TO cos_billing;
         REVOKE ALL ON billing_positions FROM PUBLIC, cos_journal_writer, cos_loop, cos_console, cos_analyst;

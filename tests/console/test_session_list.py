@@ -222,6 +222,11 @@ async def test_sorted_by_cost_in_keyset_pages(
     imported = (await get_json(client, f"/api/imported?sort=cost&since={SINCE}"))["sessions"]
     costs = [Decimal(r["cost_usd"]) for r in imported if r["cost_usd"] is not None]
     assert costs == sorted(costs, reverse=True) and len(costs) == 3
+    # An analyst ranks as their database role reads billing's per-session totals: their profiles' sessions only.
+    analyst, _ = await console.signed_in("alice")
+    theirs = (await get_json(analyst, f"/api/sessions?sort=cost&since={SINCE}&limit=200"))["sessions"]
+    assert theirs and {r["profile_id"] for r in theirs} == {"acme"}
+    assert [r["id"] for r in theirs] == [r["id"] for r in rows if r["profile_id"] == "acme"]
 
 
 async def test_search_sorted_by_cost_is_the_same_from_the_matches_and_from_the_ranked_sessions(
@@ -298,3 +303,84 @@ async def test_a_malformed_session_id_is_a_clear_not_found_page(
         assert r.status == 404
         body = await r.json()
     assert "a session id is a UUID" in body["detail"] and path.split("/")[2] in body["detail"]
+
+
+async def _ranks_from_the_calls(conn: asyncpg.Connection, since: datetime) -> list[tuple[uuid.UUID, Decimal]]:
+    """The loop's sessions started from `since` on, ranked as the list ranked them before billing's per-session
+    totals, summed here from every call: a session's calls from `since` - CLOCK_SLACK (one day) on, with those of
+    its delegated sessions started from `since` on (up to MAX_CHILD_DEPTH levels up); most expensive first, then
+    newest."""
+    sessions = {r["id"]: r for r in await conn.fetch("SELECT id, parent_session_id, created_at FROM sessions")}
+    own: dict[uuid.UUID, Decimal] = {}
+    for m in await conn.fetch("SELECT session_id, cost_usd, created_at FROM model_calls"):
+        if m["created_at"] >= since - timedelta(days=1):
+            own[m["session_id"]] = own.get(m["session_id"], Decimal(0)) + (m["cost_usd"] or 0)
+    rank = {sid: own.get(sid, Decimal(0)) for sid, s in sessions.items() if s["created_at"] >= since}
+    for sid, s in sessions.items():
+        if s["created_at"] < since or s["parent_session_id"] is None:
+            continue
+        ancestor, level = s["parent_session_id"], 1
+        while True:
+            if ancestor in rank:
+                rank[ancestor] += own.get(sid, Decimal(0))
+            parent = sessions[ancestor]["parent_session_id"]
+            if parent is None or level >= sessions_page.MAX_CHILD_DEPTH:
+                break
+            ancestor, level = parent, level + 1
+    ordered = sorted(rank, key=lambda sid: (rank[sid], sessions[sid]["created_at"], sid), reverse=True)
+    return [(sid, rank[sid]) for sid in ordered]
+
+
+async def test_the_cost_ranking_reads_the_rollup_and_ranks_as_the_calls_would(
+    console_db: Seeded, hostile: Any, nats_url: str
+) -> None:
+    """Sorted by cost, the list reads billing's per-session totals (`session_costs`) and ranks as summing the calls
+    did: delegated sessions two levels down count with their ancestor, a call in the day before the range counts,
+    a call earlier than that does not (the session's total is then not its range's: its calls are summed), a
+    session whose calls all are earlier ranks with none, and a session started before the range is not ranked."""
+    since = datetime(2026, 11, 10, tzinfo=UTC)
+    events: list[ev.Event] = []
+
+    def session(start: datetime, calls: list[tuple[datetime, int]], parent: uuid.UUID | None = None) -> uuid.UUID:
+        s = SessionBuilder("acme", Clock(start), ("client:acme",)).create(parent_session_id=parent)
+        turn = s.start_turn()
+        for at, tokens in calls:
+            s.model_call(turn, input_tokens=tokens, output_tokens=tokens // 10)
+            s.events[-1] = msgspec.structs.replace(s.events[-1], occurred_at=at)
+        events.extend(s.events)
+        return s.session_id
+
+    day = timedelta(days=1)
+    early = session(since + 2 * day, [(since + 2 * day, 40_000), (since - 5 * day, 900_000)])
+    slack = session(since + 2 * day, [(since - day / 2, 50_000)])
+    child = session(since + 3 * day, [(since + 3 * day, 30_000)], parent=early)
+    session(since + 3 * day, [(since + 3 * day, 20_000), (since - 3 * day, 10_000)], parent=child)
+    before = session(since - 2 * day, [(since + day, 990_000)])
+    session(since + day, [(since + day, 5_000)], parent=before)
+    session(since + day, [(since - 4 * day, 800_000)])
+    session(since + 4 * day, [])
+    await project(nats_url, console_db.dsn, events)
+
+    conn = await connect(console_db.dsn)
+    try:
+        assert await conn.fetchval("SELECT count(*) FROM session_costs") > 0
+        want = await _ranks_from_the_calls(conn, since)
+        f = sessions_page.SessionFilters(sort="cost", since=since, kind="loop")
+        async with conn.transaction(readonly=True):
+            sql, args = sessions_page._loop_query(f, None, 1000, None, since)
+            got = [(r["id"], r["rank_usd"]) for r in await conn.fetch(sql, *args)]
+            assert got == want
+            ids = [sid for sid, _ in want]
+            assert before not in ids and ids.index(early) < ids.index(slack)
+            # Keyset pages of three give the same order, through list_sessions itself.
+            paged: list[uuid.UUID] = []
+            cursor: str | None = None
+            while True:
+                page = await sessions_page.list_sessions(conn, f, cursor, limit=3)
+                paged += [r.id for r in page.sessions]
+                if page.next_cursor is None:
+                    break
+                cursor = page.next_cursor
+            assert paged == ids
+    finally:
+        await conn.close()

@@ -119,7 +119,7 @@ def _reprice(args: argparse.Namespace) -> int:
 
 
 def _relayout(args: argparse.Namespace) -> int:
-    from commonos.billing.schema import BACKFILL_CALL_DAYS, MODEL_CALLS, SCHEMA
+    from commonos.billing.schema import BACKFILL, MODEL_CALLS, SCHEMA
     from commonos.runtime import partitions
 
     dsn = database_url(Settings.from_env())
@@ -130,7 +130,7 @@ def _relayout(args: argparse.Namespace) -> int:
         if await conn.fetchval("SELECT to_regclass($1)", MODEL_CALLS.name) is None:
             raise asyncpg.UndefinedTableError("model_calls")
         return await partitions.relayout(
-            conn, MODEL_CALLS.name, MODEL_CALLS.partition_by, columns, [SCHEMA], after=[BACKFILL_CALL_DAYS]
+            conn, MODEL_CALLS.name, MODEL_CALLS.partition_by, columns, [SCHEMA], after=[BACKFILL]
         )
 
     moved = asyncio.run(_with_database(dsn, work))
@@ -157,7 +157,10 @@ def _rebuild_days(args: argparse.Namespace) -> int:
 
     async def work(conn: Any) -> str:
         done = await rebuild_days(conn, first, last)
-        return f"model_call_days {done.first} .. {done.last}: {done.before} row(s) replaced by {done.after}"
+        return (
+            f"model_call_days {done.first} .. {done.last}: {done.before} row(s) replaced by {done.after}; "
+            f"session_costs: {done.sessions} session(s) computed again, {done.sessions_after} with calls"
+        )
 
     print(asyncio.run(_with_database(dsn, work)))
     return 0
@@ -206,9 +209,10 @@ def register(sub: Any) -> None:
     rd = billing_sub.add_parser(
         "rebuild-days",
         help="compute the daily cost rollup again from model_calls (after changing model_calls by hand)",
-        description="Billing keeps model_call_days (what cost reports read for whole days) equal to the sums of "
-        "model_calls in the same transactions. After deleting or editing model_calls rows by hand, rebuild the UTC "
-        "days that changed (default: every day).",
+        description="Billing keeps model_call_days (what cost reports read for whole days) and session_costs (what "
+        "the console ranks sessions by) equal to the sums of model_calls in the same transactions. After deleting "
+        "or editing model_calls rows by hand, rebuild the UTC days that changed (default: every day): the sessions "
+        "with a call on them are computed again too.",
     )
     rd.add_argument("--since", type=_day, help="first UTC day (default: the first there is)")
     rd.add_argument("--until", type=_day, help="last UTC day, inclusive (default: the last there is)")

@@ -48,7 +48,7 @@ from commonos.billing.days import INSERT_MODEL_CALLS, add_days
 from commonos.billing.metrics import BillingMetrics, MetricBatch
 from commonos.billing.outbox import INSERT_PRICED_MODEL_CALLS
 from commonos.billing.rows import ModelCallRow
-from commonos.billing.schema import BACKFILL_CALL_DAYS, DELETIONS_TABLE, MODEL_CALLS, TABLES
+from commonos.billing.schema import BACKFILL, DELETIONS_TABLE, MODEL_CALLS, TABLES
 from commonos.proto.events import MAX_COUNT, MAX_NAME_CHARS, Event, ModelCallCompleted, SessionCreated
 from commonos.proto.subjects import (
     MODEL_CALLS_FILTER,
@@ -365,4 +365,4 @@ class BillingProjection(Projection):
 
 #: Billing as registered (`commonos.projections` in pyproject.toml); its service builds the projection from its
 #: prices and budgets (`commonos.billing.service`).
-REGISTRATION: Final = Registration("billing", "billing", TABLES, postlude=BACKFILL_CALL_DAYS)
+REGISTRATION: Final = Registration("billing", "billing", TABLES, postlude=BACKFILL)

@@ -33,7 +33,7 @@ from commonos.billing.budgets import BUDGET_LOCK_KEY
 from commonos.billing.outbox import QUEUE_REPRICED
 from commonos.billing.projection import MAX_COST_USD
 from commonos.billing.report import columns
-from commonos.billing.schema import DELETE_EMPTY_CALL_DAYS, MOVE_REPRICED_CALL_DAYS
+from commonos.billing.schema import DELETE_EMPTY_CALL_DAYS, MOVE_REPRICED_CALL_DAYS, MOVE_REPRICED_SESSION_COSTS
 from commonos.proto.errors import DataError
 from commonos.runtime.postgres import Conn
 
@@ -227,6 +227,7 @@ async def reprice(
             # Last, as the consumer adds its days last: the days' row locks after the spend rows'.
             await conn.execute(MOVE_REPRICED_CALL_DAYS, *moved)
             await conn.execute(DELETE_EMPTY_CALL_DAYS)
+            await conn.execute(MOVE_REPRICED_SESSION_COSTS, *moved)  # then the sessions' rows, as the consumer
             await conn.execute(
                 _LOG,
                 run_id,

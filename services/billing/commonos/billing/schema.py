@@ -125,6 +125,15 @@ class CallDayRow(msgspec.Struct, frozen=True):
 #: The key of a `model_call_days` row, in the order every writer locks rows in (no deadlock between writers).
 DAY_KEY: Final = ("day", "profile_id", "provider", "model", "cost_status", "tags")
 
+#: A month of `model_calls` that retention drops (`{month}`, detached: exactly the calls that left), taken out of
+#: the days in the transaction that drops it: every UTC day of a UTC month is in that month's table, so the days
+#: from its first call to its last hold its calls and no other (`Table.drops`).
+DELETE_DROPPED_CALL_DAYS: Final = (
+    "DELETE FROM model_call_days WHERE day "
+    "BETWEEN (SELECT (min(m.created_at) AT TIME ZONE 'UTC')::date FROM {month} m) "
+    "AND (SELECT (max(m.created_at) AT TIME ZONE 'UTC')::date FROM {month} m)"
+)
+
 MODEL_CALL_DAYS: Final = Table(
     "model_call_days",
     CallDayRow,
@@ -136,6 +145,9 @@ MODEL_CALL_DAYS: Final = Table(
     # on the sums: an upsert's proposed row (a reprice's negative differences) is checked before its conflict.
     indexes={"model_call_days_empty": "(day) WHERE calls = 0"},
     readers=(Read(CONSOLE), Read(ANALYST, by_profile())),
+    # Retention drops months of model_calls: their days go in the same transaction (before the sessions' rows,
+    # the order every writer takes them in).
+    drops={MODEL_CALLS.name: (DELETE_DROPPED_CALL_DAYS,)},
 )
 
 _DAY_COLUMNS: Final = ", ".join(c.name for c in MODEL_CALL_DAYS.columns)
@@ -209,6 +221,125 @@ REBUILD_CALL_DAYS: Final = f"{_INTO}{_days_of('model_calls', _DAY_OF_CALL + ' BE
 #: Fill the days from `model_calls` when they are empty and it is not: a database that had calls before the
 #: table came to be. Part of the schema, run under the schema lock before billing consumes anything.
 BACKFILL_CALL_DAYS: Final = f"{_INTO}{_days_of('model_calls', 'NOT EXISTS (SELECT 1 FROM model_call_days)')};\n"
+
+
+class SessionCostRow(msgspec.Struct, frozen=True):
+    """The totals of one session's calls (`model_calls.session_id`: a loop session's own calls, an imported tree's
+    top-level session's calls, which the importer bills to it), kept in step with `model_calls` in the same
+    transactions as the days: the console ranks sessions by cost from it, one row a session instead of every call."""
+
+    session_id: uuid.UUID
+    #: The profile of the session's calls (one: a call of another profile is a profile_mismatch dead letter).
+    profile_id: str
+    calls: int
+    unpriced_calls: int
+    #: The priced calls' exact cost (0 when none is priced).
+    usd: Decimal
+    #: The first and last of the calls' own times: the console's ranking counts the calls of a range, and when
+    #: the first call is in it, the whole sum is the range's.
+    first_call_at: datetime
+    last_call_at: datetime
+
+
+_SESSION_COLUMNS: Final = ", ".join(SessionCostRow.__struct_fields__)
+_SESSIONS_INTO: Final = f"INSERT INTO session_costs AS c ({_SESSION_COLUMNS})"
+
+
+def _sessions_of(source: str, where: str, sign: str = "") -> str:
+    """The `session_costs` rows of the `model_calls` rows (`source`, as m) where `where` holds, in key order
+    (the order every writer locks them in); `sign` "-" for rows to subtract."""
+    return f"""
+SELECT m.session_id, min(m.profile_id), {sign}count(*), {sign}count(*) FILTER (WHERE m.cost_usd IS NULL),
+       {sign}coalesce(sum(m.cost_usd), 0), min(m.created_at), max(m.created_at)
+FROM {source} m
+WHERE {where}
+GROUP BY m.session_id
+ORDER BY m.session_id"""
+
+
+_SESSION_SUMS: Final = (
+    "calls = c.calls + EXCLUDED.calls, unpriced_calls = c.unpriced_calls + EXCLUDED.unpriced_calls, "
+    "usd = c.usd + EXCLUDED.usd"
+)
+_ADD_SESSION_SUMS: Final = (
+    f"ON CONFLICT (session_id) DO UPDATE SET {_SESSION_SUMS}, first_call_at = least(c.first_call_at, "
+    "EXCLUDED.first_call_at), last_call_at = greatest(c.last_call_at, EXCLUDED.last_call_at)"
+)
+
+#: Add the calls of these event ids ($1, their times from $2 to $3) to their sessions: the consumer runs it after
+#: `ADD_CALL_DAYS`, on the same rows.
+ADD_SESSION_COSTS: Final = (
+    f"{_SESSIONS_INTO}"
+    f"{_sessions_of('model_calls', 'm.event_id = ANY($1::uuid[]) AND m.created_at BETWEEN $2 AND $3')}\n"
+    f"{_ADD_SESSION_SUMS}"
+)
+
+#: Move repriced calls' cost in their sessions: the arguments of `MOVE_REPRICED_CALL_DAYS`, run after it. A
+#: reprice changes costs and statuses, never which calls a session has (calls, times).
+MOVE_REPRICED_SESSION_COSTS: Final = f"""
+WITH old AS (
+    SELECT * FROM unnest($1::uuid[], $2::numeric(24, 10)[], $3::text[]) AS o(event_id, cost_usd, cost_status)
+)
+{_SESSIONS_INTO}
+SELECT m.session_id, min(m.profile_id), 0, sum((m.cost_usd IS NULL)::int - (old.cost_usd IS NULL)::int),
+       sum(coalesce(m.cost_usd, 0) - coalesce(old.cost_usd, 0)), min(m.created_at), max(m.created_at)
+FROM model_calls m JOIN old ON m.event_id = old.event_id
+GROUP BY m.session_id
+ORDER BY m.session_id
+{_ADD_SESSION_SUMS}"""
+
+#: A month of `model_calls` that retention drops, taken out of the sessions (`{month}`: the month's table, detached
+#: from `model_calls` and so holding exactly the calls that left it), in the transaction that drops it: its sums
+#: subtracted, a first or last call that was in it looked up again among the calls that stay, the emptied rows
+#: deleted (`Table.drops`).
+SUBTRACT_DROPPED_SESSION_COSTS: Final = (
+    f"{_SESSIONS_INTO}{_sessions_of('{month}', 'true', sign='-')}\n"
+    f"ON CONFLICT (session_id) DO UPDATE SET {_SESSION_SUMS}, "
+    "first_call_at = CASE WHEN c.calls + EXCLUDED.calls = 0 OR c.first_call_at < EXCLUDED.first_call_at "
+    "THEN c.first_call_at ELSE coalesce((SELECT min(x.created_at) FROM model_calls x "
+    "WHERE x.session_id = c.session_id), c.first_call_at) END, "
+    "last_call_at = CASE WHEN c.calls + EXCLUDED.calls = 0 OR c.last_call_at > EXCLUDED.last_call_at "
+    "THEN c.last_call_at ELSE coalesce((SELECT max(x.created_at) FROM model_calls x "
+    "WHERE x.session_id = c.session_id), c.last_call_at) END"
+)
+DELETE_EMPTY_SESSION_COSTS: Final = "DELETE FROM session_costs WHERE calls = 0"
+
+#: Rebuild the sessions $1 (ids) from `model_calls` (after a change made by hand): clear them, then fill them
+#: again, in one transaction (`days.rebuild_days`).
+CLEAR_SESSION_COSTS: Final = "DELETE FROM session_costs WHERE session_id = ANY($1::uuid[])"
+REBUILD_SESSION_COSTS: Final = f"{_SESSIONS_INTO}{_sessions_of('model_calls', 'm.session_id = ANY($1::uuid[])')}"
+#: The sessions a rebuild of the days from $1 to $2 (dates, inclusive) computes again: those with a call on
+#: those days, and those the rollup says had one (a call deleted by hand is no longer in `model_calls`).
+SESSIONS_OF_DAYS: Final = f"""
+SELECT m.session_id FROM model_calls m WHERE {_DAY_OF_CALL} BETWEEN $1::date AND $2::date
+UNION
+SELECT c.session_id FROM session_costs c
+WHERE (c.first_call_at AT TIME ZONE 'UTC')::date <= $2::date
+  AND (c.last_call_at AT TIME ZONE 'UTC')::date >= $1::date"""
+
+#: Fill the sessions from `model_calls` when they are empty and it is not (a database billed before the table
+#: came to be), as `BACKFILL_CALL_DAYS` fills the days.
+BACKFILL_SESSION_COSTS: Final = (
+    f"{_SESSIONS_INTO}{_sessions_of('model_calls', 'NOT EXISTS (SELECT 1 FROM session_costs)')};\n"
+)
+
+SESSION_COSTS: Final = Table(
+    "session_costs",
+    SessionCostRow,
+    key=("session_id",),
+    owner=BILLING,
+    types={"calls": "bigint", "unpriced_calls": "bigint", "usd": "numeric(38, 10)"},
+    # Retention can empty a row (every call of the session was in the month it dropped): it deletes the empty
+    # rows. No CHECK on the sums, as for the days: an upsert's proposed row (a subtraction) is checked first.
+    indexes={
+        "session_costs_empty": "(session_id) WHERE calls = 0",
+        # The console ranks the sessions with a call in a range (its last from the range's start on).
+        "session_costs_last_call": "(last_call_at)",
+    },
+    readers=(Read(CONSOLE), Read(ANALYST, by_profile())),
+    # Retention drops months of model_calls: their calls leave the sessions in the same transaction.
+    drops={MODEL_CALLS.name: (SUBTRACT_DROPPED_SESSION_COSTS, DELETE_EMPTY_SESSION_COSTS)},
+)
 
 #: Billing's own consumer positions, written in the same transaction as its rows.
 POSITIONS: Final = positions_table("billing_positions", BILLING, (Read(CONSOLE),))
@@ -360,6 +491,7 @@ DELETIONS: Final = tombstones_table(DELETIONS_TABLE, BILLING)
 TABLES: Final = (
     MODEL_CALLS,
     MODEL_CALL_DAYS,
+    SESSION_COSTS,
     POSITIONS,
     BUDGET_SPEND,
     BUDGET_ALERTS,
@@ -368,13 +500,16 @@ TABLES: Final = (
     OWNERS,
     DELETIONS,
 )
-#: The tables' DDL, then the days filled from the calls where they are empty (a database upgraded to them).
-SCHEMA: Final = "\n".join(t.ddl() for t in TABLES) + MIGRATE_BUDGET_ALERTS + BACKFILL_CALL_DAYS
+#: The rollups filled from the calls where they are empty (a database upgraded to them): after the tables' DDL.
+BACKFILL: Final = BACKFILL_CALL_DAYS + BACKFILL_SESSION_COSTS
+#: The tables' DDL, then the rollups filled.
+SCHEMA: Final = "\n".join(t.ddl() for t in TABLES) + MIGRATE_BUDGET_ALERTS + BACKFILL
 
 #: Tables of this plugin, for tests and tools.
 BILLING_TABLES: Final = (
     "model_calls",
     "model_call_days",
+    "session_costs",
     "billing_positions",
     "budget_spend",
     "budget_alerts",

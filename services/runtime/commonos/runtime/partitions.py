@@ -181,8 +181,10 @@ async def list_partitions(conn: Conn, table: str) -> list[Partition]:
     return sorted(out, key=lambda p: p.month)
 
 
-async def drop(conn: Conn, partition: Partition) -> None:
-    """Detach the month from its table (CONCURRENTLY: readers and writers of other months go on), then drop it.
+async def drop(conn: Conn, partition: Partition, before: Sequence[str] = ()) -> None:
+    """Detach the month from its table (CONCURRENTLY: readers and writers of other months go on), then drop it;
+    `before`, statements with `{month}` naming the detached month's table (rollups of its rows subtracting
+    them, `Table.drops`), run in the transaction that drops it.
 
     Must run outside a transaction block. A detach interrupted half-way (a crash) leaves the partition
     'detach pending'; it is finished first (`DETACH ... FINALIZE`)."""
@@ -193,7 +195,11 @@ async def drop(conn: Conn, partition: Partition) -> None:
         await conn.execute(f"ALTER TABLE {partition.table} DETACH PARTITION {partition.name} FINALIZE")
     elif pending is not None:
         await conn.execute(f"ALTER TABLE {partition.table} DETACH PARTITION {partition.name} CONCURRENTLY")
-    await conn.execute(f"DROP TABLE IF EXISTS {partition.name}")
+    async with conn.transaction():
+        if before and await conn.fetchval("SELECT to_regclass($1)", partition.name) is not None:
+            for statement in before:
+                await conn.execute(statement.replace("{month}", partition.name))
+        await conn.execute(f"DROP TABLE IF EXISTS {partition.name}")
 
 
 # --- making them -----------------------------------------------------------------------------------------------

@@ -4,7 +4,8 @@ Keeping `N` months means: a month is dropped once it ended at least `N` whole mo
 months of history are always there (between `N` and `N + 1`: on 5 December, `N = 3` keeps September to
 December). A month is a partition (`commonos.runtime.partitions`): it is detached and dropped, no `DELETE`
 and no `VACUUM`, so dropping a month costs the same at a thousand rows as at a hundred million and gives the
-disk back at once.
+disk back at once. A rollup of a table's rows (billing's `session_costs` of `model_calls`, `Table.drops`)
+subtracts the month's rows in the transaction that drops it, reading the month once.
 
 Before a month is dropped it can be exported (`export_dir`): one Parquet file per partition (pyarrow; every
 column but the ones PostgreSQL generates, such as `messages.search`), written under one `REPEATABLE READ`
@@ -87,6 +88,14 @@ def tables_kept_by(accounting: bool) -> list[str]:
     from commonos.runtime import registry
 
     return [t.name for t in registry.tables() if t.partition_by is not None and t.accounting == accounting]
+
+
+def rollups_of(table: str) -> list[str]:
+    """The statements that take a dropped month of `table` out of the registered rollups of its rows
+    (`Table.drops`), in the tables' order."""
+    from commonos.runtime import registry
+
+    return [s for t in registry.tables() for s in t.drops.get(table, ())]
 
 
 def cutoff(now: datetime, keep_months: int) -> date:
@@ -286,7 +295,7 @@ async def run(
                         "exported_at": datetime.now(UTC).isoformat(),
                     },
                 )
-            await partitions.drop(conn, partition)
+            await partitions.drop(conn, partition, rollups_of(partition.table))
             item = Dropped(
                 partition.table,
                 partition.name,

@@ -285,6 +285,12 @@ class Table:
     #: (`commonos.runtime.retention.expire`), deleted with every row that references it ON DELETE CASCADE
     #: (the session graph's sessions and everything of theirs). Rows without a time are kept.
     expires_by: str | None = None
+    #: For a rollup of a partitioned table's rows (billing's `session_costs` of `model_calls`): that table's name ->
+    #: the statements that take a month of its rows out of this one when retention drops the month
+    #: (`commonos.runtime.retention.run`). They run in the transaction that drops the month, after it was
+    #: detached (so that no writer reaches its rows any more), with `{month}` naming its table, which then holds
+    #: exactly the rows that left; in the order of the registered tables, each table's in its own order.
+    drops: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     #: A comment written above the table in the DDL.
     doc: str = ""
 

@@ -10,8 +10,9 @@ match, each with a highlighted snippet of its first match).
 Each row carries billing's model calls of the session with those of its delegated sessions (an imported
 top-level session: its tree's, which the importer bills to it), their cost, tokens and models, and its
 duration, computed for the page's rows only. `sort=cost` ranks by that cost the sessions started in a range
-(`since`, else the last COST_WINDOW_DAYS days): keyset on (cost, created_at, id), the calls summed from the
-range's months of model_calls.
+(`since`, else the last COST_WINDOW_DAYS days), over the calls from the range's start on: keyset on (cost,
+created_at, id), each session's cost read from billing's per-session totals (`session_costs`, one row a session
+with a call in the range: no call is read), exact as summing the calls (`_range_cost`).
 
 A session shows its conversation turn by turn, each tool call with its arguments, result, risk, duration and
 approval, each model call with tokens and cost (model_calls), and its delegated child sessions inline under the
@@ -79,8 +80,8 @@ MESSAGE_TEXT: Final = "coalesce(m.content ->> 'text', '') || ' ' || coalesce(m.c
 #: How the list is ordered: newest first, or the most expensive first (then newest).
 Sort = Literal["time", "cost"]
 #: Sorted by cost without `since`, the list ranks the sessions started in this many days up to now: ranking
-#: sums every call of the range, so the range bounds the work (and, through model_calls' monthly partitions, the
-#: months read). The page says so, with links to look further back.
+#: reads a row of billing's `session_costs` for each session of the range, so the range bounds the work. The
+#: page says so, with links to look further back.
 COST_WINDOW_DAYS: Final = 7
 #: A call is counted with a session from this long before the session's own start: producers' clocks differ a
 #: little. The bound lets PostgreSQL skip the months of model_calls and turns before it.
@@ -273,26 +274,47 @@ def _after(order: str, at: Position, q: _Query, cost: str) -> str:
     return f"({{t}}, {{id}}) < ({q.arg(at.created_at)}, {q.arg(at.id)})"
 
 
+#: A `session_costs` row ({c}) with a call in the range ({w} its start): the others rank with no cost. Their
+#: index (`session_costs_last_call`) reads the rows of the range, not every session billing has seen.
+IN_RANGE: Final = f"{{c}}.last_call_at >= {{w}}::timestamptz - {CLOCK_SLACK}"
+
+
+def _range_cost(c: str, w: str) -> str:
+    """A session's cost over its calls from `w` - CLOCK_SLACK on, from its row `c` of billing's `session_costs`:
+    the whole sum when its first call is in that range (every call then is), else its calls in the range summed
+    (a call more than the slack before the start of a session started in the range: a producer's clock far
+    off, which is rare; the session's calls only, by model_calls' session index)."""
+    return (
+        f"CASE WHEN {c}.first_call_at >= {w}::timestamptz - {CLOCK_SLACK} THEN {c}.usd "
+        f"ELSE (SELECT coalesce(sum(m.cost_usd), 0) FROM model_calls m WHERE m.session_id = {c}.session_id "
+        f"AND m.created_at >= {w}::timestamptz - {CLOCK_SLACK}) END"
+    )
+
+
 def _loop_ranked() -> str:
-    """Each loop session's cost with its delegated sessions' (any depth up to MAX_CHILD_DEPTH), over the calls
-    from `since` on (its month partitions only): `ranked(session_id, usd)`. {w} is the range's parameter."""
+    """The cost of each loop session's delegated sessions (any depth up to MAX_CHILD_DEPTH) by ancestor, over the
+    calls from `since` - CLOCK_SLACK on: `descendants(ancestor, usd)`. {w} is the range's parameter.
+
+    A session's own cost is its row of billing's `session_costs` (one row a session, kept equal to the sums of
+    model_calls by billing, `_range_cost`): the ranked sessions' own rows are joined to them (`LOOP_RANK`), their
+    descendants' (those started from `since` on, the only ones added to a ranked parent) summed here. No call
+    is read, however many the range holds."""
     return f"""
-WITH RECURSIVE own AS (
-    SELECT m.session_id, coalesce(sum(m.cost_usd), 0) AS usd FROM model_calls m
-    WHERE m.created_at >= {{w}}::timestamptz - {CLOCK_SLACK} GROUP BY m.session_id
-), up AS (
+WITH RECURSIVE up AS (
     SELECT c.id AS session_id, c.parent_session_id AS ancestor, 1 AS level FROM sessions c
     WHERE c.parent_session_id IS NOT NULL AND c.created_at >= {{w}}
     UNION ALL
     SELECT up.session_id, p.parent_session_id, up.level + 1 FROM up JOIN sessions p ON p.id = up.ancestor
     WHERE p.parent_session_id IS NOT NULL AND up.level < {MAX_CHILD_DEPTH}
-), ranked AS (
-    SELECT x.session_id, sum(x.usd) AS usd FROM (
-        SELECT own.session_id, own.usd FROM own
-        UNION ALL
-        SELECT up.ancestor, own.usd FROM up JOIN own ON own.session_id = up.session_id
-    ) x GROUP BY x.session_id
+), descendants AS (
+    SELECT up.ancestor, sum((SELECT {_range_cost("c", "{w}")} FROM session_costs c WHERE c.session_id = up.session_id))
+           AS usd
+    FROM up GROUP BY up.ancestor
 )"""
+
+
+#: A loop session's rank: its own calls' cost (its `session_costs` row c) and its descendants' (d).
+LOOP_RANK: Final = f"coalesce({_range_cost('c', '{w}')}, 0) + coalesce(d.usd, 0)"
 
 
 def _loop_query(
@@ -319,8 +341,11 @@ def _loop_query(
     if by_cost:
         w = q.arg(since)
         prefix = _loop_ranked().replace("{w}", w)
-        source = "sessions s LEFT JOIN ranked r ON r.session_id = s.id"
-        rank = "coalesce(r.usd, 0)"
+        source = (
+            f"sessions s LEFT JOIN session_costs c ON c.session_id = s.id AND {IN_RANGE.format(c='c', w=w)} "
+            "LEFT JOIN descendants d ON d.ancestor = s.id"
+        )
+        rank = LOOP_RANK.replace("{w}", w)
         q.add(f"s.created_at >= {w}")
     columns = (
         "s.id, 'loop' AS kind, s.profile_id, s.source, NULL::text AS vendor, s.title, "
@@ -405,18 +430,15 @@ def _imported_query(
     )
     source = "graph.sessions g"
     rank = "NULL::numeric"
-    prefix = ""
     q.add("g.started_at IS NOT NULL")
     if by_cost:
         w = q.arg(since)
-        prefix = (
-            "WITH ranked AS (SELECT m.session_id, coalesce(sum(m.cost_usd), 0) AS usd "
-            "FROM model_calls m JOIN graph.sessions r ON r.id = m.session_id "
-            f"WHERE m.created_at >= {w}::timestamptz - {CLOCK_SLACK} AND r.parent_session_id IS NULL "
-            f"AND r.started_at >= {w} GROUP BY m.session_id)"
+        # The tree's calls are billed to its top-level session: that session's row of `session_costs`.
+        source = (
+            "graph.sessions g LEFT JOIN session_costs c ON c.session_id = g.id AND g.parent_session_id IS NULL "
+            f"AND {IN_RANGE.format(c='c', w=w)}"
         )
-        source = "graph.sessions g LEFT JOIN ranked r ON r.session_id = g.id"
-        rank = "coalesce(r.usd, 0)"
+        rank = f"coalesce({_range_cost('c', w)}, 0)"
         q.add(f"g.started_at >= {w}")
     ts = q.arg(f.q) if f.q else ""
     if f.q and hits is not None:
@@ -445,7 +467,7 @@ def _imported_query(
     )
     if by_cost:
         ranked = (
-            f"{prefix} SELECT g.id, {rank} AS rank_usd FROM {source}{q.sql()} "
+            f"SELECT g.id, {rank} AS rank_usd FROM {source}{q.sql()} "
             f"ORDER BY rank_usd DESC, g.started_at DESC, g.id DESC LIMIT {int(limit)}"
         )
         sql = f"SELECT {columns}, k.rank_usd FROM ({ranked}) k JOIN graph.sessions g ON g.id = k.id"
@@ -592,6 +614,10 @@ async def list_sessions(
     since = None
     if f.sort == "cost":
         since = f.since or datetime.now(UTC) - timedelta(days=COST_WINDOW_DAYS)
+        # The rank's exact case (`_range_cost`) is a subquery a row that almost never runs, but the planner
+        # costs it for every row of the range: it would compile the query (JIT, a second and more) to save
+        # milliseconds.
+        await conn.execute("SET LOCAL jit = off")
     if f.q:
         # Planned for this `q` each time: a generic plan of a prepared statement (asyncpg's, after five runs)
         # computes the tsquery again for every row it checks, and cannot tell a rare word from a common one.
