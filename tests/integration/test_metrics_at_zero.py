@@ -92,6 +92,8 @@ async def test_every_watched_series_is_there_at_zero_before_its_first_event(
         at_zero(bill, "cos_billing_unpriced_calls_total", provider="other", model="other")
         at_zero(bill, "cos_billing_priced_queued")
         at_zero(bill, "cos_billing_priced_oldest_seconds")
+        at_zero(bill, "cos_billing_priced_held")
+        at_zero(bill, "cos_billing_relay_restarts_total")
         for budget in ("acme-monthly", "site-daily"):
             at_zero(bill, "cos_billing_budget_spent_usd", budget=budget)
             at_zero(bill, "cos_billing_budget_exceeded", budget=budget)

@@ -10,12 +10,16 @@ the work), joins each to its call for what never changes (profile, session, prov
 publishes one `model_call_priced` event per row (`commonos.proto.costs`), waits for every PubAck, and only
 then deletes the rows, in the same transaction. A crash between the publish and the delete publishes those
 rows again with the same `event_id` = `Nats-Msg-Id`: JetStream drops them within the stream's duplicate
-window, a subscriber counting each `event_id` once drops them after it.
+window, a subscriber counting each `event_id` once drops them after it. A row whose event is larger than the
+server's max_payload (stored when NATS took more than it does now) is held, not published, so that it cannot
+stall the rows after it: `billing_outbox.held` says why, and an operator who has raised max_payload releases
+it (``UPDATE billing_outbox SET held = NULL WHERE held IS NOT NULL``).
 
 The billing service runs the relay in a process of its own (:class:`RelayProcess`, so that publishing takes no
-time from pricing), restarts it when it dies, and reports the queue (`cos_billing_priced_queued`,
-`cos_billing_priced_oldest_seconds`). ``COS_BILLING_PRICED_EVENTS=off`` turns the whole feature off: nothing
-is queued and no relay runs (`cos billing reprice` reads the same setting).
+time from pricing), restarts it when it dies (`cos_billing_relay_restarts_total`), and reports the queue
+(`cos_billing_priced_queued`, `cos_billing_priced_oldest_seconds`, `cos_billing_priced_held`).
+``COS_BILLING_PRICED_EVENTS=off`` turns the whole feature off: nothing is queued and no relay runs (`cos billing
+reprice` reads the same setting).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import asyncpg
 import nats.errors
 import nats.js.errors
 from nats.js import JetStreamContext
-from prometheus_client import Gauge
+from prometheus_client import Counter, Gauge
 
 from commonos.billing.days import INSERT_MODEL_CALLS
 from commonos.proto.cloudevents import message_headers
@@ -45,6 +49,7 @@ from commonos.proto.subjects import COSTS_STREAM, costs_subject
 from commonos.proto.text import unescape_nul
 from commonos.runtime import nats as cos_nats
 from commonos.runtime.errors import OperationalError
+from commonos.runtime.limits import message_bytes, server_max_payload, with_stream_header
 from commonos.runtime.postgres import create_pool
 from commonos.runtime.retry import sleep_or_stop
 from commonos.runtime.settings import Settings
@@ -91,6 +96,7 @@ SELECT o.id, o.call_id, o.revision, o.cost_usd, o.previous_cost_usd, o.cost_stat
        m.tags
 FROM billing_outbox o
 LEFT JOIN model_calls m ON m.event_id = o.call_id AND m.created_at = o.created_at
+WHERE o.held IS NULL
 ORDER BY o.id
 LIMIT $1
 FOR UPDATE OF o SKIP LOCKED
@@ -98,13 +104,28 @@ FOR UPDATE OF o SKIP LOCKED
 
 _DELETE: Final = "DELETE FROM billing_outbox WHERE id = ANY($1::bigint[])"
 
-_QUEUE: Final = "SELECT count(*), min(queued_at) FROM billing_outbox"
+_HOLD: Final = """
+UPDATE billing_outbox SET held = u.reason
+FROM unnest($1::bigint[], $2::text[]) AS u(id, reason)
+WHERE billing_outbox.id = u.id
+"""
+
+_QUEUE: Final = """
+SELECT count(*) FILTER (WHERE held IS NULL) AS queued, min(queued_at) FILTER (WHERE held IS NULL) AS oldest,
+       count(*) FILTER (WHERE held IS NOT NULL) AS held
+FROM billing_outbox
+"""
 
 QUEUED: Final = Gauge("cos_billing_priced_queued", "Priced-call events queued in billing_outbox, not yet published")
 OLDEST: Final = Gauge(
     "cos_billing_priced_oldest_seconds",
     "Age of the oldest priced-call event not yet published (0 when none is queued)",
 )
+HELD: Final = Gauge(
+    "cos_billing_priced_held",
+    "Priced-call events held in billing_outbox because they are larger than the server's max_payload",
+)
+RESTARTS: Final = Counter("cos_billing_relay_restarts", "Times billing restarted its priced-call relay after it died")
 
 
 def priced_event(row: asyncpg.Record | dict[str, Any]) -> ModelCallPriced:
@@ -164,7 +185,9 @@ class PricedRelay:
         self.idle_s = idle_s
         self.ack_timeout_s = ack_timeout_s
         self.source = source
+        self.nc = cos_nats.client_of(js)
         self.published = 0
+        self.held = 0
 
     async def relay_once(self) -> int:
         """Publish one batch of queued rows and delete them; the number of rows done (0: the queue is empty)."""
@@ -176,6 +199,8 @@ class PricedRelay:
             if not rows:
                 return 0
             futures: list[asyncio.Future[Any]] = []
+            held: list[tuple[int, str]] = []
+            limit = server_max_payload(self.nc)  # the server's, as of the last (re)connection
             for row in rows:
                 if row["profile_id"] is None:
                     # Its call was deleted before it could be published (retention, an operator): nothing to say.
@@ -186,6 +211,18 @@ class PricedRelay:
                     )
                     continue
                 subject, body, headers = priced_message(priced_event(row), self.source)
+                size = message_bytes(body, with_stream_header(headers, COSTS_STREAM))
+                if size > limit:
+                    why = f"its event is {size} bytes, over the server's max_payload of {limit}"
+                    log.error(
+                        "priced call %s (revision %s) held, not published: %s; raise max_payload, then release "
+                        "it: UPDATE billing_outbox SET held = NULL WHERE held IS NOT NULL",
+                        row["call_id"],
+                        row["revision"],
+                        why,
+                    )
+                    held.append((row["id"], why))
+                    continue
                 futures.append(await self.js.publish_async(subject, body, stream=COSTS_STREAM, headers=headers))
             if futures:
                 done, pending = await asyncio.wait(futures, timeout=self.ack_timeout_s)
@@ -199,8 +236,12 @@ class PricedRelay:
                     raise RelayError(
                         f"{len(pending) + len(failed)} of {len(futures)} priced calls unpublished: {reason}"
                     )
-            await conn.execute(_DELETE, [r["id"] for r in rows])
+            if held:
+                await conn.execute(_HOLD, [i for i, _ in held], [r for _, r in held])
+            held_ids = {i for i, _ in held}
+            await conn.execute(_DELETE, [r["id"] for r in rows if r["id"] not in held_ids])
         self.published += len(futures)
+        self.held += len(held)
         return len(rows)
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -223,13 +264,14 @@ class RelayError(OperationalError):
     """A batch the relay could not publish whole (it stays queued)."""
 
 
-async def queue_state(conn: asyncpg.Connection | asyncpg.Pool) -> tuple[int, float]:
-    """How many priced calls wait to be published, and the age of the oldest in seconds (0 when none)."""
+async def queue_state(conn: asyncpg.Connection | asyncpg.Pool) -> tuple[int, float, int]:
+    """How many priced calls wait to be published, the age of the oldest in seconds (0 when none), and how many
+    are held (too large to publish)."""
     record = await conn.fetchrow(_QUEUE)
     assert record is not None
-    oldest: datetime | None = record["min"]
+    oldest: datetime | None = record["oldest"]
     age = 0.0 if oldest is None else max(0.0, (datetime.now(UTC) - oldest).total_seconds())
-    return int(record["count"]), age
+    return int(record["queued"]), age, int(record["held"])
 
 
 async def _relay_main(settings: Settings, parent: int) -> None:
@@ -270,12 +312,16 @@ def _relay_process(settings: Settings, parent: int, log_level: str) -> None:
 class RelayProcess:
     """The relay in a process of its own, started with billing and restarted when it dies; the queue's gauges."""
 
-    def __init__(self, settings: Settings, log_level: str = "INFO", *, check_s: float = 1.0) -> None:
+    def __init__(
+        self, settings: Settings, log_level: str = "INFO", *, check_s: float = 1.0, gauges_s: float = 5.0
+    ) -> None:
         self.settings = settings
         self.log_level = log_level
         self.check_s = check_s
+        #: How often the queue's gauges are read (a count over billing_outbox: cheap while the relay keeps up,
+        #: a scan of the backlog when it does not, so not every second).
+        self.gauges_s = gauges_s
         self.process: multiprocessing.process.BaseProcess | None = None
-        self.restarts = 0
 
     def _start(self) -> None:
         context = multiprocessing.get_context("spawn")
@@ -292,17 +338,20 @@ class RelayProcess:
         """Keep the relay running until `stop`; then stop it (SIGTERM, its batch in flight finishes)."""
         self._start()
         last_start = time.monotonic()
+        last_gauges = -self.gauges_s
         try:
             while not await sleep_or_stop(stop, self.check_s):
-                if pool is not None:
+                if pool is not None and time.monotonic() - last_gauges >= self.gauges_s:
+                    last_gauges = time.monotonic()
                     with contextlib.suppress(asyncpg.PostgresError, OSError):
-                        queued, age = await queue_state(pool)
+                        queued, age, held = await queue_state(pool)
                         QUEUED.set(queued)
                         OLDEST.set(age)
+                        HELD.set(held)
                 assert self.process is not None
                 if not self.process.is_alive():
                     log.error("priced-call relay exited (code %s): starting it again", self.process.exitcode)
-                    self.restarts += 1
+                    RESTARTS.inc()
                     if time.monotonic() - last_start < 5.0:
                         await sleep_or_stop(stop, 5.0)
                     self._start()

@@ -462,6 +462,9 @@ class OutboxRow(msgspec.Struct, frozen=True):
     price_source: str | None
     price_version: str | None
     queued_at: datetime
+    #: Why the relay holds the row instead of publishing it (its event is larger than the server's
+    #: max_payload); NULL: queued. An operator releases held rows by setting it back to NULL.
+    held: str | None = None
 
 
 BILLING_OUTBOX: Final = Table(
@@ -476,6 +479,7 @@ BILLING_OUTBOX: Final = Table(
         "previous_cost_usd": "numeric(24, 10)",
     },
     details={"queued_at": "DEFAULT now()"},
+    added=("held",),
     # What is queued is published once, whatever a replay rebuilds (a republish carries the same ids).
     rebuilt=False,
 )
