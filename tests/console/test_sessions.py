@@ -128,6 +128,40 @@ async def test_the_list_pages_by_keyset_and_filters(
         assert "Hostile &lt;b&gt;title&lt;/b&gt;" in html
 
 
+async def test_the_status_filter_is_the_latest_turns(
+    console: RunningConsole, console_db: Seeded, nats_url: str
+) -> None:
+    """A session is listed under the status of its latest turn only: one that failed and then completed is not a
+    failed session, one that completed and then failed is; each status of TurnStatus finds its own."""
+    clock = Clock()
+    sessions: dict[str, SessionBuilder] = {}
+    for name, statuses in {
+        "recovered": (ev.TurnStatus.FAILED, ev.TurnStatus.COMPLETED),
+        "failed": (ev.TurnStatus.COMPLETED, ev.TurnStatus.FAILED),
+        "cancelled": (ev.TurnStatus.FAILED, ev.TurnStatus.CANCELLED),
+        "interrupted": (ev.TurnStatus.INTERRUPTED,),
+        "running": (ev.TurnStatus.FAILED, None),
+    }.items():
+        b = SessionBuilder("acme", clock, tags=("client:acme",)).create(title=name)
+        for status in statuses:
+            turn = b.start_turn()
+            if status is not None:
+                b.finish(turn, status, error="boom" if status == ev.TurnStatus.FAILED else None)
+        sessions[name] = b
+    await project(nats_url, console_db.dsn, [e for b in sessions.values() for e in b.events])
+    client, _ = await console.signed_in("olivia")
+
+    async def listed(status: str) -> set[str]:
+        return {r["title"] for r in (await get_json(client, f"/api/sessions?status={status}"))["sessions"]}
+
+    assert await listed("failed") == {"failed"}
+    assert await listed("cancelled") == {"cancelled"}
+    assert await listed("interrupted") == {"interrupted"}
+    assert await listed("running") == {"running"}
+    assert "recovered" in await listed("completed")
+    assert not {"failed", "cancelled", "interrupted", "running"} & await listed("completed")
+
+
 @pytest.mark.parametrize("few_hits", [2000, 1], ids=["from-the-matches", "from-the-newest-sessions"])
 async def test_search_finds_a_message_with_a_safe_snippet(
     console: RunningConsole,

@@ -372,7 +372,12 @@ def _loop_query(
     if f.until:
         q.add(f"s.created_at < {q.arg(f.until)}")
     if f.status:
-        q.add(f"{LATEST_STATUS} = {q.arg(f.status)}")
+        status = q.arg(f.status)
+        if f.status != "completed":
+            # Only a session with a turn of that status can have it as its latest: those few (from the
+            # `turns_not_completed` index, which the literal lets the planner use) are all that are checked.
+            q.add(f"s.id IN (SELECT t.session_id FROM turns t WHERE t.status = {status} AND t.status <> 'completed')")
+        q.add(f"{LATEST_STATUS} = {status}")
     if after is not None:
         q.add(_after(f.sort, after, q, rank).format(t="s.created_at", id="s.id"))
     if walk_ranked:
