@@ -495,15 +495,17 @@ class Bench:
 
     async def billing(self) -> None:
         """Billing over the stream's model calls, with priced-call events (the default: the clock stops when the
-        last call's event is published) and without (COS_BILLING_PRICED_EVENTS=off), alternating, three runs
-        each: medians, and their ratio."""
+        last call's event is published) and without (COS_BILLING_PRICED_EVENTS=off), alternating in the order
+        off-on, on-off, off-on, three runs each: medians, and their ratio."""
         seqs = self.stream.model_call_seqs
         if not seqs:
             raise BenchError("the stream holds no model calls")
         rates: dict[bool, list[float]] = {True: [], False: []}
         peaks: list[float] = []
         for run in range(1, 4):
-            for priced in (False, True):
+            # Off first, then on first, then off first: a machine warming up (or cooling down) over the phase
+            # favours neither mode.
+            for priced in (False, True) if run % 2 else (True, False):
                 rate, peak_kb, cpu = await self._bill_once(seqs, priced)
                 rates[priced].append(rate)
                 if priced:

@@ -65,7 +65,7 @@ __all__ = [
 ]
 
 #: The relay's CPU priority below billing's (`os.nice`): the lowest, so that pricing goes first when both want the
-#: CPU (docs/performance.md, "Billing with priced-call events": 0.86x without, 0.93x with).
+#: CPU (docs/performance.md, "Billing with priced-call events", has the runs with and without it).
 _RELAY_NICENESS: Final = 19
 
 #: The relay's source, `ce-source` of every priced-call event.
