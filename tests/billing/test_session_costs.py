@@ -179,6 +179,37 @@ async def test_retention_takes_a_dropped_months_calls_out_of_their_sessions(nats
         await conn.close()
 
 
+async def test_a_month_left_detached_by_a_killed_retention_is_dropped_with_its_share_of_the_rollups(
+    nats_url: str, database_url: str
+) -> None:
+    """`cos retention` killed after detaching a month and before dropping it: the next run finds the detached
+    month, takes its calls out of `session_costs` and `model_call_days`, and drops it."""
+    from tests.cli.test_retention import _cos
+
+    rng = random.Random(41)
+    spread = [
+        msgspec.structs.replace(c, occurred_at=months_ago(rng.choice((4, 3, 0)), day=rng.randrange(1, 6)))
+        for c in calls(rng, 120)
+    ]
+    await bill(nats_url, database_url, in_sessions(rng, spread, per_profile=20))
+    oldest = months_ago(4, day=1)
+    leftover = f"model_calls_p{oldest.year:04d}_{oldest.month:02d}"
+    conn = await connect(database_url)
+    try:
+        await assert_sessions_are_raw(conn)
+        # What the killed run did: the detach (committed on its own), not the drop.
+        await conn.execute(f"ALTER TABLE model_calls DETACH PARTITION {leftover}")
+        assert await conn.fetchval(f"SELECT count(*) FROM {leftover}") > 0
+        run = _cos(database_url, "--model-calls-keep-months", "2")
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.count("dropped ") == 2, run.stdout
+        assert await conn.fetchval("SELECT to_regclass($1)", leftover) is None
+        await assert_sessions_are_raw(conn)
+        assert await stored_days(conn) == await days_of_calls(conn)
+    finally:
+        await conn.close()
+
+
 async def test_an_upgraded_database_is_filled_and_a_change_by_hand_is_rebuilt(database_url: str) -> None:
     rng = random.Random(41)
     pricer = Pricer()

@@ -181,6 +181,27 @@ async def list_partitions(conn: Conn, table: str) -> list[Partition]:
     return sorted(out, key=lambda p: p.month)
 
 
+async def detached(conn: Conn, table: str) -> list[Partition]:
+    """Months of `table` detached and not dropped: a `drop` interrupted between its detach and its drop (a
+    killed `cos retention`) leaves one, which `list_partitions` no longer finds. Oldest first."""
+    rows = await conn.fetch(
+        "SELECT n.nspname, c.relname, c.reltuples::bigint AS estimate, pg_total_relation_size(c.oid) AS bytes, "
+        "p.relname AS parent FROM pg_class p JOIN pg_namespace n ON n.oid = p.relnamespace "
+        "JOIN pg_class c ON c.relnamespace = p.relnamespace AND c.relkind = 'r' "
+        "AND starts_with(c.relname, p.relname || '_p') "
+        "WHERE p.oid = to_regclass($1) AND NOT EXISTS (SELECT 1 FROM pg_inherits i WHERE i.inhrelid = c.oid)",
+        table,
+    )
+    out = []
+    for r in rows:
+        found = _PARTITION_RE.search(r["relname"])
+        if found is None or r["relname"] != f"{r['parent']}{found.group(0)}":
+            continue
+        name = r["relname"] if r["nspname"] == "public" else f"{r['nspname']}.{r['relname']}"
+        out.append(Partition(table, name, date(int(found.group(1)), int(found.group(2)), 1), r["estimate"], r["bytes"]))
+    return sorted(out, key=lambda p: p.month)
+
+
 async def drop(conn: Conn, partition: Partition, before: Sequence[str] = ()) -> None:
     """Detach the month from its table (CONCURRENTLY: readers and writers of other months go on), then drop it;
     `before`, statements with `{month}` naming the detached month's table (rollups of its rows subtracting

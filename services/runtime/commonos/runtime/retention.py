@@ -112,7 +112,10 @@ async def due(conn: Conn, tables: Sequence[str], keep_months: int, now: datetime
     first_kept = cutoff(now or datetime.now(UTC), keep_months)
     out: list[Partition] = []
     for table in tables:
-        out += [p for p in await partitions.list_partitions(conn, table) if p.month < first_kept]
+        # With the months a drop interrupted after their detach left behind: dropped (their rollups' share
+        # taken out) like the others.
+        found = [*await partitions.list_partitions(conn, table), *await partitions.detached(conn, table)]
+        out += [p for p in found if p.month < first_kept]
     return sorted(out, key=lambda p: (p.month, p.table))
 
 
