@@ -26,6 +26,7 @@ connections.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import logging
 import time
@@ -141,33 +142,40 @@ class OtlpGrpcServer:
 
         async def export(data: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
             started = time.monotonic()
-            code = grpc.StatusCode.OK
-            refusal: Refusal | NotNow
-            try:
-                try:
-                    token = receiver.authenticate(authorization_of(context.invocation_metadata()))
-                    try:
-                        message = parse_request(REQUESTS[signal](), data, "protobuf")
-                    except BadRequest as exc:
-                        raise Refusal(400, "bad_request", grpc.StatusCode.INVALID_ARGUMENT.value[0], str(exc)) from None
-                    response = await receiver.export(signal, token, message)
-                    return bytes(response.SerializeToString())
-                except (Refusal, NotNow) as refused:
-                    refusal = refused
-                except Exception as exc:  # a bug of ours: said, logged, and not retried by the exporter as is
-                    log.exception("%s request (gRPC) failed", signal)
-                    code = grpc.StatusCode.INTERNAL
-                    await context.abort(code, f"the gateway failed: {type(exc).__name__}")
-                metrics.refused.labels(refusal.reason).inc()
-                code = _CODES.get(refusal.grpc_code, grpc.StatusCode.UNKNOWN)
-                trailing = (
-                    retry_metadata(refusal.grpc_code, refusal.text, receiver.settings.retry_after_s)
-                    if isinstance(refusal, NotNow)
-                    else ()
-                )
-                await context.abort(code, refusal.text, trailing_metadata=trailing)
-            finally:
+
+            def record(code: grpc.StatusCode) -> None:
+                # Before the call ends: a client that has its answer finds it counted.
                 metrics.grpc_requests.labels(signal, code.name).inc()
                 metrics.grpc_request_seconds.labels(signal).observe(time.monotonic() - started)
+
+            refusal: Refusal | NotNow
+            try:
+                token = receiver.authenticate(authorization_of(context.invocation_metadata()))
+                try:
+                    message = parse_request(REQUESTS[signal](), data, "protobuf")
+                except BadRequest as exc:
+                    raise Refusal(400, "bad_request", grpc.StatusCode.INVALID_ARGUMENT.value[0], str(exc)) from None
+                response = bytes((await receiver.export(signal, token, message)).SerializeToString())
+            except (Refusal, NotNow) as refused:
+                refusal = refused
+            except asyncio.CancelledError:
+                record(grpc.StatusCode.CANCELLED)
+                raise
+            except Exception as exc:  # a bug of ours: said, logged, and not retried by the exporter as is
+                log.exception("%s request (gRPC) failed", signal)
+                record(grpc.StatusCode.INTERNAL)
+                await context.abort(grpc.StatusCode.INTERNAL, f"the gateway failed: {type(exc).__name__}")
+            else:
+                record(grpc.StatusCode.OK)
+                return response
+            metrics.refused.labels(refusal.reason).inc()
+            code = _CODES.get(refusal.grpc_code, grpc.StatusCode.UNKNOWN)
+            trailing = (
+                retry_metadata(refusal.grpc_code, refusal.text, receiver.settings.retry_after_s)
+                if isinstance(refusal, NotNow)
+                else ()
+            )
+            record(code)
+            await context.abort(code, refusal.text, trailing_metadata=trailing)
 
         return export
